@@ -1,0 +1,138 @@
+#include "trident/core/env.h"
+
+#include <cctype>
+#include <cstdlib>
+
+#include "trident/core/error.h"
+
+namespace trident::env {
+
+const std::vector<ParamInfo>& all_params() {
+  static const std::vector<ParamInfo> params = {
+      {"TRIDENT_LOG_LEVEL", "info", "debug|info|warn|error"},
+      {"TRIDENT_DEBUG", "", "comma-separated subsystems to trace: comm,store,launch (or all)"},
+      {"TRIDENT_TIMEOUT", "600", "default deadline of every blocking call, seconds (30, 500ms, 10m)"},
+      {"TRIDENT_TRANSPORT", "auto", "auto (shm on one host, tcp across hosts) | shm | tcp"},
+      {"TRIDENT_ALGO", "", "force one algorithm for every collective that has it (e.g. ring, rd, direct, tree)"},
+      {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
+      {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
+      {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
+      {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
+      {"TRIDENT_TUNING_FILE", "", "algorithm tuning file written by `trident bench comm --tune`"},
+      {"TRIDENT_CHECK_MISMATCH", "1", "verify every message's collective fingerprint (0 disables)"},
+  };
+  return params;
+}
+
+std::optional<std::string> get(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::string get_string(const char* name, const std::string& fallback) { return get(name).value_or(fallback); }
+
+int64_t parse_size(const std::string& text, const std::string& what) {
+  if (text.empty()) TRIDENT_THROW(InvalidArgument, "{}: empty value; expected a size such as 4096, 64K, 16M, 1G", what);
+  size_t pos = 0;
+  long double value = 0;
+  try {
+    value = std::stold(text, &pos);
+  } catch (const std::exception&) {
+    TRIDENT_THROW(InvalidArgument, "{}: '{}' is not a size; expected a number such as 4096, 64K, 16M, 1G", what, text);
+  }
+  std::string suffix = text.substr(pos);
+  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (suffix == "B") suffix.clear();
+  if (!suffix.empty() && suffix.back() == 'B') suffix.pop_back();
+  if (!suffix.empty() && suffix.back() == 'I') suffix.pop_back();
+  long double mult = 1;
+  if (suffix.empty()) mult = 1;
+  else if (suffix == "K") mult = 1024.0L;
+  else if (suffix == "M") mult = 1024.0L * 1024;
+  else if (suffix == "G") mult = 1024.0L * 1024 * 1024;
+  else if (suffix == "T") mult = 1024.0L * 1024 * 1024 * 1024;
+  else TRIDENT_THROW(InvalidArgument, "{}: '{}' has an unknown unit '{}'; use K, M, G or T", what, text, suffix);
+  if (value < 0) TRIDENT_THROW(InvalidArgument, "{}: '{}' is negative", what, text);
+  return static_cast<int64_t>(value * mult);
+}
+
+double parse_seconds(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    TRIDENT_THROW(InvalidArgument, "{}: '{}' is not a duration; expected e.g. 30, 30s, 500ms, 10m", what, text);
+  }
+  std::string unit = text.substr(pos);
+  if (unit.empty() || unit == "s") return value;
+  if (unit == "ms") return value / 1000.0;
+  if (unit == "us") return value / 1e6;
+  if (unit == "m" || unit == "min") return value * 60.0;
+  if (unit == "h") return value * 3600.0;
+  TRIDENT_THROW(InvalidArgument, "{}: '{}' has an unknown unit '{}'; use ms, s, m or h", what, text, unit);
+}
+
+int64_t get_int(const char* name, int64_t fallback, bool sizes) {
+  auto v = get(name);
+  if (!v) return fallback;
+  if (sizes) return parse_size(*v, name);
+  size_t pos = 0;
+  int64_t out = 0;
+  try {
+    out = std::stoll(*v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != v->size()) TRIDENT_THROW(InvalidArgument, "environment variable {}='{}' is not an integer", name, *v);
+  return out;
+}
+
+double get_double(const char* name, double fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  size_t pos = 0;
+  double out = 0;
+  try {
+    out = std::stod(*v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != v->size()) TRIDENT_THROW(InvalidArgument, "environment variable {}='{}' is not a number", name, *v);
+  return out;
+}
+
+bool get_bool(const char* name, bool fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  if (*v == "1" || *v == "true" || *v == "yes" || *v == "on") return true;
+  if (*v == "0" || *v == "false" || *v == "no" || *v == "off") return false;
+  TRIDENT_THROW(InvalidArgument, "environment variable {}='{}' is not a boolean; use 1/0, true/false, on/off", name, *v);
+}
+
+std::string log_level() {
+  std::string v = get_string("TRIDENT_LOG_LEVEL", "info");
+  if (v != "debug" && v != "info" && v != "warn" && v != "error") return "info";
+  return v;
+}
+std::string debug() { return get_string("TRIDENT_DEBUG", ""); }
+double timeout_seconds() {
+  auto v = get("TRIDENT_TIMEOUT");
+  return v ? parse_seconds(*v, "TRIDENT_TIMEOUT") : 600.0;
+}
+std::string transport() {
+  std::string v = get_string("TRIDENT_TRANSPORT", "auto");
+  if (v != "auto" && v != "shm" && v != "tcp")
+    TRIDENT_THROW(InvalidArgument, "TRIDENT_TRANSPORT='{}': use auto, shm or tcp", v);
+  return v;
+}
+std::string algo() { return get_string("TRIDENT_ALGO", ""); }
+std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
+int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
+int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
+std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
+std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
+bool check_mismatch() { return get_bool("TRIDENT_CHECK_MISMATCH", true); }
+
+}  // namespace trident::env

@@ -1,0 +1,47 @@
+// Environment parameters. Each TRIDENT_* variable is declared once, here, with its default and meaning,
+// and parsed once (STYLE.md #13). A bad value is an InvalidArgument that names the variable and what is
+// allowed. `trident env` prints the table.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trident::env {
+
+struct ParamInfo {
+  const char* name;
+  const char* default_value;
+  const char* help;
+};
+// Every declared TRIDENT_* parameter, for documentation and `trident env`.
+const std::vector<ParamInfo>& all_params();
+
+// Raw access (nullopt when unset or empty).
+std::optional<std::string> get(const char* name);
+std::string get_string(const char* name, const std::string& fallback);
+// Parses an integer; accepts K/M/G suffixes (powers of 1024) when `sizes` is true.
+int64_t get_int(const char* name, int64_t fallback, bool sizes = false);
+double get_double(const char* name, double fallback);
+bool get_bool(const char* name, bool fallback);
+
+// Parses "64", "4K", "16M", "1G" (powers of 1024) or plain bytes; throws InvalidArgument naming `what`.
+int64_t parse_size(const std::string& text, const std::string& what);
+// Parses a duration: "30", "30s", "500ms", "10m"; returns seconds.
+double parse_seconds(const std::string& text, const std::string& what);
+
+// Declared parameters.
+std::string log_level();          // TRIDENT_LOG_LEVEL
+std::string debug();              // TRIDENT_DEBUG
+double timeout_seconds();         // TRIDENT_TIMEOUT
+std::string transport();          // TRIDENT_TRANSPORT: auto|shm|tcp
+std::string algo();               // TRIDENT_ALGO: forces an algorithm for every collective ("" = auto)
+std::string store_token();        // TRIDENT_STORE_TOKEN
+int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
+int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
+std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
+std::string tuning_file();        // TRIDENT_TUNING_FILE
+bool check_mismatch();            // TRIDENT_CHECK_MISMATCH
+
+}  // namespace trident::env

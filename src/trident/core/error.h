@@ -1,0 +1,102 @@
+// Errors thrown at trident's API boundaries.
+//
+// Every error is a trident::Error (a std::runtime_error) with a typed origin and its context as fields,
+// thrown through TRIDENT_THROW, which adds file:line. Hot loops use no-throw status values and convert at
+// the boundary. C library return codes (POSIX, MPI, CUDA, NCCL) are wrapped at the call site.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// A caller passed something that cannot work: a bad flag, config value, size or dtype.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operation a backend or dtype does not support.
+class Unsupported : public Error {
+ public:
+  using Error::Error;
+};
+
+// The rendezvous store failed or refused a request.
+class StoreError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file could not be read or written, or its contents are corrupt.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Communication with a peer failed. `rank` is this process's rank in `group`, `peer` the other side
+// (-1 when not one peer), `op` the collective or "connect"/"send"/"recv", `seq` its sequence number.
+class NetworkError : public Error {
+ public:
+  NetworkError(const std::string& what, int rank = -1, int peer = -1, std::string op = {}, long seq = -1)
+      : Error(what), rank(rank), peer(peer), op(std::move(op)), seq(seq) {}
+  int rank;
+  int peer;
+  std::string op;
+  long seq;
+};
+
+// A peer process died: `peer` names it.
+class PeerDiedError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
+// Ranks issued different collectives at the same sequence number.
+class MismatchError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
+// A deadline expired. `missing` lists the ranks not heard from, when known.
+class TimeoutError : public NetworkError {
+ public:
+  TimeoutError(const std::string& what, int rank = -1, std::string op = {}, long seq = -1,
+               std::vector<int> missing = {})
+      : NetworkError(what, rank, -1, std::move(op), seq), missing(std::move(missing)) {}
+  std::vector<int> missing;
+};
+
+namespace detail {
+std::string with_location(const std::string& msg, const char* file, int line);
+std::string errno_string(int err);
+}  // namespace detail
+
+}  // namespace trident
+
+// TRIDENT_THROW(Type, "fmt {}", args...) throws Type(message " (file:line)").
+#define TRIDENT_THROW(Type, ...) \
+  throw Type(::trident::detail::with_location(::fmt::format(__VA_ARGS__), __FILE__, __LINE__))
+
+// TRIDENT_CHECK(cond, Type, "fmt", args...) throws when cond is false.
+#define TRIDENT_CHECK(cond, Type, ...) \
+  do {                                 \
+    if (!(cond)) TRIDENT_THROW(Type, __VA_ARGS__); \
+  } while (0)
+
+// Wraps a POSIX call that returns -1 and sets errno.
+#define TRIDENT_SYSCHECK(expr, what)                                                             \
+  do {                                                                                           \
+    if ((expr) < 0) {                                                                            \
+      int trident_errno_ = errno;                                                                \
+      TRIDENT_THROW(::trident::IoError, "{}: {}", what, ::trident::detail::errno_string(trident_errno_)); \
+    }                                                                                            \
+  } while (0)

@@ -1,0 +1,53 @@
+// The model interface the trainer and the parallel wrappers program against.
+//
+// Parameters live in ONE flat float32 buffer and their gradients in another (same layout, each tensor
+// 64-byte aligned inside), so DDP buckets and ZeRO shards are views into them. A model owns its buffers.
+// forward_backward() is single-threaded from the caller's view (kernels may use the BLAS thread pool).
+// The grad-ready hook fires during backward the moment a parameter's gradient is final for this
+// micro-step (in reverse order of production), so communication can start early.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trident::nn {
+
+struct Parameter {
+  std::string name;             // nanoGPT's naming, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;   // PyTorch layout: Linear weights are [out, in]
+  size_t offset = 0;            // element offset into the flat value/grad buffers
+  size_t numel = 0;
+  bool weight_decay = false;    // nanoGPT's groups: decay only tensors with >= 2 dims
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const std::vector<Parameter>& parameters() const = 0;
+  virtual float* param_data() = 0;   // flat buffer of all parameters
+  virtual float* grad_data() = 0;    // flat buffer of all gradients (same layout)
+  virtual size_t num_params() const = 0;  // elements in the flat buffers (including alignment padding)
+
+  // Mean cross-entropy over B*T positions of inputs[B*T] predicting targets[B*T].
+  // With backward=true, ADDS the gradients of that loss into grad_data() (call zero_grad() between steps;
+  // gradient accumulation scales the loss by the caller's choice via `loss_scale`).
+  virtual float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
+                                 float loss_scale = 1.0f) = 0;
+  // Logits [B, T, vocab] of the forward pass, for sampling and parity checks.
+  virtual void forward_logits(const int32_t* inputs, int B, int T, float* logits) = 0;
+  virtual void zero_grad() = 0;
+
+  // Called with the index (into parameters()) of each parameter whose gradient just became final.
+  using GradReadyHook = std::function<void(size_t param_index)>;
+  virtual void set_grad_ready_hook(GradReadyHook hook) = 0;
+
+  virtual nlohmann::json config() const = 0;  // enough to rebuild the model (saved with checkpoints)
+  virtual std::string kind() const = 0;       // "gpt" | "mlp"
+};
+
+}  // namespace trident::nn
