@@ -15,6 +15,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_TRANSPORT", "auto", "auto (shm on one host, tcp across hosts) | shm | tcp"},
       {"TRIDENT_ALGO", "", "force one algorithm for every collective that has it (e.g. ring, rd, direct, tree)"},
       {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
+      {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
@@ -129,6 +130,7 @@ std::string transport() {
 }
 std::string algo() { return get_string("TRIDENT_ALGO", ""); }
 std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
+bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
 int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
 int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }

@@ -38,6 +38,7 @@ double timeout_seconds();         // TRIDENT_TIMEOUT
 std::string transport();          // TRIDENT_TRANSPORT: auto|shm|tcp
 std::string algo();               // TRIDENT_ALGO: forces an algorithm for every collective ("" = auto)
 std::string store_token();        // TRIDENT_STORE_TOKEN
+bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)

@@ -1,0 +1,121 @@
+// Algorithms: one class per file, each a pattern of point-to-point steps over an AlgoContext
+// (STYLE.md #2, #3). An algorithm knows nothing of transports, processes or deadlines: the context
+// stamps every message with the collective's sequence number and fingerprint, moves bytes over shared
+// memory or TCP, enforces the deadline and reports failures by throwing from wait().
+//
+// Contract of run(): called on every rank of the group with the same CollArgs (see comm/types.h for the
+// buffer conventions); ReduceOp::kAvg arrives as kSum. It must not return before every request it posted
+// has completed (wait on them), and must work for any world size >= 1 and any count >= 0 (counts not
+// divisible by the world size and non-power-of-two worlds are normal cases). Step tags only need to be
+// unique per (sender, receiver) pair within one collective; messages between a pair are matched in order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <vector>
+
+#include "trident/comm/types.h"
+
+namespace trident {
+
+struct Request {
+  int32_t id = -1;
+};
+
+class AlgoContext {
+ public:
+  virtual ~AlgoContext() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Non-blocking; `data` must stay valid until the request completes. A zero-byte message is a real
+  // message (it synchronizes).
+  virtual Request isend(int peer, uint32_t step, const void* data, size_t nbytes) = 0;
+  virtual Request irecv(int peer, uint32_t step, void* data, size_t nbytes) = 0;
+  // Receives count elements and combines them into dst: dst[i] = dst[i] op incoming[i].
+  virtual Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) = 0;
+  // Blocks until all complete (spinning briefly, then sleeping); throws on failure or deadline.
+  virtual void wait(std::span<const Request> reqs) = 0;
+  void wait(std::initializer_list<Request> reqs) { wait(std::span<const Request>(reqs.begin(), reqs.size())); }
+  void wait(const std::vector<Request>& reqs) { wait(std::span<const Request>(reqs.data(), reqs.size())); }
+
+  // Reusable scratch memory, 64-byte aligned, already faulted in; `slot` distinguishes buffers used at
+  // the same time. Valid until the collective returns; contents undefined at entry.
+  virtual void* scratch(size_t nbytes, int slot = 0) = 0;
+
+  // Pipelining chunk of the bandwidth algorithms in bytes; 0 lets each algorithm choose by message size.
+  // The engine returns TRIDENT_CHUNK_BYTES; tests shrink it so small messages reach multi-chunk paths.
+  virtual size_t chunk_bytes() const { return 0; }
+
+  // Blocking conveniences.
+  void send(int peer, uint32_t step, const void* data, size_t nbytes) { wait({isend(peer, step, data, nbytes)}); }
+  void recv(int peer, uint32_t step, void* data, size_t nbytes) { wait({irecv(peer, step, data, nbytes)}); }
+};
+
+// Latency and bandwidth terms of a link: time(bytes) = alpha + bytes * beta.
+struct LinkCost {
+  double alpha_s = 2e-6;              // per message
+  double beta_s_per_byte = 1.0 / 8e9;  // inverse bandwidth
+};
+
+// Predicted time of one collective: steps * alpha + bytes_on_critical_path * beta.
+struct Cost {
+  double alpha_terms = 0;  // number of sequential message latencies
+  double beta_bytes = 0;   // bytes on the critical path
+  double time(const LinkCost& l) const { return alpha_terms * l.alpha_s + beta_bytes * l.beta_s_per_byte; }
+};
+
+// The `bytes` argument of cost() for a call, as nccl-tests counts a collective's size: count * element
+// size for broadcast, reduce and all_reduce; the whole gathered/scattered buffer (count * world * element
+// size, or sum(counts) for all_gatherv) for gather, scatter, all_gather(v), reduce_scatter and all_to_all.
+inline size_t cost_bytes(const CollArgs& a, int world) {
+  const size_t es = a.op == OpKind::kBarrier ? 0 : dtype_size(a.dtype);
+  switch (a.op) {
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllToAll:
+      return a.count * static_cast<size_t>(world) * es;
+    case OpKind::kAllGatherV: {
+      size_t total = 0;
+      if (a.counts != nullptr)
+        for (size_t c : *a.counts) total += c;
+      return total * es;
+    }
+    case OpKind::kBarrier:
+      return 0;
+    default:
+      return a.count * es;
+  }
+}
+
+// Block partition of `count` elements over `parts`: the first count % parts blocks get one more.
+inline size_t block_count(size_t count, int parts, int i) {
+  return count / parts + (static_cast<size_t>(i) < count % parts ? 1 : 0);
+}
+inline size_t block_offset(size_t count, int parts, int i) {
+  return static_cast<size_t>(i) * (count / parts) + std::min<size_t>(i, count % parts);
+}
+
+struct AlgorithmInfo {
+  OpKind op;
+  Algo algo;
+  // Cost for `bytes` (the per-rank buffer size as nccl-tests counts it) at `world` ranks.
+  Cost (*cost)(size_t bytes, int world);
+  void (*run)(AlgoContext& ctx, const CollArgs& args);
+  // Optional: whether this algorithm can run this call (e.g. needs a power of two); nullptr = always.
+  bool (*applicable)(const CollArgs& args, int world) = nullptr;
+};
+
+// Every algorithm, for selection, forcing by name, tests and benchmarks. Defined in registry.cc.
+const std::vector<AlgorithmInfo>& algorithm_table();
+// The algorithms available for `op`.
+std::vector<const AlgorithmInfo*> algorithms_for(OpKind op);
+// Finds (op, algo); nullptr when that op has no such algorithm.
+const AlgorithmInfo* find_algorithm(OpKind op, Algo algo);
+
+}  // namespace trident

@@ -1,0 +1,20 @@
+#include "trident/comm/algorithms/algorithms.h"
+#include "trident/comm/algorithms/common.h"
+
+namespace trident {
+
+// n-1 messages issued back to back by the root (about half a latency each beyond the first).
+Cost BroadcastDirect::cost(size_t bytes, int n) {
+  if (n <= 1) return {};
+  return {1.0 + 0.5 * (n - 2), (n - 1) * static_cast<double>(bytes)};
+}
+
+void BroadcastDirect::run(AlgoContext& ctx, const CollArgs& a) {
+  const int n = ctx.size();
+  if (n == 1 || a.count == 0) return;
+  const size_t es = dtype_size(a.dtype);
+  algo::tree_bcast(ctx, algo::star_links(ctx.rank(), a.root, n), a.recv, a.count, es,
+                   algo::chunk_elems(ctx, a.count * es, es), 0);
+}
+
+}  // namespace trident

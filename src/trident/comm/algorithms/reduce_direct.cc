@@ -1,0 +1,22 @@
+#include "trident/comm/algorithms/algorithms.h"
+#include "trident/comm/algorithms/common.h"
+
+namespace trident {
+
+// The root receives n-1 full buffers.
+Cost ReduceDirect::cost(size_t bytes, int n) {
+  if (n <= 1) return {};
+  return {1.0 + 0.5 * (n - 2), (n - 1) * static_cast<double>(bytes)};
+}
+
+void ReduceDirect::run(AlgoContext& ctx, const CollArgs& a) {
+  const int n = ctx.size(), r = ctx.rank();
+  const size_t es = dtype_size(a.dtype);
+  if (r == a.root) algo::copy_bytes(a.recv, a.send, a.count * es);
+  if (n == 1 || a.count == 0) return;
+  void* acc = r == a.root ? a.recv : const_cast<void*>(a.send);  // non-roots only send (read)
+  algo::tree_reduce(ctx, algo::star_links(r, a.root, n), acc, a.count, a.dtype, a.redop,
+                    algo::chunk_elems(ctx, a.count * es, es), 0);
+}
+
+}  // namespace trident

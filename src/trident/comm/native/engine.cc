@@ -1,0 +1,639 @@
+#include "trident/comm/native/engine.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "trident/comm/reduce.h"
+#include "trident/comm/store/store.h"
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+
+namespace trident {
+
+namespace {
+constexpr uint32_t kMsgMagic = 0x5452444d;  // "TRDM"
+constexpr uint8_t kKindColl = 1;
+constexpr uint8_t kKindP2P = 2;
+inline size_t round64(size_t n) { return (n + 63) & ~static_cast<size_t>(63); }
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+struct Engine::Req {
+  bool is_send = false;
+  bool done = false;
+  int peer = -1;
+  uint8_t kind = kKindColl;
+  uint32_t step = 0;
+  uint32_t tag = 0;
+  // send
+  const uint8_t* src = nullptr;
+  MsgHeader hdr{};
+  size_t off = 0;  // bytes of the frame written
+  // recv
+  uint8_t* dst = nullptr;
+  size_t nbytes = 0;
+  bool reduce = false;
+  DType dtype = DType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+struct Engine::Unexpected {
+  MsgHeader hdr;
+  std::vector<uint8_t> data;
+  bool complete = false;
+};
+
+struct Engine::Peer {
+  std::deque<int> sendq;
+  std::vector<int> posted;  // recv requests in posting order
+  std::deque<std::unique_ptr<Unexpected>> unexpected;
+  enum { kHeader, kPayload, kPad } rx = kHeader;
+  uint8_t hdr_buf[64];
+  size_t hdr_got = 0;
+  MsgHeader cur{};
+  int cur_req = -1;
+  Unexpected* cur_unexp = nullptr;
+  size_t got = 0;
+  size_t pad_left = 0;
+};
+
+Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo> peers,
+               std::vector<std::unique_ptr<Channel>> channels, std::unique_ptr<ShmSegment> shm,
+               std::vector<int> local_index, std::shared_ptr<Store> store)
+    : name_(std::move(group_name)), rank_(rank), size_(size), peers_(std::move(peers)),
+      channels_(std::move(channels)), shm_(std::move(shm)), local_index_(std::move(local_index)),
+      store_(std::move(store)) {
+  peer_state_.resize(size_);
+  closed_reason_.resize(size_);
+  for (int i = 0; i < size_; ++i) {
+    peer_state_[i] = std::make_unique<Peer>();
+    if (i != rank_ && channels_[i]) {
+      active_peers_.push_back(i);
+      if (channels_[i]->is_shm()) has_shm_ = true;
+      else has_tcp_ = true;
+    }
+  }
+  // Oversubscribed hosts (more local ranks than cores): spin less before sleeping.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int local = 0;
+  for (auto& p : peers_) local += p.same_host ? 1 : 0;
+  spin_limit_ = static_cast<unsigned>(local) > cores ? 64 : 4000;
+  reqs_.reserve(64);
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::transport_summary() const {
+  int shm = 0, tcp = 0;
+  for (int i : active_peers_) (channels_[i]->is_shm() ? shm : tcp)++;
+  return fmt::format("{} shm peers, {} tcp peers", shm, tcp);
+}
+
+std::string Engine::who(int r) const {
+  const auto& p = peers_[r];
+  if (p.global_rank != r) return fmt::format("rank {} (global rank {}, pid {} on {})", r, p.global_rank, p.pid, p.host);
+  return fmt::format("rank {} (pid {} on {})", r, p.pid, p.host);
+}
+
+std::exception_ptr Engine::failure() {
+  std::lock_guard<std::mutex> lock(fail_mu_);
+  return failure_;
+}
+
+std::exception_ptr Engine::fail(std::exception_ptr e) {
+  std::lock_guard<std::mutex> lock(fail_mu_);
+  if (!failure_) failure_ = e;
+  return failure_;
+}
+
+void Engine::abort(char code, const std::string& reason) {
+  if (aborted_.exchange(true)) return;
+  std::string encoded = std::string(1, code) + ":" + reason;
+  if (shm_) shm_->set_abort(peers_[rank_].global_rank, encoded);
+  if (store_) {
+    try {
+      store_->compare_set("abort", Bytes{}, Bytes(encoded.begin(), encoded.end()));
+    } catch (const std::exception&) {
+      // The store may be gone with the process that hosted it; peers still see the sockets close.
+    }
+  }
+  for (int i : active_peers_)
+    if (!channels_[i]->is_shm()) channels_[i]->shutdown();
+}
+
+[[noreturn]] void Engine::raise_encoded(const std::string& encoded) {
+  char code = encoded.size() > 2 && encoded[1] == ':' ? encoded[0] : 'A';
+  std::string msg = encoded.size() > 2 && encoded[1] == ':' ? encoded.substr(2) : encoded;
+  std::string op = in_collective_ ? op_name(args_.op) : "";
+  long seq = in_collective_ ? static_cast<long>(seq_) : -1;
+  switch (code) {
+    case 'M': throw MismatchError(msg, rank_, -1, op, seq);
+    case 'D': throw PeerDiedError(msg, rank_, -1, op, seq);
+    case 'T': throw TimeoutError(msg, rank_, op, seq);
+    default: throw NetworkError(msg, rank_, -1, op, seq);
+  }
+}
+
+void Engine::begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_point deadline) {
+  if (auto f = failure()) std::rethrow_exception(f);
+  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  args_ = args;
+  algo_ = algo;
+  deadline_ = deadline;
+  next_check_ = Clock::now() + std::chrono::milliseconds(200);
+  reqs_.clear();
+  in_collective_ = args.op != OpKind::kSend && args.op != OpKind::kRecv;
+  if (in_collective_) {
+    seq_ = seq;
+    // Messages of this collective that arrived early: check them now, before any data is used.
+    for (int p : active_peers_)
+      for (auto& u : peer_state_[p]->unexpected)
+        if (u->hdr.kind == kKindColl && u->hdr.seq == seq_) check_fingerprint(p, u->hdr);
+  }
+}
+
+void Engine::end() {
+  for (auto& r : reqs_)
+    if (!r.done)
+      TRIDENT_THROW(Error, "internal: {} #{} in group '{}' returned with a request to rank {} still pending",
+                    describe(args_), seq_, name_, r.peer);
+  if (in_collective_) {
+    last_done_seq_ = seq_;
+    any_done_ = true;
+  }
+  in_collective_ = false;
+  reqs_.clear();
+}
+
+std::string Engine::describe_header(const MsgHeader& h) const {
+  CollArgs a;
+  a.op = static_cast<OpKind>(h.op);
+  a.dtype = static_cast<DType>(h.dtype);
+  a.redop = static_cast<ReduceOp>(h.redop);
+  a.root = h.root;
+  a.count = h.count;
+  return fmt::format("{} [algorithm {}]", describe(a), algo_name(static_cast<Algo>(h.algo)));
+}
+
+void Engine::check_fingerprint(int peer, const MsgHeader& h) {
+  bool same = h.op == static_cast<uint8_t>(args_.op) && h.dtype == static_cast<uint8_t>(args_.dtype) &&
+              h.count == args_.count && h.algo == static_cast<uint8_t>(algo_);
+  const bool rooted = args_.op == OpKind::kBroadcast || args_.op == OpKind::kReduce || args_.op == OpKind::kGather ||
+                      args_.op == OpKind::kScatter;
+  const bool reduces = args_.op == OpKind::kReduce || args_.op == OpKind::kAllReduce ||
+                       args_.op == OpKind::kReduceScatter;
+  if (rooted) same = same && h.root == args_.root;
+  if (reduces) same = same && h.redop == static_cast<uint8_t>(args_.redop);
+  if (same) return;
+  std::string mine = fmt::format("{} [algorithm {}]", describe(args_), algo_name(algo_));
+  std::string msg = fmt::format(
+      "collective mismatch in group '{}' at sequence number {}: {} issued {} but {} issued {}; every rank must "
+      "issue the same collectives in the same order with the same count, dtype, op and root",
+      name_, seq_, who(rank_), mine, who(peer), describe_header(h));
+  abort('M', msg);
+  throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+}
+
+void Engine::check_size(const Req& r, const MsgHeader& h, int peer) {
+  if (h.nbytes == r.nbytes) return;
+  std::string msg;
+  if (r.kind == kKindP2P)
+    msg = fmt::format("recv of {} bytes with tag {} from {} in group '{}' matched a send of {} bytes: sizes differ",
+                      r.nbytes, r.tag, who(peer), name_, h.nbytes);
+  else
+    msg = fmt::format("collective mismatch in group '{}' at sequence number {}: {} expected {} bytes at step {} of {} "
+                      "but {} sent {} bytes for {}",
+                      name_, seq_, who(rank_), r.nbytes, r.step, describe(args_), who(peer), h.nbytes,
+                      describe_header(h));
+  abort('M', msg);
+  throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+}
+
+Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
+    TRIDENT_THROW(InvalidArgument, "internal: send to rank {} which has no channel from rank {} in group '{}'", peer,
+                  rank_, name_);
+  if (!closed_reason_[peer].empty()) raise_abort_from_peer(peer, closed_reason_[peer]);
+  Req r;
+  r.is_send = true;
+  r.peer = peer;
+  r.kind = kind;
+  r.step = step;
+  r.tag = tag;
+  r.src = static_cast<const uint8_t*>(data);
+  r.nbytes = nbytes;
+  MsgHeader& h = r.hdr;
+  std::memset(&h, 0, sizeof h);
+  h.magic = kMsgMagic;
+  h.kind = kind;
+  h.op = static_cast<uint8_t>(args_.op);
+  h.dtype = static_cast<uint8_t>(args_.dtype);
+  h.redop = static_cast<uint8_t>(args_.redop);
+  h.algo = static_cast<uint8_t>(algo_);
+  h.root = args_.root;
+  h.step = step;
+  h.tag = tag;
+  h.src = rank_;
+  h.seq = kind == kKindColl ? seq_ : 0;
+  h.count = args_.count;
+  h.nbytes = nbytes;
+  int id = static_cast<int>(reqs_.size());
+  reqs_.push_back(r);
+  peer_state_[peer]->sendq.push_back(id);
+  progress_tx(peer);
+  return Request{id};
+}
+
+Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
+                          DType dtype, ReduceOp op) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
+    TRIDENT_THROW(InvalidArgument, "internal: recv from rank {} which has no channel to rank {} in group '{}'", peer,
+                  rank_, name_);
+  if (!closed_reason_[peer].empty() && peer_state_[peer]->unexpected.empty())
+    raise_abort_from_peer(peer, closed_reason_[peer]);
+  Req r;
+  r.peer = peer;
+  r.kind = kind;
+  r.step = step;
+  r.tag = tag;
+  r.dst = static_cast<uint8_t*>(dst);
+  r.nbytes = nbytes;
+  r.reduce = reduce;
+  r.dtype = dtype;
+  r.op = op;
+  int id = static_cast<int>(reqs_.size());
+  reqs_.push_back(r);
+  Peer& ps = *peer_state_[peer];
+  // An early arrival? Match in order.
+  for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {
+    Unexpected& u = **it;
+    bool match = u.hdr.kind == kind && (kind == kKindColl ? (u.hdr.seq == seq_ && u.hdr.step == step) : u.hdr.tag == tag);
+    if (!match) continue;
+    if (!u.complete) break;  // still arriving: it will be delivered from the unexpected buffer when done
+    deliver_unexpected(reqs_[id], u);
+    ps.unexpected.erase(it);
+    return Request{id};
+  }
+  ps.posted.push_back(id);
+  return Request{id};
+}
+
+void Engine::deliver_unexpected(Req& r, Unexpected& u) {
+  check_size(r, u.hdr, r.peer);
+  if (r.nbytes > 0) {
+    if (r.reduce) reduce_into(r.dst, u.data.data(), r.nbytes / dtype_size(r.dtype), r.dtype, r.op);
+    else std::memcpy(r.dst, u.data.data(), r.nbytes);
+  }
+  r.done = true;
+}
+
+Request Engine::isend(int peer, uint32_t step, const void* data, size_t nbytes) {
+  return post_send(peer, kKindColl, step, 0, data, nbytes);
+}
+Request Engine::irecv(int peer, uint32_t step, void* data, size_t nbytes) {
+  return post_recv(peer, kKindColl, step, 0, data, nbytes, false, DType::kUInt8, ReduceOp::kSum);
+}
+Request Engine::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) {
+  return post_recv(peer, kKindColl, step, 0, dst, count * dtype_size(dtype), true, dtype, op);
+}
+Request Engine::isend_tagged(int peer, uint32_t tag, const void* data, size_t nbytes) {
+  return post_send(peer, kKindP2P, 0, tag, data, nbytes);
+}
+Request Engine::irecv_tagged(int peer, uint32_t tag, void* data, size_t nbytes) {
+  return post_recv(peer, kKindP2P, 0, tag, data, nbytes, false, DType::kUInt8, ReduceOp::kSum);
+}
+
+void* Engine::scratch(size_t nbytes, int slot) {
+  if (slot < 0) slot = 0;
+  if (static_cast<size_t>(slot) >= scratch_.size()) scratch_.resize(slot + 1);
+  auto& buf = scratch_[slot];
+  if (buf.size() < nbytes + 64) {
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(nbytes + nbytes / 4 + 64);  // zero-filled: faulted in once, reused afterwards
+  }
+  auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - (addr & 63)) & 63);
+}
+
+bool Engine::progress_tx(int peer) {
+  Peer& ps = *peer_state_[peer];
+  Channel& ch = *channels_[peer];
+  bool moved = false;
+  while (!ps.sendq.empty()) {
+    Req& r = reqs_[ps.sendq.front()];
+    const size_t full = r.nbytes & ~static_cast<size_t>(63);
+    const size_t frame = 64 + round64(r.nbytes);
+    while (r.off < frame) {
+      size_t k;
+      if (r.off < 64) {
+        k = ch.write_some(reinterpret_cast<const uint8_t*>(&r.hdr) + r.off, 64 - r.off);
+      } else if (r.off < 64 + full) {
+        k = ch.write_some(r.src + (r.off - 64), full - (r.off - 64));
+      } else {
+        uint8_t tail[64] = {};
+        std::memcpy(tail, r.src + full, r.nbytes - full);
+        size_t t = r.off - 64 - full;
+        k = ch.write_some(tail + t, 64 - t);
+      }
+      if (k == 0) return moved;
+      moved = true;
+      r.off += k;
+    }
+    r.done = true;
+    ps.sendq.pop_front();
+  }
+  return moved;
+}
+
+void Engine::on_header(int peer) {
+  Peer& ps = *peer_state_[peer];
+  std::memcpy(&ps.cur, ps.hdr_buf, 64);
+  const MsgHeader& h = ps.cur;
+  if (h.magic != kMsgMagic || (h.kind != kKindColl && h.kind != kKindP2P)) {
+    std::string msg = fmt::format("group '{}': corrupt message header from {} (magic {:#x}); the stream is out of sync",
+                                  name_, who(peer), h.magic);
+    abort('A', msg);
+    throw NetworkError(msg, rank_, peer);
+  }
+  if (h.kind == kKindColl) {
+    if (any_done_ && h.seq <= last_done_seq_) {
+      std::string msg = fmt::format(
+          "collective mismatch in group '{}': {} sent a message for {} at sequence number {}, which {} has already "
+          "completed; the ranks disagree on that collective's count, algorithm or dtype",
+          name_, who(peer), describe_header(h), h.seq, who(rank_));
+      abort('M', msg);
+      throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(h.seq));
+    }
+    if (in_collective_ && h.seq == seq_) check_fingerprint(peer, h);
+  }
+  ps.got = 0;
+  ps.cur_req = -1;
+  ps.cur_unexp = nullptr;
+  for (size_t i = 0; i < ps.posted.size(); ++i) {
+    Req& r = reqs_[ps.posted[i]];
+    bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
+    if (!match) continue;
+    check_size(r, h, peer);
+    ps.cur_req = ps.posted[i];
+    ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+    break;
+  }
+  if (ps.cur_req < 0) {
+    auto u = std::make_unique<Unexpected>();
+    u->hdr = h;
+    u->data.resize(h.nbytes);
+    ps.cur_unexp = u.get();
+    ps.unexpected.push_back(std::move(u));
+  }
+  ps.rx = Peer::kPayload;
+}
+
+bool Engine::progress_rx(int peer) {
+  Peer& ps = *peer_state_[peer];
+  Channel& ch = *channels_[peer];
+  bool moved = false;
+  for (;;) {
+    if (ps.rx == Peer::kHeader) {
+      size_t k = ch.read_some(ps.hdr_buf + ps.hdr_got, 64 - ps.hdr_got);
+      if (k == 0) return moved;
+      moved = true;
+      ps.hdr_got += k;
+      if (ps.hdr_got < 64) continue;
+      ps.hdr_got = 0;
+      on_header(peer);
+    }
+    if (ps.rx == Peer::kPayload) {
+      const size_t n = ps.cur.nbytes;
+      while (ps.got < n) {
+        size_t k = 0;
+        if (ps.cur_req >= 0) {
+          Req& r = reqs_[ps.cur_req];
+          if (r.reduce) {
+            auto span = ch.peek();
+            const size_t es = dtype_size(r.dtype);
+            size_t m = std::min(span.size(), n - ps.got) / es * es;
+            if (m > 0) {
+              reduce_into(r.dst + ps.got, span.data(), m / es, r.dtype, r.op);
+              ch.consume(m);
+            }
+            k = m;
+          } else {
+            k = ch.read_some(r.dst + ps.got, n - ps.got);
+          }
+        } else {
+          k = ch.read_some(ps.cur_unexp->data.data() + ps.got, n - ps.got);
+        }
+        if (k == 0) return moved;
+        moved = true;
+        ps.got += k;
+      }
+      ps.pad_left = round64(n) - n;
+      ps.rx = Peer::kPad;
+    }
+    if (ps.rx == Peer::kPad) {
+      while (ps.pad_left > 0) {
+        uint8_t sink[64];
+        size_t k = ch.read_some(sink, ps.pad_left);
+        if (k == 0) return moved;
+        moved = true;
+        ps.pad_left -= k;
+      }
+      if (ps.cur_req >= 0) {
+        reqs_[ps.cur_req].done = true;
+      } else {
+        ps.cur_unexp->complete = true;
+        // A receive posted while this message was still arriving is waiting in `posted`? No: posting
+        // skips incomplete unexpected messages only by breaking, so the request is in `posted`; match it now.
+        for (size_t i = 0; i < ps.posted.size(); ++i) {
+          Req& r = reqs_[ps.posted[i]];
+          const MsgHeader& h = ps.cur_unexp->hdr;
+          bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
+          if (!match) continue;
+          // Only the first unexpected message with this key may be delivered (order per key).
+          bool earlier = false;
+          for (auto& u : ps.unexpected) {
+            if (u.get() == ps.cur_unexp) break;
+            if (u->hdr.kind == h.kind && (h.kind == kKindColl ? (u->hdr.seq == h.seq && u->hdr.step == h.step)
+                                                               : u->hdr.tag == h.tag))
+              earlier = true;
+          }
+          if (earlier) break;
+          deliver_unexpected(r, *ps.cur_unexp);
+          ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+          for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it)
+            if (it->get() == ps.cur_unexp) {
+              ps.unexpected.erase(it);
+              break;
+            }
+          break;
+        }
+      }
+      ps.cur_req = -1;
+      ps.cur_unexp = nullptr;
+      ps.rx = Peer::kHeader;
+    }
+  }
+}
+
+bool Engine::progress_all() {
+  bool moved = false;
+  for (int p : active_peers_) {
+    try {
+      if (!peer_state_[p]->sendq.empty()) moved |= progress_tx(p);
+      moved |= progress_rx(p);
+    } catch (const MismatchError&) {
+      throw;
+    } catch (const NetworkError& e) {
+      if (waiting_on(p)) raise_abort_from_peer(p, e.what());
+      // A peer that finished and exited closes its end; that is an error only if the group was aborted
+      // or if this rank still needs that peer (checked when a request to it is posted).
+      if (store_ && store_->check({"abort"})) {
+        Bytes b = store_->get("abort", Seconds(1.0));
+        raise_encoded(std::string(b.begin(), b.end()));
+      }
+      closed_.push_back(p);
+      closed_reason_[p] = e.what();
+      active_peers_.erase(std::find(active_peers_.begin(), active_peers_.end(), p));
+      return moved;  // active_peers_ changed under the loop
+    }
+  }
+  return moved;
+}
+
+bool Engine::waiting_on(int p) const {
+  const Peer& ps = *peer_state_[p];
+  return !ps.sendq.empty() || !ps.posted.empty() || ps.rx != Peer::kHeader || ps.hdr_got != 0;
+}
+
+[[noreturn]] void Engine::raise_abort_from_peer(int peer, const std::string& channel_error) {
+  // Why did the connection break? A dead process, an abort with a recorded reason, or the network.
+  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  const PeerInfo& p = peers_[peer];
+  if (p.same_host) {
+    // Give a dying process a moment to become a zombie.
+    for (int i = 0; i < 20 && process_alive(p.pid, p.starttime); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!process_alive(p.pid, p.starttime)) {
+      std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(peer),
+                                    in_collective_ ? describe(args_) : describe(args_), seq_, name_);
+      abort('D', msg);
+      throw PeerDiedError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+    }
+  }
+  if (store_) {
+    try {
+      Bytes b = store_->get("abort", Seconds(1.0));
+      raise_encoded(std::string(b.begin(), b.end()));
+    } catch (const NetworkError&) {
+      throw;
+    } catch (const std::exception&) {
+    }
+  }
+  std::string msg = fmt::format("{} in group '{}' during {} (sequence number {}): {}", who(rank_), name_,
+                                describe(args_), seq_, channel_error);
+  abort('D', msg);
+  throw PeerDiedError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+}
+
+void Engine::periodic_checks() {
+  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  for (int p : active_peers_) {
+    const PeerInfo& info = peers_[p];
+    if (info.same_host && waiting_on(p) && !process_alive(info.pid, info.starttime)) {
+      std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(args_),
+                                    seq_, name_);
+      abort('D', msg);
+      throw PeerDiedError(msg, rank_, p, op_name(args_.op), static_cast<long>(seq_));
+    }
+  }
+}
+
+[[noreturn]] void Engine::raise_timeout(std::span<const Request> reqs) {
+  std::vector<int> missing, stuck;
+  for (auto& q : reqs) {
+    const Req& r = reqs_[q.id];
+    if (r.done) continue;
+    auto& v = r.is_send ? stuck : missing;
+    if (std::find(v.begin(), v.end(), r.peer) == v.end()) v.push_back(r.peer);
+  }
+  std::sort(missing.begin(), missing.end());
+  std::sort(stuck.begin(), stuck.end());
+  std::string detail;
+  if (!missing.empty()) detail = fmt::format("not heard from: rank(s) {}", fmt::join(missing, ", "));
+  else detail = fmt::format("rank(s) {} did not drain what was sent to them", fmt::join(stuck, ", "));
+  std::string msg = fmt::format("{} (sequence number {}) in group '{}' timed out on rank {}; {}",
+                                in_collective_ ? describe(args_) : describe(args_), seq_, name_, rank_, detail);
+  abort('T', msg);
+  throw TimeoutError(msg, rank_, op_name(args_.op), static_cast<long>(seq_), missing);
+}
+
+void Engine::block_once(Clock::time_point deadline) {
+  auto now = Clock::now();
+  int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count());
+  ms = std::clamp(ms, 0, 50);
+  if (has_tcp_) {
+    std::vector<pollfd> fds;
+    fds.reserve(active_peers_.size());
+    for (int p : active_peers_) {
+      int fd = channels_[p]->fd();
+      if (fd < 0) continue;
+      short ev = POLLIN;
+      if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
+      fds.push_back({fd, ev, 0});
+    }
+    poll(fds.data(), fds.size(), has_shm_ ? std::min(ms, 1) : ms);
+    return;
+  }
+  if (has_shm_) {
+    int me = local_index_[rank_];
+    uint32_t seen = shm_->bell(me).load(std::memory_order_acquire);
+    shm_->sleeping(me).store(1, std::memory_order_seq_cst);
+    bool moved = progress_all();
+    if (!moved && !(shm_->aborted())) shm_->sleep_on_bell(seen, ms);
+    shm_->sleeping(me).store(0, std::memory_order_relaxed);
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+void Engine::wait(std::span<const Request> reqs) {
+  auto all_done = [&] {
+    for (auto& q : reqs)
+      if (!reqs_[q.id].done) return false;
+    return true;
+  };
+  int idle = 0;
+  for (;;) {
+    if (all_done()) return;
+    if (progress_all()) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < spin_limit_) {
+      cpu_relax();
+      continue;
+    }
+    block_once(deadline_);
+    if (all_done()) return;
+    auto now = Clock::now();
+    if (now >= next_check_) {
+      next_check_ = now + std::chrono::milliseconds(250);
+      periodic_checks();
+    }
+    if (now >= deadline_) raise_timeout(reqs);
+    idle = spin_limit_ / 2;
+  }
+}
+
+}  // namespace trident

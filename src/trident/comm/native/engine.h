@@ -1,0 +1,142 @@
+// Engine: runs the point-to-point traffic of one process group over its channels (shared memory and/or
+// TCP): framing, tag matching (in order per peer and tag), unexpected-message buffering, fingerprint
+// checks, waiting (spin, then sleep on the doorbell or poll), deadlines, peer liveness and abort.
+//
+// It implements AlgoContext, so algorithms run on it unchanged. Ownership: owned by one process group.
+// Thread-safety: used by one thread at a time (the group's executing thread); abort() may be called from
+// any thread. Every wait has the current collective's deadline.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/transport/channel.h"
+#include "trident/comm/transport/shm.h"
+
+namespace trident {
+
+class Store;
+
+struct PeerInfo {
+  std::string host;
+  int32_t pid = 0;
+  uint64_t starttime = 0;
+  int global_rank = 0;
+  bool same_host = false;
+};
+
+// Wire header of every message: 64 bytes.
+struct MsgHeader {
+  uint32_t magic;
+  uint8_t kind;  // 1 collective, 2 point-to-point
+  uint8_t op, dtype, redop;
+  uint8_t algo;
+  uint8_t pad0[3];
+  int32_t root;
+  uint32_t step;
+  uint32_t tag;
+  int32_t src;
+  uint64_t seq;
+  uint64_t count;
+  uint64_t nbytes;
+  uint8_t pad1[8];
+};
+static_assert(sizeof(MsgHeader) == 64);
+
+class Engine final : public AlgoContext {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Engine(std::string group_name, int rank, int size, std::vector<PeerInfo> peers,
+         std::vector<std::unique_ptr<Channel>> channels, std::unique_ptr<ShmSegment> shm,
+         std::vector<int> local_index, std::shared_ptr<Store> store);
+  ~Engine() override;
+
+  // One operation at a time: begin, traffic, end. `seq` is the collective's sequence number.
+  void begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_point deadline);
+  void end();
+  // Records a failure (the group is then aborted on this rank) and returns the exception to report.
+  std::exception_ptr fail(std::exception_ptr e);
+  // Aborts the group on every rank: `code` is 'M' mismatch, 'D' peer died, 'T' timeout, 'A' other.
+  void abort(char code, const std::string& reason);
+  std::exception_ptr failure();
+
+  // AlgoContext
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Request isend(int peer, uint32_t step, const void* data, size_t nbytes) override;
+  Request irecv(int peer, uint32_t step, void* data, size_t nbytes) override;
+  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) override;
+  void wait(std::span<const Request> reqs) override;
+  void* scratch(size_t nbytes, int slot) override;
+  using AlgoContext::wait;
+
+  // Point-to-point with user tags (outside the collective sequence).
+  Request isend_tagged(int peer, uint32_t tag, const void* data, size_t nbytes);
+  Request irecv_tagged(int peer, uint32_t tag, void* data, size_t nbytes);
+
+  bool uses_tcp() const { return has_tcp_; }
+  bool uses_shm() const { return has_shm_; }
+  std::string transport_summary() const;
+
+ private:
+  struct Req;
+  struct Peer;
+  struct Unexpected;
+  Request post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes);
+  Request post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
+                    DType dtype, ReduceOp op);
+  bool progress_all();
+  bool waiting_on(int peer) const;
+  bool progress_tx(int peer);
+  bool progress_rx(int peer);
+  void on_header(int peer);
+  void deliver_unexpected(Req& r, Unexpected& u);
+  void check_fingerprint(int peer, const MsgHeader& h);
+  void check_size(const Req& r, const MsgHeader& h, int peer);
+  void block_once(Clock::time_point deadline);
+  void periodic_checks();
+  [[noreturn]] void raise_timeout(std::span<const Request> reqs);
+  [[noreturn]] void raise_abort_from_peer(int peer, const std::string& channel_error);
+  [[noreturn]] void raise_encoded(const std::string& encoded);
+  std::string who(int r) const;
+  std::string describe_header(const MsgHeader& h) const;
+
+  std::string name_;
+  int rank_, size_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::unique_ptr<ShmSegment> shm_;
+  std::vector<int> local_index_;  // group rank -> index in the shm segment (-1: not local)
+  std::shared_ptr<Store> store_;
+  bool has_tcp_ = false, has_shm_ = false;
+  std::vector<int> active_peers_;
+  std::vector<int> closed_;                  // peers whose connection closed while not needed
+  std::vector<std::string> closed_reason_;
+
+  std::vector<std::unique_ptr<Peer>> peer_state_;
+  std::vector<Req> reqs_;
+  CollArgs args_;
+  Algo algo_ = Algo::kAuto;
+  uint64_t seq_ = 0;
+  bool in_collective_ = false;
+  uint64_t last_done_seq_ = 0;
+  bool any_done_ = false;
+  Clock::time_point deadline_;
+  Clock::time_point next_check_;
+  int spin_limit_ = 2000;
+
+  std::vector<std::vector<uint8_t>> scratch_;
+  std::mutex fail_mu_;
+  std::exception_ptr failure_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace trident

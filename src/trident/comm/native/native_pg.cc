@@ -1,0 +1,307 @@
+#include "trident/comm/native/native_pg.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include <fmt/ranges.h>
+
+#include "trident/comm/reduce.h"
+#include "trident/comm/store/store.h"
+#include "trident/comm/transport/shm.h"
+#include "trident/comm/transport/tcp.h"
+#include "trident/core/env.h"
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+
+namespace trident {
+
+namespace {
+
+std::string host_identity() {
+  std::string h = env::hostname_override();
+  if (!h.empty()) return h;
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+Seconds resolve_timeout(const GroupOptions& o) { return o.timeout.value_or(Seconds(env::timeout_seconds())); }
+
+}  // namespace
+
+NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options,
+                                       std::vector<int> global_ranks)
+    : ProcessGroup(rank, size, options.name, resolve_timeout(options)), base_store_(std::move(store)),
+      options_(options), global_ranks_(std::move(global_ranks)) {
+  if (size < 1) TRIDENT_THROW(InvalidArgument, "process group '{}': size {} must be at least 1", options.name, size);
+  if (rank < 0 || rank >= size)
+    TRIDENT_THROW(InvalidArgument, "process group '{}': rank {} is outside [0, {})", options.name, rank, size);
+  if (global_ranks_.empty())
+    for (int i = 0; i < size; ++i) global_ranks_.push_back(i);
+  const double timeout_s = timeout().count();
+  const Seconds t = timeout();
+
+  // A fresh namespace per creation of a group with this name (a job may rebuild its groups).
+  int64_t ticket = base_store_->add("pg_gen/" + options.name, 1);
+  int64_t generation = (ticket - 1) / size;
+  std::string ns = fmt::format("pg/{}/{}", options.name, generation);
+  store_ = std::make_shared<PrefixStore>(ns, base_store_);
+
+  // Who is where.
+  std::string host = host_identity();
+  store_->set_string(fmt::format("info/{}", rank),
+                     fmt::format("{}\t{}\t{}\t{}", host, getpid(), process_starttime(getpid()), global_ranks_[rank]));
+  std::vector<PeerInfo> peers(size);
+  for (int r = 0; r < size; ++r) {
+    std::string v = store_->get_string(fmt::format("info/{}", r), t);
+    std::istringstream in(v);
+    std::string h, pid, st, gr;
+    std::getline(in, h, '\t');
+    std::getline(in, pid, '\t');
+    std::getline(in, st, '\t');
+    std::getline(in, gr, '\t');
+    peers[r].host = h;
+    peers[r].pid = std::atoi(pid.c_str());
+    peers[r].starttime = std::strtoull(st.c_str(), nullptr, 10);
+    peers[r].global_rank = std::atoi(gr.c_str());
+    peers[r].same_host = h == host;
+  }
+
+  std::string transport = options.transport.empty() ? env::transport() : options.transport;
+  if (transport != "auto" && transport != "shm" && transport != "tcp")
+    TRIDENT_THROW(InvalidArgument, "process group '{}': transport '{}' is not one of auto, shm, tcp", options.name,
+                  transport);
+  std::vector<bool> use_shm(size, false), use_tcp(size, false);
+  std::vector<int> local_index(size, -1);
+  int local_count = 0;
+  std::set<std::string> hosts;
+  for (int r = 0; r < size; ++r) {
+    hosts.insert(peers[r].host);
+    if (peers[r].same_host && transport != "tcp") {
+      use_shm[r] = true;
+      local_index[r] = local_count++;
+    }
+  }
+  if (transport == "shm" && hosts.size() > 1)
+    TRIDENT_THROW(InvalidArgument,
+                  "process group '{}': TRIDENT_TRANSPORT=shm but its ranks are on {} hosts; shared memory works only "
+                  "within a host (use auto or tcp)",
+                  options.name, hosts.size());
+  for (int r = 0; r < size; ++r) use_tcp[r] = r != rank && !use_shm[r];
+
+  std::unique_ptr<ShmSegment> seg;
+  if (local_count >= 2) {
+    size_t ring = static_cast<size_t>(env::get("TRIDENT_SHM_RING_BYTES") ? env::shm_ring_bytes()
+                                                                          : (local_count <= 4 ? (4 << 20) : (1 << 20)));
+    seg = ShmSegment::create_or_open(*store_, "shm/" + host, local_index[rank], local_count, ring, timeout_s);
+  }
+  std::vector<std::unique_ptr<Channel>> channels =
+      connect_tcp_mesh(*store_, rank, size, use_tcp, fnv1a(ns), timeout_s);
+  for (int r = 0; r < size; ++r)
+    if (r != rank && use_shm[r]) channels[r] = seg->channel_to(local_index[r]);
+
+  engine_ = std::make_unique<Engine>(options.name, rank, size, peers, std::move(channels), std::move(seg), local_index,
+                                     store_);
+  if (engine_->uses_tcp()) link_ = LinkCost{25e-6, 1.0 / 2e9};
+  else link_ = LinkCost{1.5e-6, 1.0 / 6e9};
+  transport_summary_ = fmt::format("{} ranks on {} host(s); transport {}: {}", size, hosts.size(), transport,
+                                   engine_->transport_summary());
+  if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_summary_);
+  else log_debug("comm", "process group '{}' rank {}: {}", options.name, rank, transport_summary_);
+}
+
+NativeProcessGroup::~NativeProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced) const {
+  if (a.op == OpKind::kSend || a.op == OpKind::kRecv) return Algo::kAuto;
+  auto candidates = algorithms_for(a.op);
+  auto names = [&] {
+    std::vector<std::string> n;
+    for (auto* c : candidates) n.push_back(algo_name(c->algo));
+    return fmt::format("{}", fmt::join(n, ", "));
+  };
+  if (candidates.empty())
+    TRIDENT_THROW(Unsupported, "backend native: no algorithm implements {}", op_name(a.op));
+  if (forced != Algo::kAuto) {
+    const AlgorithmInfo* info = find_algorithm(a.op, forced);
+    if (!info)
+      TRIDENT_THROW(InvalidArgument, "algorithm '{}' is not available for {}; available: {}", algo_name(forced),
+                    op_name(a.op), names());
+    if (info->applicable && !info->applicable(a, size()))
+      TRIDENT_THROW(InvalidArgument, "algorithm '{}' cannot run {} on {} ranks", algo_name(forced), describe(a), size());
+    return forced;
+  }
+  static const std::string env_algo = env::algo();
+  if (!env_algo.empty()) {
+    Algo e = parse_algo(env_algo);
+    const AlgorithmInfo* info = find_algorithm(a.op, e);
+    if (info && (!info->applicable || info->applicable(a, size()))) return e;
+  }
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  const AlgorithmInfo* best = nullptr;
+  double best_t = 0;
+  for (auto* c : candidates) {
+    if (c->applicable && !c->applicable(a, size())) continue;
+    double t = c->cost(bytes, size()).time(link_);
+    if (!best || t < best_t) best = c, best_t = t;
+  }
+  if (!best) TRIDENT_THROW(Unsupported, "backend native: no algorithm can run {} on {} ranks", describe(a), size());
+  return best->algo;
+}
+
+std::shared_ptr<Work> NativeProcessGroup::post(const CollArgs& args, const CallOptions& opts, bool blocking) {
+  auto item = std::make_unique<Item>();
+  item->args = args;
+  if (args.counts) {
+    item->counts = *args.counts;
+    item->args.counts = &item->counts;
+  }
+  item->algo = choose_algorithm(args, opts.algo);
+  Seconds t = opts.timeout.value_or(timeout());
+  item->deadline = Engine::Clock::now() + std::chrono::duration_cast<Engine::Clock::duration>(t);
+  item->work = std::make_shared<Work>(fmt::format("{} in group '{}'", describe(args), name()));
+  if (log_debug_enabled("comm"))
+    log_debug("comm", "group '{}' rank {}: {} -> algorithm {}", name(), rank(), describe(args), algo_name(item->algo));
+  auto work = item->work;
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
+  item->seq = collective ? next_seq_++ : 0;
+  if (blocking && queue_.empty() && !busy_) {
+    busy_ = true;
+    lock.unlock();
+    execute(*item);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return work;
+  }
+  queue_.push_back(std::move(item));
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  lock.unlock();
+  cv_.notify_all();
+  return work;
+}
+
+void NativeProcessGroup::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty() && stop_) return;
+    if (queue_.empty() || busy_) continue;
+    auto item = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    execute(*item);
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void NativeProcessGroup::execute(Item& it) {
+  try {
+    const CollArgs& a = it.args;
+    engine_->begin(a, it.algo, it.seq, it.deadline);
+    const size_t es = dtype_size(a.dtype);
+    if (a.op == OpKind::kSend) {
+      engine_->wait({engine_->isend_tagged(a.peer, a.tag, a.send, a.count * es)});
+    } else if (a.op == OpKind::kRecv) {
+      engine_->wait({engine_->irecv_tagged(a.peer, a.tag, a.recv, a.count * es)});
+    } else {
+      CollArgs run = a;
+      if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0) std::memmove(a.recv, a.send, a.count * es);
+      if (run.redop == ReduceOp::kAvg) run.redop = ReduceOp::kSum;
+      find_algorithm(a.op, it.algo)->run(*engine_, run);
+      if (a.redop == ReduceOp::kAvg && size() > 1) {
+        if (a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter) scale_divide(a.recv, a.count, a.dtype, size());
+        else if (a.op == OpKind::kReduce && rank() == a.root) scale_divide(a.recv, a.count, a.dtype, size());
+      }
+    }
+    engine_->end();
+    it.work->finish();
+  } catch (const NetworkError&) {
+    it.work->finish(engine_->fail(std::current_exception()));
+  } catch (const std::exception& e) {
+    engine_->abort('A', fmt::format("rank {} of group '{}' failed in {}: {}", rank(), name(), describe(it.args), e.what()));
+    it.work->finish(engine_->fail(std::current_exception()));
+  }
+}
+
+void NativeProcessGroup::abort(const std::string& reason) {
+  engine_->abort('A', fmt::format("group '{}' aborted by rank {}: {}", name(), rank(), reason));
+  engine_->fail(std::make_exception_ptr(NetworkError(fmt::format("group '{}' aborted on this rank: {}", name(), reason),
+                                                     rank())));
+}
+
+std::shared_ptr<ProcessGroup> NativeProcessGroup::make_subgroup(const std::vector<int>& members,
+                                                               const std::string& name) {
+  auto it = std::find(members.begin(), members.end(), rank());
+  if (it == members.end()) return nullptr;
+  GroupOptions o = options_;
+  o.name = name;
+  o.timeout = timeout();
+  std::vector<int> globals;
+  for (int m : members) globals.push_back(global_ranks_[m]);
+  return std::make_shared<NativeProcessGroup>(base_store_, static_cast<int>(it - members.begin()),
+                                              static_cast<int>(members.size()), o, globals);
+}
+
+std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= size())
+      TRIDENT_THROW(InvalidArgument, "new_group: rank {} is outside group '{}' of size {}", r, this->name(), size());
+    if (!seen.insert(r).second) TRIDENT_THROW(InvalidArgument, "new_group: rank {} is listed twice", r);
+  }
+  if (ranks.empty()) TRIDENT_THROW(InvalidArgument, "new_group: the rank list is empty");
+  int k = ++subgroup_counter_;
+  std::string n = fmt::format("{}.{}", this->name(), name.empty() ? fmt::format("g{}", k) : name);
+  return make_subgroup(ranks, n);
+}
+
+std::shared_ptr<ProcessGroup> NativeProcessGroup::split(int color, int key) {
+  int k = ++subgroup_counter_;
+  store_->set_string(fmt::format("split{}/{}", k, rank()), fmt::format("{} {}", color, key));
+  std::vector<std::pair<int, int>> mine;  // (key, rank)
+  for (int r = 0; r < size(); ++r) {
+    std::istringstream in(store_->get_string(fmt::format("split{}/{}", k, r), timeout()));
+    int c = 0, kk = 0;
+    in >> c >> kk;
+    if (c == color && color >= 0) mine.emplace_back(kk, r);
+  }
+  if (color < 0) return nullptr;
+  std::sort(mine.begin(), mine.end());
+  std::vector<int> members;
+  for (auto& [kk, r] : mine) members.push_back(r);
+  return make_subgroup(members, fmt::format("{}.s{}c{}", name(), k, color));
+}
+
+std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                const GroupOptions& options) {
+  if (options.backend == "native" || options.backend.empty())
+    return std::make_shared<NativeProcessGroup>(std::move(store), rank, size, options, std::vector<int>{});
+  if (options.backend == "mpi" || options.backend == "nccl")
+    TRIDENT_THROW(Unsupported, "backend '{}' is not built into this trident yet; use --backend native", options.backend);
+  TRIDENT_THROW(InvalidArgument, "unknown backend '{}'; use native, mpi or nccl", options.backend);
+}
+
+}  // namespace trident

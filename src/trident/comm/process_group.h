@@ -1,0 +1,139 @@
+// ProcessGroup: a set of ranks that run collectives together (c10d's ProcessGroup / Backend).
+//
+// Ownership: shared (std::shared_ptr); a rank may hold many groups at once (a 3-D mesh holds 3).
+// Thread-safety: every method may be called from any thread; calls on one group are ordered by the order
+// in which they are issued (each gets the group's next sequence number) and complete in that order.
+// Blocking: each collective has a blocking form and an `_async` form returning a Work; async collectives
+// run on the group's worker thread and overlap with the caller's computation. Buffers must stay valid and
+// untouched until the Work completes.
+// Timeouts: every call has a deadline (CallOptions::timeout, else the group's timeout, else TRIDENT_TIMEOUT,
+// default 600 s). On expiry the error names the op, its sequence number, the group and the ranks not heard
+// from. A dead peer fails pending and later collectives within seconds (PeerDiedError names it); ranks that
+// issue different collectives at the same sequence number all get a MismatchError naming what each issued.
+// After any failure the group is aborted: later calls fail at once with the first error.
+//
+// One entry point per backend: the named collectives validate their arguments here, once, and call
+// post(); a backend implements post() and throws Unsupported for what it cannot do (STYLE.md #6, with one
+// virtual instead of twelve so that validation, fingerprints and sequence numbers live in one place).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trident/comm/types.h"
+#include "trident/comm/work.h"
+
+namespace trident {
+
+class Store;
+
+struct CallOptions {
+  std::optional<Seconds> timeout;  // unset: the group's timeout
+  Algo algo = Algo::kAuto;         // force an algorithm (tests, benchmarks)
+};
+
+struct GroupOptions {
+  std::string backend = "native";  // native | mpi | nccl
+  std::string transport;           // auto | shm | tcp ("" = TRIDENT_TRANSPORT, default auto)
+  std::optional<Seconds> timeout;  // default deadline of every call ("" = TRIDENT_TIMEOUT, default 600 s)
+  std::string name = "world";
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  Seconds timeout() const { return timeout_; }
+  void set_timeout(Seconds t) { timeout_ = t; }
+  virtual std::string backend_name() const = 0;
+  // Global rank (in the world group) of this group's rank r.
+  virtual int global_rank(int r) const { return r; }
+
+  // ---- async forms ----
+  std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});
+  std::shared_ptr<Work> reduce_async(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root,
+                                     const CallOptions& o = {});
+  std::shared_ptr<Work> all_reduce_async(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                         const CallOptions& o = {});
+  std::shared_ptr<Work> all_reduce_async(void* buf, size_t count, DType dtype, ReduceOp op, const CallOptions& o = {}) {
+    return all_reduce_async(buf, buf, count, dtype, op, o);
+  }
+  std::shared_ptr<Work> gather_async(const void* send, void* recv, size_t count, DType dtype, int root,
+                                     const CallOptions& o = {});
+  std::shared_ptr<Work> scatter_async(const void* send, void* recv, size_t count, DType dtype, int root,
+                                      const CallOptions& o = {});
+  std::shared_ptr<Work> all_gather_async(const void* send, void* recv, size_t count, DType dtype,
+                                         const CallOptions& o = {});
+  std::shared_ptr<Work> all_gatherv_async(const void* send, void* recv, const std::vector<size_t>& counts,
+                                          DType dtype, const CallOptions& o = {});
+  std::shared_ptr<Work> reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                                             const CallOptions& o = {});
+  std::shared_ptr<Work> all_to_all_async(const void* send, void* recv, size_t count, DType dtype,
+                                         const CallOptions& o = {});
+  std::shared_ptr<Work> send_async(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0,
+                                   const CallOptions& o = {});
+  std::shared_ptr<Work> recv_async(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0,
+                                   const CallOptions& o = {});
+  std::shared_ptr<Work> barrier_async(const CallOptions& o = {});
+
+  // ---- blocking forms: the async form, then wait ----
+  void broadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});
+  void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, const CallOptions& o = {});
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, const CallOptions& o = {});
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, const CallOptions& o = {}) {
+    all_reduce(buf, buf, count, dtype, op, o);
+  }
+  void gather(const void* send, void* recv, size_t count, DType dtype, int root, const CallOptions& o = {});
+  void scatter(const void* send, void* recv, size_t count, DType dtype, int root, const CallOptions& o = {});
+  void all_gather(const void* send, void* recv, size_t count, DType dtype, const CallOptions& o = {});
+  void all_gatherv(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
+                   const CallOptions& o = {});
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, const CallOptions& o = {});
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype, const CallOptions& o = {});
+  void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0, const CallOptions& o = {});
+  void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0, const CallOptions& o = {});
+  void barrier(const CallOptions& o = {});
+
+  // ---- subgroups ----
+  // Every rank of this group must call new_group with the same list (in the same order relative to other
+  // subgroup creations); ranks not in `ranks` get nullptr. `ranks` are ranks of this group.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = {}) = 0;
+  // Every rank calls; ranks with the same color form a group, ordered by (key, rank); color < 0 gets nullptr.
+  virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+
+  // Aborts the group: pending and later calls on every rank fail with `reason`.
+  virtual void abort(const std::string& reason) = 0;
+
+  // The algorithm the backend would run for this call (for logs, `bench comm` and tests).
+  virtual Algo choose_algorithm(const CollArgs& args, Algo forced) const { return forced; }
+
+ protected:
+  ProcessGroup(int rank, int size, std::string name, Seconds timeout)
+      : rank_(rank), size_(size), name_(std::move(name)), timeout_(timeout) {}
+  // The one entry point a backend implements. `args` is validated. `blocking` says that the caller
+  // will wait right away (a backend may then run the call on the caller's thread).
+  virtual std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) = 0;
+
+ private:
+  std::shared_ptr<Work> submit(CollArgs args, const CallOptions& opts, bool blocking);
+  void validate(const CollArgs& a) const;
+  int rank_;
+  int size_;
+  std::string name_;
+  Seconds timeout_;
+};
+
+// Creates the world group from the environment (torchrun, mpirun or Slurm variables; see
+// comm/store/rendezvous.h): connects the store, then builds the backend.
+std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options = {});
+// Creates a group over an existing store (tests run ranks as threads over a HashStore, or as processes
+// over a FileStore/TCPStore). Every rank calls it with the same size and options.
+std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, int rank, int size,
+                                                const GroupOptions& options = {});
+
+}  // namespace trident

@@ -1,0 +1,71 @@
+// Shared-memory transport: one segment per (process group, host) holding a single-producer
+// single-consumer ring per ordered pair of local ranks, a doorbell (futex word) per rank, each rank's
+// pid for liveness checks, and an abort flag with its reason.
+//
+// Waiting: a rank that finds nothing to do spins briefly, then sleeps on its doorbell futex; a writer or a
+// reader that frees space rings the doorbell of the other side only when that side is asleep (no syscall
+// on the fast path). Thread-safety: a ring has exactly one producer and one consumer thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trident/comm/transport/channel.h"
+
+namespace trident {
+
+class Store;
+
+class ShmSegment {
+ public:
+  // Collective over the local members: `local_rank` of `local_size`; the first creates the segment and
+  // publishes its name in `store` under `key`, the others open it, then it is unlinked (nothing leaks
+  // when a process dies).
+  static std::unique_ptr<ShmSegment> create_or_open(Store& store, const std::string& key, int local_rank,
+                                                    int local_size, size_t ring_bytes, double timeout_s);
+  ~ShmSegment();
+
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  size_t ring_bytes() const { return ring_bytes_; }
+
+  std::unique_ptr<Channel> channel_to(int peer_local);
+
+  // Doorbell of this rank.
+  std::atomic<uint32_t>& bell(int local);
+  std::atomic<uint32_t>& sleeping(int local);
+  void ring(int local);  // wakes `local` if it is asleep
+  // Sleeps until the bell moves from `seen` or timeout_ms passes.
+  void sleep_on_bell(uint32_t seen, int timeout_ms);
+
+  // Abort: first caller wins; reason readable by all local ranks.
+  void set_abort(int global_rank, const std::string& reason);
+  bool aborted() const;
+  std::string abort_reason() const;
+  int abort_rank() const;
+  void wake_all();
+
+  // pid/starttime of each local rank, published at open.
+  int32_t pid(int local) const;
+  uint64_t starttime(int local) const;
+
+  struct Layout;
+
+ private:
+  ShmSegment() = default;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  int local_rank_ = 0;
+  int local_size_ = 0;
+  size_t ring_bytes_ = 0;
+};
+
+// /proc/<pid>/stat: whether pid is alive (not a zombie) with the given start time (0 = any).
+bool process_alive(int32_t pid, uint64_t starttime);
+uint64_t process_starttime(int32_t pid);
+
+}  // namespace trident

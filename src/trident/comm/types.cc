@@ -1,0 +1,88 @@
+#include "trident/comm/types.h"
+
+#include "trident/core/error.h"
+
+namespace trident {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kProd: return "prod";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(std::string_view n) {
+  if (n == "sum") return ReduceOp::kSum;
+  if (n == "avg" || n == "mean") return ReduceOp::kAvg;
+  if (n == "max") return ReduceOp::kMax;
+  if (n == "min") return ReduceOp::kMin;
+  if (n == "prod" || n == "product") return ReduceOp::kProd;
+  TRIDENT_THROW(InvalidArgument, "unknown reduce op '{}'; use sum, avg, max, min or prod", n);
+}
+
+static const char* const kOpNames[kNumOpKinds] = {"broadcast",   "reduce",         "all_reduce", "gather",
+                                                  "scatter",     "all_gather",     "all_gatherv",
+                                                  "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
+
+const char* op_name(OpKind op) {
+  auto i = static_cast<int>(op);
+  return i < kNumOpKinds ? kOpNames[i] : "?";
+}
+
+OpKind parse_op(std::string_view n) {
+  for (int i = 0; i < kNumOpKinds; ++i)
+    if (n == kOpNames[i]) return static_cast<OpKind>(i);
+  if (n == "allreduce") return OpKind::kAllReduce;
+  if (n == "allgather") return OpKind::kAllGather;
+  if (n == "reducescatter") return OpKind::kReduceScatter;
+  if (n == "alltoall") return OpKind::kAllToAll;
+  if (n == "bcast") return OpKind::kBroadcast;
+  TRIDENT_THROW(InvalidArgument,
+                "unknown collective '{}'; use broadcast, reduce, all_reduce, gather, scatter, all_gather, "
+                "all_gatherv, reduce_scatter, all_to_all, barrier, send or recv",
+                n);
+}
+
+static const char* const kAlgoNames[kNumAlgos] = {"auto", "ring",          "rd",       "direct", "tree",
+                                                  "dissemination", "pairwise", "rh", "hier"};
+
+const char* algo_name(Algo a) {
+  auto i = static_cast<int>(a);
+  return i < kNumAlgos ? kAlgoNames[i] : "?";
+}
+
+Algo parse_algo(std::string_view n) {
+  for (int i = 0; i < kNumAlgos; ++i)
+    if (n == kAlgoNames[i]) return static_cast<Algo>(i);
+  if (n == "recursive_doubling") return Algo::kRecursiveDoubling;
+  if (n == "recursive_halving" || n == "rabenseifner") return Algo::kRecursiveHalving;
+  if (n == "binomial") return Algo::kTree;
+  if (n == "hierarchical") return Algo::kHierarchical;
+  TRIDENT_THROW(InvalidArgument,
+                "unknown algorithm '{}'; use auto, ring, rd, direct, tree, dissemination, pairwise, rh or hier", n);
+}
+
+std::string describe(const CollArgs& a) {
+  switch (a.op) {
+    case OpKind::kBarrier: return "barrier()";
+    case OpKind::kSend: return fmt::format("send(count={}, {}, peer={}, tag={})", a.count, dtype_name(a.dtype), a.peer, a.tag);
+    case OpKind::kRecv: return fmt::format("recv(count={}, {}, peer={}, tag={})", a.count, dtype_name(a.dtype), a.peer, a.tag);
+    case OpKind::kBroadcast:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+      return fmt::format("{}(count={}, {}, root={})", op_name(a.op), a.count, dtype_name(a.dtype), a.root);
+    case OpKind::kReduce:
+      return fmt::format("reduce(count={}, {}, {}, root={})", a.count, dtype_name(a.dtype), reduce_op_name(a.redop), a.root);
+    case OpKind::kAllReduce:
+    case OpKind::kReduceScatter:
+      return fmt::format("{}(count={}, {}, {})", op_name(a.op), a.count, dtype_name(a.dtype), reduce_op_name(a.redop));
+    default:
+      return fmt::format("{}(count={}, {})", op_name(a.op), a.count, dtype_name(a.dtype));
+  }
+}
+
+}  // namespace trident

@@ -1,0 +1,84 @@
+// Vocabulary of the communication layer: collective kinds, reduction ops, algorithm names, and the
+// description of one collective call (CollArgs). Below comm/ a buffer is (pointer, count, dtype).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trident/core/dtype.h"
+
+namespace trident {
+
+enum class ReduceOp : uint8_t { kSum = 0, kAvg, kMax, kMin, kProd };
+const char* reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(std::string_view name);  // sum, avg, max, min, prod
+
+enum class OpKind : uint8_t {
+  kBroadcast = 0,
+  kReduce,
+  kAllReduce,
+  kGather,
+  kScatter,
+  kAllGather,
+  kAllGatherV,
+  kReduceScatter,
+  kAllToAll,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+inline constexpr int kNumOpKinds = 12;
+const char* op_name(OpKind op);  // "all_reduce", ...
+OpKind parse_op(std::string_view name);
+
+// Algorithm names; kAuto lets the backend choose by cost (STYLE.md #3: selection is data).
+enum class Algo : uint8_t {
+  kAuto = 0,
+  kRing,               // "ring": reduce-scatter + all-gather around a ring; ring all-gather/reduce-scatter
+  kRecursiveDoubling,  // "rd": recursive doubling (latency-optimal all-reduce / all-gather)
+  kDirect,             // "direct": every rank talks to every rank in one step (single host)
+  kTree,               // "tree": binomial tree (broadcast, reduce; all-reduce = reduce + broadcast)
+  kDissemination,      // "dissemination": barrier
+  kPairwise,           // "pairwise": all-to-all by pairwise exchange
+  kRecursiveHalving,   // "rh": recursive halving reduce-scatter / Rabenseifner all-reduce
+  kHierarchical,       // "hier": inside each host, across hosts, inside again
+};
+inline constexpr int kNumAlgos = 9;
+const char* algo_name(Algo a);
+Algo parse_algo(std::string_view name);  // throws InvalidArgument listing the names
+
+// One collective as the backend and the algorithms see it. Buffer conventions (count is per rank):
+//   broadcast      recv[count] in place (root's data in recv at root)
+//   reduce         send[count] -> recv[count] at root (recv unused elsewhere)
+//   all_reduce     recv[count] in place (the process group copies send into recv first)
+//   gather         send[count] -> recv[count*size] at root
+//   scatter        send[count*size] at root -> recv[count]
+//   all_gather     send[count] -> recv[count*size]
+//   all_gatherv    send[counts[rank]] -> recv[sum(counts)], rank r's block at offset sum(counts[<r])
+//   reduce_scatter send[count*size] -> recv[count]
+//   all_to_all     send[count*size] -> recv[count*size]; block j of send goes to rank j
+// Algorithms see ReduceOp::kAvg as kSum; the process group divides by size afterwards.
+struct CollArgs {
+  OpKind op = OpKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  int root = 0;
+  const std::vector<size_t>* counts = nullptr;  // all_gatherv only
+  int peer = -1;                                // send/recv only
+  uint32_t tag = 0;                             // send/recv only
+};
+
+// "all_reduce(count=7, float32, sum)" — used in errors and logs.
+std::string describe(const CollArgs& a);
+
+using Seconds = std::chrono::duration<double>;
+
+}  // namespace trident

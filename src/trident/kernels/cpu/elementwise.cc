@@ -1,0 +1,234 @@
+// Elementwise and row-wise kernels: GELU, adds, LayerNorm, softmax, embeddings, cross-entropy, AdamW.
+#include <cmath>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/kernels/cpu/simd.h"
+
+namespace trident::kernels::cpu {
+
+using detail::fast_erf;
+using detail::fast_exp;
+using detail::fast_tanh;
+
+namespace {
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+}  // namespace
+
+TRIDENT_CLONES
+static void gelu_exact_fwd(float* out, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + fast_erf(x * kInvSqrt2));
+  }
+}
+TRIDENT_CLONES
+static void gelu_tanh_fwd(float* out, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+  }
+}
+TRIDENT_CLONES
+static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float cdf = 0.5f * (1.0f + fast_erf(x * kInvSqrt2));
+    float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
+    dinp[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+TRIDENT_CLONES
+static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    float th = fast_tanh(u);
+    float sech2 = 1.0f - th * th;
+    float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+  }
+}
+
+void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind) {
+  if (kind == GeluKind::kExact) gelu_exact_fwd(out, inp, n);
+  else gelu_tanh_fwd(out, inp, n);
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind) {
+  if (kind == GeluKind::kExact) gelu_exact_bwd(dinp, inp, dout, n);
+  else gelu_tanh_bwd(dinp, inp, dout, n);
+}
+
+TRIDENT_CLONES
+void add(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+TRIDENT_CLONES
+void add_inplace(float* acc, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+TRIDENT_CLONES
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps) {
+  for (int r = 0; r < N; ++r) {
+    const float* x = inp + static_cast<size_t>(r) * C;
+    float* o = out + static_cast<size_t>(r) * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; ++i) s += x[i];
+    float m = s / C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < C; ++i) {
+      float d = x[i] - m;
+      v += d * d;
+    }
+    float rs = 1.0f / std::sqrt(v / C + eps);
+    if (bias) {
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * rs * weight[i] + bias[i];
+    } else {
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * rs * weight[i];
+    }
+    if (mean) mean[r] = m;
+    if (rstd) rstd[r] = rs;
+  }
+}
+
+TRIDENT_CLONES
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  for (int r = 0; r < N; ++r) {
+    const float* x = inp + static_cast<size_t>(r) * C;
+    const float* g = dout + static_cast<size_t>(r) * C;
+    float* dx = dinp + static_cast<size_t>(r) * C;
+    const float m = mean[r], rs = rstd[r];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int i = 0; i < C; ++i) {
+      float norm = (x[i] - m) * rs;
+      float dn = weight[i] * g[i];
+      s1 += dn;
+      s2 += dn * norm;
+    }
+    s1 /= C;
+    s2 /= C;
+    for (int i = 0; i < C; ++i) {
+      float norm = (x[i] - m) * rs;
+      float dn = weight[i] * g[i];
+      dweight[i] += norm * g[i];
+      dx[i] += (dn - s1 - norm * s2) * rs;
+    }
+    if (dbias)
+      for (int i = 0; i < C; ++i) dbias[i] += g[i];
+  }
+}
+
+TRIDENT_CLONES
+void softmax_forward(float* out, const float* inp, int N, int C) {
+  for (int r = 0; r < N; ++r) {
+    const float* x = inp + static_cast<size_t>(r) * C;
+    float* o = out + static_cast<size_t>(r) * C;
+    float mx = -INFINITY;
+    for (int i = 0; i < C; ++i) mx = x[i] > mx ? x[i] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; ++i) {
+      o[i] = fast_exp(x[i] - mx);
+      s += o[i];
+    }
+    float inv = 1.0f / s;
+    for (int i = 0; i < C; ++i) o[i] *= inv;
+  }
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int V) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      int32_t tok = tokens[b * T + t];
+      TRIDENT_CHECK(tok >= 0 && tok < V, InvalidArgument,
+                    "embedding: token {} at (batch {}, position {}) is outside the vocabulary [0, {}); check the "
+                    "tokenizer and vocab_size",
+                    tok, b, t, V);
+      float* o = out + (static_cast<size_t>(b) * T + t) * C;
+      const float* e = wte + static_cast<size_t>(tok) * C;
+      if (wpe) {
+        const float* p = wpe + static_cast<size_t>(t) * C;
+        add(o, e, p, C);
+      } else {
+        for (int i = 0; i < C; ++i) o[i] = e[i];
+      }
+    }
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const float* g = dout + (static_cast<size_t>(b) * T + t) * C;
+      if (dwte) add_inplace(dwte + static_cast<size_t>(tokens[b * T + t]) * C, g, C);
+      if (dwpe) add_inplace(dwpe + static_cast<size_t>(t) * C, g, C);
+    }
+  }
+}
+
+TRIDENT_CLONES
+static double ce_rows(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale) {
+  double total = 0.0;
+  for (int r = 0; r < N; ++r) {
+    const float* x = logits + static_cast<size_t>(r) * V;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; ++i) mx = x[i] > mx ? x[i] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < V; ++i) s += fast_exp(x[i] - mx);
+    const int y = targets[r];
+    const float lse = mx + std::log(s);
+    total += static_cast<double>(lse - x[y]);
+    if (dlogits) {
+      float* d = dlogits + static_cast<size_t>(r) * V;
+      const float inv = dscale / s;
+      for (int i = 0; i < V; ++i) d[i] = fast_exp(x[i] - mx) * inv;
+      d[y] -= dscale;
+    }
+  }
+  return total;
+}
+
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                      float dscale) {
+  for (int r = 0; r < N; ++r)
+    TRIDENT_CHECK(targets[r] >= 0 && targets[r] < V, InvalidArgument,
+                  "cross_entropy: target {} at row {} is outside the vocabulary [0, {})", targets[r], r, V);
+  return ce_rows(dlogits, logits, targets, N, V, dscale);
+}
+
+TRIDENT_CLONES
+static void adamw_loop(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                       float beta2, float eps, float decay, float bc1, float bc2_sqrt_inv) {
+  const float step_size = lr / bc1;
+  for (size_t i = 0; i < n; ++i) {
+    float g = grad[i];
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i] * decay;
+    float denom = std::sqrt(vi) * bc2_sqrt_inv + eps;
+    param[i] = p - step_size * mi / denom;
+  }
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
+  // PyTorch's single-tensor AdamW: p *= 1 - lr*wd; denom = sqrt(v)/sqrt(1-b2^t) + eps; p -= lr/(1-b1^t) * m/denom.
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), static_cast<double>(t)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), static_cast<double>(t)));
+  adamw_loop(param, grad, m, v, n, lr, beta1, beta2, eps, 1.0f - lr * weight_decay, bc1, 1.0f / std::sqrt(bc2));
+}
+
+}  // namespace trident::kernels::cpu

@@ -1,0 +1,89 @@
+// CPU kernels for training (float32 storage; GEMMs optionally in bfloat16 with float32 accumulation).
+//
+// Conventions: row-major; a "row" is one of N = B*T positions. Linear weights use PyTorch's layout
+// W[out, in] (y = x W^T + b). Gradient outputs named d<param> ACCUMULATE (+=) so micro-steps can add
+// into one gradient buffer; activation gradients overwrite unless the argument says otherwise.
+// Pointers documented "nullable" may be null (e.g. bias=False models).
+// Ownership: kernels own no memory beyond thread-local scratch for bfloat16 conversion.
+// Blocking/threads: each call runs on the calling thread; GEMMs use OpenBLAS's pool (set_num_threads).
+// Thread-safety: calls on disjoint outputs may run concurrently. No timeouts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace trident::kernels::cpu {
+
+// Threads of the BLAS pool (openblas_set_num_threads). n <= 0 restores the default: the number of
+// CPUs this process may run on.
+void set_num_threads(int n);
+int num_threads();
+
+enum class Precision : uint8_t { kFloat32 = 0, kBFloat16 = 1 };
+enum class GeluKind : uint8_t { kExact = 0, kTanh = 1 };
+
+// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X^T when trans_x. With kBFloat16 the
+// operands are rounded to bfloat16 (round-to-nearest-even) and multiplied with float32 accumulation
+// (cblas_sbgemm where OpenBLAS has it; otherwise sgemm on operands rounded to bfloat16, same numbers).
+bool have_native_bf16_gemm();
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc, Precision p = Precision::kFloat32);
+
+// out[N,OC] = inp[N,C] W[OC,C]^T + bias[OC] (bias nullable).
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    Precision p = Precision::kFloat32);
+// dinp[N,C] = dinp_beta * dinp + dout W (dinp nullable: skipped); dweight[OC,C] += dout^T inp;
+// dbias[OC] += column sums of dout (nullable).
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, float dinp_beta = 0.0f,
+                     Precision p = Precision::kFloat32);
+
+// out = gelu(inp); exact = 0.5 x (1 + erf(x/sqrt2)) (nn.GELU()), tanh = GPT-2's approximation.
+void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind);
+// dinp = dout * gelu'(inp); dinp may alias dout.
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind);
+
+// out = a + b (out may alias a or b); acc += x.
+void add(float* out, const float* a, const float* b, size_t n);
+void add_inplace(float* acc, const float* x, size_t n);
+
+// LayerNorm over the last dim C with eps (PyTorch's default 1e-5): out = (x-mean)*rstd*w + b.
+// mean/rstd [N] are saved for backward (nullable in forward when not needed). bias nullable.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps = 1e-5f);
+// dinp += ...; dweight += ...; dbias += ... (nullable).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// Row-wise softmax of inp[N,C] into out (may alias).
+void softmax_forward(float* out, const float* inp, int N, int C);
+
+// Causal multi-head self-attention. qkv[B,T,3C] holds q | k | v, head h in columns h*hd..(h+1)*hd of each
+// (hd = C/NH), scale 1/sqrt(hd). out[B,T,C] (heads concatenated), lse[B,NH,T] the log-sum-exp of each
+// score row, saved for backward. Memory-light: no T x T matrix is kept; backward recomputes scores.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// dqkv[B,T,3C] = gradient of out with respect to qkv (overwritten), from dout, qkv, out, lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int C, int NH);
+
+// out[B*T,C] = wte[tokens[b,t]] + wpe[t] (wpe nullable). Tokens must lie in [0, V): checked, throws.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int V);
+// dwte[tok] += dout; dwpe[t] += dout (either nullable).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+
+// Fused softmax + cross-entropy over logits[N,V] with targets[N] in [0, V) (checked, throws).
+// Returns the SUM of per-row losses (-log softmax[target]) in double. When dlogits is non-null, writes
+// dlogits = (softmax - onehot) * dscale (dlogits may alias logits; dscale = loss_scale / N for a mean).
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                      float dscale);
+
+// One AdamW step over n elements (PyTorch semantics, decoupled decay): t is the 1-based step count.
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t);
+
+// Float32 <-> bfloat16 (round-to-nearest-even).
+void to_bf16(uint16_t* out, const float* in, size_t n);
+void from_bf16(float* out, const uint16_t* in, size_t n);
+
+}  // namespace trident::kernels::cpu

@@ -1,0 +1,293 @@
+#include "trident/launch/launcher.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <set>
+
+#include "trident/comm/store/tcp_store.h"
+#include "trident/core/env.h"
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+#include "trident/launch/supervisor.h"
+
+extern char** environ;
+
+namespace trident::launch {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
+}
+
+// Where node 0 binds the store: the loopback address itself, or every interface when other hosts connect.
+std::string bind_host(const std::string& master_addr) {
+  if (!is_loopback(master_addr)) return "0.0.0.0";
+  return master_addr == "localhost" ? "127.0.0.1" : master_addr;
+}
+
+void print_error_line(const std::string& text) {
+  std::string line = text + "\n";
+  std::fflush(stdout);
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+constexpr const char* kFailedKey = "trident_launch/failed";  // "node N: rank R (pid P) exited with code C"
+constexpr const char* kDoneKey = "trident_launch/done";      // nodes whose ranks have all ended
+constexpr double kWatchSeconds = 0.25;                        // how often a node looks for others' failures
+
+// Marks this node done; node 0 then keeps serving the store until every node is done (their ranks and
+// launchers may still need it), at most `timeout` seconds. Never throws.
+void finish_node(TCPStore& link, const LaunchOptions& o, bool hosting, double timeout) {
+  try {
+    int64_t done = link.add(kDoneKey, 1);
+    if (!hosting) return;
+    const auto start = std::chrono::steady_clock::now();
+    bool told = false;
+    while (done < o.nnodes) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited >= timeout) {
+        print_error_line(fmt::format("trident launch: gave up waiting for {} of {} nodes to finish after {:.0f} s "
+                                     "(TRIDENT_TIMEOUT); stopping the store",
+                                     o.nnodes - done, o.nnodes, waited));
+        return;
+      }
+      if (!told && waited > 5) {
+        print_error_line(fmt::format("trident launch: node 0 keeps the store up until the other {} node{} finish",
+                                     o.nnodes - done, o.nnodes - done == 1 ? "" : "s"));
+        told = true;
+      }
+      ::usleep(50 * 1000);
+      done = link.add(kDoneKey, 0);
+    }
+  } catch (const Error& e) {
+    log_warn("trident launch: exit barrier: {}", e.what());
+  }
+}
+
+std::string join_command(const std::vector<std::string>& command) {
+  std::string out;
+  for (const auto& a : command) {
+    if (!out.empty()) out += ' ';
+    out += a;
+  }
+  return out;
+}
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  TRIDENT_CHECK(o.nproc_per_node >= 1, InvalidArgument,
+                "--nproc-per-node {}: need at least 1 process per node", o.nproc_per_node);
+  TRIDENT_CHECK(o.nproc_per_node <= 4096, InvalidArgument,
+                "--nproc-per-node {}: at most 4096 processes per node", o.nproc_per_node);
+  TRIDENT_CHECK(o.nnodes >= 1, InvalidArgument, "--nnodes {}: need at least 1 node", o.nnodes);
+  TRIDENT_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, InvalidArgument,
+                "--node-rank {} with --nnodes {}: the node rank must be in [0, {}]", o.node_rank, o.nnodes,
+                o.nnodes - 1);
+  TRIDENT_CHECK(o.master_port >= 0 && o.master_port <= 65535, InvalidArgument,
+                "--master-port {}: a TCP port is in [0, 65535] (0 picks a free one)", o.master_port);
+  TRIDENT_CHECK(o.master_port != 0 || o.nnodes == 1, InvalidArgument,
+                "--master-port 0 with --nnodes {}: the other nodes cannot learn a port picked here; give every "
+                "node the same fixed --master-port",
+                o.nnodes);
+  TRIDENT_CHECK(!o.master_addr.empty(), InvalidArgument, "--master-addr is empty; give node 0's address");
+  TRIDENT_CHECK(o.grace_seconds >= 0, InvalidArgument, "--grace-period {}: must be >= 0 seconds", o.grace_seconds);
+  TRIDENT_CHECK(!o.command.empty() && !o.command[0].empty(), InvalidArgument,
+                "no command to launch; usage: trident launch -n N [options] -- COMMAND [ARGS...]");
+}
+
+std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local_rank, int port,
+                                                                  const std::string& token) {
+  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+  return {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"TRIDENT_STORE_TOKEN", token},
+      {"TRIDENT_STORE_HOSTED", "1"},
+  };
+}
+
+std::string random_token() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      TRIDENT_THROW(IoError, "getrandom: {}", detail::errno_string(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+int launch(const LaunchOptions& o) {
+  validate(o);
+  std::string token = env::store_token();
+  if (token.empty()) {
+    TRIDENT_CHECK(o.nnodes == 1, InvalidArgument,
+                  "--nnodes {} needs a shared store token: export the same TRIDENT_STORE_TOKEN on every node "
+                  "(e.g. TRIDENT_STORE_TOKEN=$(openssl rand -hex 16))",
+                  o.nnodes);
+    token = random_token();
+  }
+  const double timeout = env::timeout_seconds();
+
+  // Node 0 hosts the rendezvous store for the whole job.
+  std::unique_ptr<TCPStoreServer> server;
+  int port = o.master_port;
+  if (o.node_rank == 0) {
+    const std::string host = bind_host(o.master_addr);
+    try {
+      server = std::make_unique<TCPStoreServer>(host, o.master_port, token);
+    } catch (const Error& e) {
+      TRIDENT_THROW(StoreError,
+                    "trident launch cannot host the rendezvous store on {}:{}: {}; choose another --master-port "
+                    "(0 picks a free one)",
+                    host, o.master_port, e.what());
+    }
+    port = server->port();
+    log_debug("launch", "trident launch: store on {}:{}, {} local ranks", host, port, o.nproc_per_node);
+  }
+
+  // With several nodes, the launchers talk through the same store: the first failure anywhere stops every
+  // node, and node 0 keeps the store up until every node is done.
+  std::unique_ptr<TCPStore> link;
+  if (o.nnodes > 1) {
+    try {
+      link = std::make_unique<TCPStore>(o.master_addr, port, token, Seconds(timeout));
+    } catch (const Error& e) {
+      TRIDENT_THROW(StoreError,
+                    "trident launch (node {}) cannot reach node 0's store at {}:{}: {}; start node 0 with the same "
+                    "--master-addr, --master-port and TRIDENT_STORE_TOKEN",
+                    o.node_rank, o.master_addr, port, e.what());
+    }
+  }
+  auto publish = [&](const std::string& what) {
+    try {
+      const std::string text = fmt::format("node {}: {}", o.node_rank, what);
+      link->compare_set(kFailedKey, {}, Bytes(text.begin(), text.end()));  // the first failure of the job wins
+    } catch (const Error& e) {
+      log_warn("trident launch: could not tell the other nodes about the failure: {}", e.what());
+    }
+  };
+  auto describe_rank = [&](const ChildResult& c, int local) {
+    return fmt::format("rank {} (pid {}) {}", o.node_rank * o.nproc_per_node + local, c.pid, c.describe());
+  };
+
+  std::set<std::string> ours;
+  for (const auto& [k, v] : rank_environment(o, 0, port, token)) ours.insert(k);
+  std::vector<std::string> base_env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    if (ours.count(kv.substr(0, kv.find('='))) == 0) base_env.push_back(std::move(kv));
+  }
+
+  std::string remote_failure;  // why another node's failure stopped this node
+  bool published = false;
+  double next_watch = 0;
+  SuperviseOptions sopts;
+  sopts.grace_seconds = o.grace_seconds;
+  sopts.tail_lines = 20;
+  sopts.stop_on_failure = true;
+  sopts.forward_signals = true;
+  if (link) {
+    sopts.on_tick = [&](Supervisor& s) {
+      if (!published && s.first_failure() >= 0) {
+        publish(describe_rank(s.child(static_cast<size_t>(s.first_failure())), s.first_failure()));
+        published = true;
+      }
+      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      if (s.stopping() || now < next_watch) return;
+      next_watch = now + kWatchSeconds;
+      try {
+        if (link->check({kFailedKey})) remote_failure = link->get_string(kFailedKey);
+      } catch (const Error& e) {
+        remote_failure = fmt::format("node 0's store at {}:{} is gone ({})", o.master_addr, port, e.what());
+      }
+      if (!remote_failure.empty()) s.stop_all(SIGTERM);
+    };
+  }
+
+  auto supervisor = std::make_unique<Supervisor>(sopts);
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    ChildSpec spec;
+    spec.argv = o.command;
+    spec.env = base_env;
+    for (const auto& [k, v] : rank_environment(o, local, port, token)) spec.env.push_back(k + "=" + v);
+    const int rank = o.node_rank * o.nproc_per_node + local;
+    if (o.tag_output) spec.tag = fmt::format("[rank {}] ", rank);
+    try {
+      supervisor->spawn(spec);
+    } catch (const IoError& e) {
+      print_error_line(fmt::format("trident launch: rank {}: {}", rank, e.what()));
+      supervisor->stop_all(SIGKILL);
+      supervisor->run();
+      if (link) {
+        publish(fmt::format("rank {} could not be started", rank));
+        finish_node(*link, o, server != nullptr, timeout);
+      }
+      return 127;
+    }
+  }
+
+  SuperviseResult result = supervisor->run();
+  supervisor.reset();  // the default signal dispositions are back
+  if (link) {
+    if (!published && result.first_failure >= 0) {
+      publish(describe_rank(result.children[static_cast<size_t>(result.first_failure)], result.first_failure));
+    } else if (!published && result.received_signal != 0) {
+      publish(fmt::format("its launcher received {}", signal_name(result.received_signal)));
+    }
+    finish_node(*link, o, server != nullptr, timeout);
+  }
+  link.reset();
+  if (server) server->stop();
+
+  int stopped = 0;
+  for (const auto& c : result.children) stopped += c.sent_stop ? 1 : 0;
+  if (result.first_failure >= 0) {
+    const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
+    std::string line = "trident launch: " + describe_rank(c, result.first_failure);
+    if (stopped > 0) line += fmt::format("; stopped the other {} rank{}", stopped, stopped == 1 ? "" : "s");
+    if (c.tail.empty()) {
+      line += "; it printed nothing";
+    } else {
+      line += fmt::format("; its last {} line{} of output:", c.tail.size(), c.tail.size() == 1 ? "" : "s");
+    }
+    const int rank = o.node_rank * o.nproc_per_node + result.first_failure;
+    for (const auto& t : c.tail) line += fmt::format("\n[rank {}] {}", rank, t);
+    print_error_line(line);
+    if (c.exited) return c.exit_code != 0 ? c.exit_code : 1;
+    if (c.term_signal != 0) return 128 + c.term_signal;
+    return 1;
+  }
+  if (result.received_signal != 0) {
+    print_error_line(fmt::format("trident launch: received {}; stopped {} rank{} of '{}'",
+                                 signal_name(result.received_signal), stopped, stopped == 1 ? "" : "s",
+                                 join_command(o.command)));
+    return 128 + result.received_signal;
+  }
+  if (!remote_failure.empty() && !result.ok()) {
+    print_error_line(fmt::format("trident launch: node {} stopped {} rank{} because {}", o.node_rank, stopped,
+                                 stopped == 1 ? "" : "s", remote_failure));
+    return 1;
+  }
+  return result.ok() ? 0 : 1;
+}
+
+}  // namespace trident::launch

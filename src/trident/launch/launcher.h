@@ -1,0 +1,54 @@
+// trident launch: start the local ranks of a job (torchrun's role), host the rendezvous store on node 0,
+// forward their output, and turn the first failure into a clear report and a prompt stop of the others.
+//
+// Ownership: launch() owns everything it starts (the TCPStoreServer on node 0, one child process per local
+// rank) and ends all of it before returning. Blocking: launch() blocks until every rank has ended. It is
+// called once per process (it installs SIGINT/SIGTERM/SIGHUP handlers for its duration and forwards those
+// signals to the ranks); not thread-safe. Timeouts: none of its own on the job (ranks may run for days);
+// stopping is bounded: SIGTERM, then SIGKILL after grace_seconds.
+//
+// Each rank's environment: the launcher's, plus
+//   RANK = node_rank * nproc_per_node + LOCAL_RANK, WORLD_SIZE = nnodes * nproc_per_node,
+//   LOCAL_RANK, LOCAL_WORLD_SIZE (= nproc_per_node), GROUP_RANK (= node_rank), GROUP_WORLD_SIZE (= nnodes),
+//   MASTER_ADDR, MASTER_PORT (the real port when --master-port 0 picked one),
+//   TRIDENT_STORE_TOKEN (inherited when set; otherwise a fresh random 128-bit hex token; required in the
+//   environment when nnodes > 1, since every node must present the same one),
+//   TRIDENT_STORE_HOSTED=1 (the store is served by the node-0 launcher: ranks connect, rank 0 does not host).
+//
+// Exit status of launch(): 0 when every rank exited 0. When a rank fails first, that rank's exit code, or
+// 128 + signal when a signal killed it (as a shell reports it); one line on stderr names the rank, its pid and
+// what happened, followed by its last lines of output. 128 + signal when the launcher itself was stopped by
+// SIGINT/SIGTERM/SIGHUP. 127 when the command cannot be executed. Bad options throw InvalidArgument.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trident::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;   // 0: node 0 picks a free port (single-node only)
+  bool tag_output = false;   // prefix every output line with "[rank R] "
+  double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
+  std::vector<std::string> command;  // program and arguments, run once per local rank
+};
+
+// Throws InvalidArgument naming the bad option and the fix.
+void validate(const LaunchOptions& options);
+
+// The variables launch() adds to the environment of local rank `local_rank` (port: the real store port).
+std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& options, int local_rank,
+                                                                  int port, const std::string& token);
+
+// A fresh random 128-bit token as 32 lowercase hex digits.
+std::string random_token();
+
+// Runs the job; returns the process exit status described above.
+int launch(const LaunchOptions& options);
+
+}  // namespace trident::launch

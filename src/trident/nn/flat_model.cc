@@ -1,0 +1,185 @@
+#include "trident/nn/flat_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/ranges.h>
+
+#include "trident/core/error.h"
+#include "trident/nn/models.h"
+
+namespace trident::nn {
+
+const std::vector<std::string>& model_config_keys() {
+  static const std::vector<std::string> keys = {"kind",     "n_layer", "n_head", "n_embd",
+                                                "block_size", "vocab_size", "bias", "dropout",
+                                                "gelu",     "activation_checkpointing", "seed", "dtype",
+                                                "tie_embeddings"};
+  return keys;
+}
+
+namespace {
+
+int get_int(const nlohmann::json& j, const char* key, int fallback, int min_value) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  TRIDENT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
+                InvalidArgument, "model config: '{}' must be an integer >= {}, got {}", key, min_value, v.dump());
+  const int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  TRIDENT_CHECK(x >= min_value && x <= (int64_t{1} << 30), InvalidArgument,
+                "model config: '{}' must be an integer >= {}, got {}", key, min_value, x);
+  return static_cast<int>(x);
+}
+
+bool get_bool(const nlohmann::json& j, const char* key, bool fallback) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) return v.get<int64_t>() == 1;
+  if (v.is_string()) {
+    const auto s = v.get<std::string>();
+    if (s == "true" || s == "True" || s == "1") return true;
+    if (s == "false" || s == "False" || s == "0") return false;
+  }
+  TRIDENT_THROW(InvalidArgument, "model config: '{}' must be true or false, got {}", key, v.dump());
+}
+
+std::string get_choice(const nlohmann::json& j, const char* key, const std::string& fallback,
+                       const std::vector<std::string>& allowed) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  if (v.is_string()) {
+    const auto s = v.get<std::string>();
+    for (const auto& a : allowed)
+      if (s == a) return s;
+  }
+  TRIDENT_THROW(InvalidArgument, "model config: '{}' must be one of {}, got {}", key, fmt::join(allowed, "|"),
+                v.dump());
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
+  TRIDENT_CHECK(j.is_object(), InvalidArgument, "model config must be a JSON object, got {}", j.dump());
+  const auto& keys = model_config_keys();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const auto& k : keys) known = known || k == it.key();
+    TRIDENT_CHECK(known, InvalidArgument, "model config: unknown key '{}'; allowed keys: {}", it.key(),
+                  fmt::join(keys, ", "));
+  }
+  ModelConfig c;
+  c.kind = get_choice(j, "kind", c.kind, {"gpt", "mlp"});
+  c.n_layer = get_int(j, "n_layer", c.n_layer, 0);
+  c.n_head = get_int(j, "n_head", c.n_head, 1);
+  c.n_embd = get_int(j, "n_embd", c.n_embd, 1);
+  c.block_size = get_int(j, "block_size", c.block_size, 1);
+  TRIDENT_CHECK(j.contains("vocab_size"), InvalidArgument,
+                "model config: 'vocab_size' is required (the tokenizer's vocabulary size)");
+  c.vocab_size = get_int(j, "vocab_size", 0, 1);
+  c.bias = get_bool(j, "bias", c.bias);
+  if (j.contains("dropout")) {
+    const auto& v = j.at("dropout");
+    TRIDENT_CHECK(v.is_number(), InvalidArgument, "model config: 'dropout' must be a number in [0, 1), got {}",
+                  v.dump());
+    c.dropout = v.get<double>();
+    TRIDENT_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, InvalidArgument,
+                  "model config: 'dropout' must be in [0, 1), got {}", c.dropout);
+    TRIDENT_CHECK(c.dropout == 0.0, InvalidArgument,
+                  "model config: dropout {} > 0 is not implemented in trident's models; set dropout to 0",
+                  c.dropout);
+  }
+  c.gelu = get_choice(j, "gelu", c.gelu, {"exact", "tanh"});
+  c.activation_checkpointing = get_bool(j, "activation_checkpointing", c.activation_checkpointing);
+  if (j.contains("seed")) {
+    const auto& v = j.at("seed");
+    TRIDENT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, InvalidArgument,
+                  "model config: 'seed' must be a non-negative integer, got {}", v.dump());
+    c.seed = v.get<uint64_t>();
+  }
+  if (j.contains("dtype")) {
+    std::string d = j.at("dtype").is_string() ? j.at("dtype").get<std::string>() : "";
+    if (d == "bf16") d = "bfloat16";
+    if (d == "fp32" || d == "f32") d = "float32";
+    nlohmann::json norm = {{"dtype", d.empty() ? j.at("dtype") : nlohmann::json(d)}};
+    c.dtype = get_choice(norm, "dtype", c.dtype, {"float32", "bfloat16"});
+  }
+  c.tie_embeddings = get_bool(j, "tie_embeddings", c.tie_embeddings);
+  if (c.kind == "gpt") {
+    TRIDENT_CHECK(c.n_embd % c.n_head == 0, InvalidArgument,
+                  "model config: n_embd {} must be divisible by n_head {}", c.n_embd, c.n_head);
+    TRIDENT_CHECK(c.tie_embeddings, InvalidArgument,
+                  "model config: the GPT always ties lm_head to wte (nanoGPT); tie_embeddings false is for kind mlp");
+  }
+  return c;
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  return {{"kind", kind},
+          {"n_layer", n_layer},
+          {"n_head", n_head},
+          {"n_embd", n_embd},
+          {"block_size", block_size},
+          {"vocab_size", vocab_size},
+          {"bias", bias},
+          {"dropout", dropout},
+          {"gelu", gelu},
+          {"activation_checkpointing", activation_checkpointing},
+          {"seed", seed},
+          {"dtype", dtype},
+          {"tie_embeddings", tie_embeddings}};
+}
+
+kernels::cpu::GeluKind ModelConfig::gelu_kind() const {
+  return gelu == "tanh" ? kernels::cpu::GeluKind::kTanh : kernels::cpu::GeluKind::kExact;
+}
+kernels::cpu::Precision ModelConfig::precision() const {
+  return dtype == "bfloat16" ? kernels::cpu::Precision::kBFloat16 : kernels::cpu::Precision::kFloat32;
+}
+
+int FlatModel::add_param(std::string name, std::vector<int64_t> shape) {
+  Parameter p;
+  p.name = std::move(name);
+  p.numel = 1;
+  for (auto d : shape) p.numel *= static_cast<size_t>(d);
+  p.weight_decay = shape.size() >= 2;
+  p.shape = std::move(shape);
+  p.offset = params_.empty() ? 0 : kernels::align_floats(params_.back().offset + params_.back().numel);
+  params_.push_back(std::move(p));
+  return static_cast<int>(params_.size()) - 1;
+}
+
+void FlatModel::finalize_params() {
+  const size_t n = params_.empty() ? 0 : kernels::align_floats(params_.back().offset + params_.back().numel);
+  values_.assign(n, 0.0f);
+  grads_.assign(n, 0.0f);
+  rng_.seed(cfg_.seed);
+}
+
+void FlatModel::init_normal(int idx, double std) {
+  float* p = P(idx);
+  const size_t n = params_[idx].numel;
+  const double k53 = 1.0 / 9007199254740992.0;  // 2^-53
+  for (size_t i = 0; i < n; ++i) {
+    const double u1 = static_cast<double>((rng_() >> 11) + 1) * k53;  // (0, 1]
+    const double u2 = static_cast<double>(rng_() >> 11) * k53;        // [0, 1)
+    p[i] = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+  }
+}
+
+void FlatModel::init_constant(int idx, float value) {
+  float* p = P(idx);
+  for (size_t i = 0; i < params_[idx].numel; ++i) p[i] = value;
+}
+
+void FlatModel::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+
+void FlatModel::check_batch(const int32_t* inputs, int B, int T) const {
+  TRIDENT_CHECK(B > 0 && T > 0, InvalidArgument, "model: batch {} x {} tokens must be positive", B, T);
+  TRIDENT_CHECK(T <= cfg_.block_size, InvalidArgument,
+                "model: sequence length {} exceeds block_size {}; crop the input or raise block_size", T,
+                cfg_.block_size);
+  TRIDENT_CHECK(inputs != nullptr, InvalidArgument, "model: inputs is null");
+}
+
+}  // namespace trident::nn

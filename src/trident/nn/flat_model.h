@@ -1,0 +1,86 @@
+// Shared machinery of trident's models (internal to nn/): the model config, parameter registration into
+// one flat 64-byte-aligned buffer, seeded initialization, and the grad-ready hook.
+//
+// Initialization RNG (bit-reproducible across runs and machines with the same libm): std::mt19937_64
+// seeded with config.seed; each normal draw is Box-Muller on two 53-bit uniforms u1 in (0,1], u2 in
+// [0,1): sqrt(-2 ln u1) * cos(2 pi u2) (the sine half is discarded), computed in double and scaled by
+// the std. Parameters are drawn in registration order (the order of parameters()).
+// Ownership: the model owns its buffers. Thread-safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trident/kernels/aligned.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/nn/model.h"
+
+namespace trident::nn {
+
+struct ModelConfig {
+  std::string kind = "gpt";
+  int n_layer = 6;
+  int n_head = 6;
+  int n_embd = 384;
+  int block_size = 256;
+  int vocab_size = 0;
+  bool bias = true;
+  double dropout = 0.0;
+  std::string gelu = "exact";
+  bool activation_checkpointing = false;
+  uint64_t seed = 1337;
+  std::string dtype = "float32";
+  bool tie_embeddings = true;
+
+  static ModelConfig from_json(const nlohmann::json& j);  // validates; throws InvalidArgument
+  nlohmann::json to_json() const;
+  kernels::cpu::GeluKind gelu_kind() const;
+  kernels::cpu::Precision precision() const;
+};
+
+class FlatModel : public Model {
+ public:
+  explicit FlatModel(ModelConfig config) : cfg_(std::move(config)) {}
+
+  const std::vector<Parameter>& parameters() const override { return params_; }
+  float* param_data() override { return values_.data(); }
+  float* grad_data() override { return grads_.data(); }
+  size_t num_params() const override { return values_.size(); }
+  void zero_grad() override;
+  void set_grad_ready_hook(GradReadyHook hook) override { hook_ = std::move(hook); }
+  nlohmann::json config() const override { return cfg_.to_json(); }
+  std::string kind() const override { return cfg_.kind; }
+
+ protected:
+  // Registers a parameter (shape in PyTorch layout) and returns its index.
+  int add_param(std::string name, std::vector<int64_t> shape);
+  // Allocates the flat buffers after all add_param calls.
+  void finalize_params();
+  // Fills parameter idx with N(0, std^2), or a constant (std < 0 means fill with `value`).
+  void init_normal(int idx, double std);
+  void init_constant(int idx, float value);
+
+  float* P(int idx) { return idx < 0 ? nullptr : values_.data() + params_[idx].offset; }
+  float* G(int idx) { return idx < 0 ? nullptr : grads_.data() + params_[idx].offset; }
+  void fire(int idx) {
+    if (idx >= 0 && hook_) hook_(static_cast<size_t>(idx));
+  }
+  void check_batch(const int32_t* inputs, int B, int T) const;
+
+  ModelConfig cfg_;
+  std::vector<Parameter> params_;
+  kernels::AlignedFloats values_;
+  kernels::AlignedFloats grads_;
+  GradReadyHook hook_;
+  std::mt19937_64 rng_;
+};
+
+// Resizes buf to at least n floats (never shrinks).
+inline float* ensure_size(kernels::AlignedFloats& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+}  // namespace trident::nn

@@ -1,0 +1,212 @@
+// nanoGPT's GPT (model.py) with hand-written backward. See models.h for the config and model.h for the
+// interface. Activations are kept per layer (or, with activation_checkpointing, only each block's input,
+// the block being recomputed in backward into one shared scratch set).
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "trident/core/error.h"
+#include "trident/nn/flat_model.h"
+
+namespace trident::nn {
+
+namespace kc = kernels::cpu;
+
+class Gpt final : public FlatModel {
+ public:
+  explicit Gpt(ModelConfig c) : FlatModel(std::move(c)) {
+    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
+    wte_ = add_param("transformer.wte.weight", {V, C});
+    wpe_ = add_param("transformer.wpe.weight", {cfg_.block_size, C});
+    layers_.resize(L);
+    for (int l = 0; l < L; ++l) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      auto& lp = layers_[l];
+      lp.ln1_w = add_param(p + "ln_1.weight", {C});
+      if (cfg_.bias) lp.ln1_b = add_param(p + "ln_1.bias", {C});
+      lp.attn_w = add_param(p + "attn.c_attn.weight", {3 * C, C});
+      if (cfg_.bias) lp.attn_b = add_param(p + "attn.c_attn.bias", {3 * C});
+      lp.proj_w = add_param(p + "attn.c_proj.weight", {C, C});
+      if (cfg_.bias) lp.proj_b = add_param(p + "attn.c_proj.bias", {C});
+      lp.ln2_w = add_param(p + "ln_2.weight", {C});
+      if (cfg_.bias) lp.ln2_b = add_param(p + "ln_2.bias", {C});
+      lp.fc_w = add_param(p + "mlp.c_fc.weight", {4 * C, C});
+      if (cfg_.bias) lp.fc_b = add_param(p + "mlp.c_fc.bias", {4 * C});
+      lp.mproj_w = add_param(p + "mlp.c_proj.weight", {C, 4 * C});
+      if (cfg_.bias) lp.mproj_b = add_param(p + "mlp.c_proj.bias", {C});
+    }
+    lnf_w_ = add_param("transformer.ln_f.weight", {C});
+    if (cfg_.bias) lnf_b_ = add_param("transformer.ln_f.bias", {C});
+    finalize_params();
+    // nanoGPT _init_weights: Linear/Embedding N(0, 0.02), biases 0, LayerNorm weight 1 / bias 0, and every
+    // c_proj.weight N(0, 0.02/sqrt(2*n_layer)). Drawn in registration order.
+    const double proj_std = 0.02 / std::sqrt(2.0 * std::max(1, cfg_.n_layer));
+    for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+      const std::string& n = params_[i].name;
+      auto ends = [&](const char* s) {
+        const size_t k = std::strlen(s);
+        return n.size() >= k && n.compare(n.size() - k, k, s) == 0;
+      };
+      if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight")) init_constant(i, 1.0f);
+      else if (ends(".bias")) init_constant(i, 0.0f);
+      else if (ends("c_proj.weight")) init_normal(i, proj_std);
+      else init_normal(i, 0.02);
+    }
+  }
+
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
+                         float loss_scale) override {
+    check_batch(inputs, B, T);
+    TRIDENT_CHECK(targets != nullptr, InvalidArgument, "model: targets is null");
+    forward(inputs, B, T);
+    const int N = B * T, V = cfg_.vocab_size;
+    const double sum = kc::cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(), targets,
+                                                          N, V, loss_scale / static_cast<float>(N));
+    const float loss = static_cast<float>(sum / N);
+    if (backward) backward_pass(inputs, B, T);
+    return loss;
+  }
+
+  void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
+    check_batch(inputs, B, T);
+    forward(inputs, B, T);
+    std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
+  }
+
+ private:
+  struct LayerParams {
+    int ln1_w = -1, ln1_b = -1, attn_w = -1, attn_b = -1, proj_w = -1, proj_b = -1;
+    int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mproj_w = -1, mproj_b = -1;
+  };
+  struct Acts {
+    kernels::AlignedFloats ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  };
+
+  void ensure(int B, int T) {
+    const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    if (N == cap_n_) return;
+    cap_n_ = N;
+    const size_t nacts = cfg_.activation_checkpointing ? std::min<size_t>(1, L) : L;
+    acts_.resize(nacts);
+    for (auto& a : acts_) {
+      a.ln1.resize(N * C);
+      a.ln1_mean.resize(N);
+      a.ln1_rstd.resize(N);
+      a.qkv.resize(N * 3 * C);
+      a.atty.resize(N * C);
+      a.lse.resize(N * cfg_.n_head);
+      a.res2.resize(N * C);
+      a.ln2.resize(N * C);
+      a.ln2_mean.resize(N);
+      a.ln2_rstd.resize(N);
+      a.fch.resize(N * 4 * C);
+      a.fch_gelu.resize(N * 4 * C);
+    }
+    xs_.resize(L + 1);
+    for (auto& x : xs_) x.resize(N * C);
+    lnf_.resize(N * C);
+    lnf_mean_.resize(N);
+    lnf_rstd_.resize(N);
+    logits_.resize(N * cfg_.vocab_size);
+    dres_.resize(N * C);
+    dc_.resize(N * C);
+    dqkv_.resize(N * 3 * C);
+    dfch_.resize(N * 4 * C);
+    scratch_out_.resize(N * C);
+  }
+
+  Acts& acts(int l) { return cfg_.activation_checkpointing ? acts_[0] : acts_[l]; }
+
+  void block_forward(int l, const float* x, Acts& a, float* out, int B, int T) {
+    const int N = B * T, C = cfg_.n_embd;
+    const auto& lp = layers_[l];
+    const auto prec = cfg_.precision();
+    kc::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(lp.ln1_w), P(lp.ln1_b), N, C);
+    kc::linear_forward(a.qkv.data(), a.ln1.data(), P(lp.attn_w), P(lp.attn_b), N, C, 3 * C, prec);
+    kc::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), B, T, C, cfg_.n_head);
+    kc::linear_forward(a.res2.data(), a.atty.data(), P(lp.proj_w), P(lp.proj_b), N, C, C, prec);
+    kc::add_inplace(a.res2.data(), x, static_cast<size_t>(N) * C);
+    kc::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(lp.ln2_w),
+                          P(lp.ln2_b), N, C);
+    kc::linear_forward(a.fch.data(), a.ln2.data(), P(lp.fc_w), P(lp.fc_b), N, C, 4 * C, prec);
+    kc::gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C, cfg_.gelu_kind());
+    kc::linear_forward(out, a.fch_gelu.data(), P(lp.mproj_w), P(lp.mproj_b), N, 4 * C, C, prec);
+    kc::add_inplace(out, a.res2.data(), static_cast<size_t>(N) * C);
+  }
+
+  // dres: gradient of the block's output on entry, of its input x on return.
+  void block_backward(int l, float* dres, const float* x, Acts& a, int B, int T) {
+    const int N = B * T, C = cfg_.n_embd;
+    const auto& lp = layers_[l];
+    const auto prec = cfg_.precision();
+    float* dc = dc_.data();
+    float* dfch = dfch_.data();
+    kc::linear_backward(dfch, G(lp.mproj_w), G(lp.mproj_b), dres, a.fch_gelu.data(), P(lp.mproj_w), N, 4 * C, C,
+                        0.0f, prec);
+    fire(lp.mproj_b);
+    fire(lp.mproj_w);
+    kc::gelu_backward(dfch, a.fch.data(), dfch, static_cast<size_t>(N) * 4 * C, cfg_.gelu_kind());
+    kc::linear_backward(dc, G(lp.fc_w), G(lp.fc_b), dfch, a.ln2.data(), P(lp.fc_w), N, C, 4 * C, 0.0f, prec);
+    fire(lp.fc_b);
+    fire(lp.fc_w);
+    kc::layernorm_backward(dres, G(lp.ln2_w), G(lp.ln2_b), dc, a.res2.data(), P(lp.ln2_w), a.ln2_mean.data(),
+                           a.ln2_rstd.data(), N, C);
+    fire(lp.ln2_b);
+    fire(lp.ln2_w);
+    kc::linear_backward(dc, G(lp.proj_w), G(lp.proj_b), dres, a.atty.data(), P(lp.proj_w), N, C, C, 0.0f, prec);
+    fire(lp.proj_b);
+    fire(lp.proj_w);
+    kc::attention_backward(dqkv_.data(), dc, a.qkv.data(), a.atty.data(), a.lse.data(), B, T, C, cfg_.n_head);
+    kc::linear_backward(dc, G(lp.attn_w), G(lp.attn_b), dqkv_.data(), a.ln1.data(), P(lp.attn_w), N, C, 3 * C, 0.0f,
+                        prec);
+    fire(lp.attn_b);
+    fire(lp.attn_w);
+    kc::layernorm_backward(dres, G(lp.ln1_w), G(lp.ln1_b), dc, x, P(lp.ln1_w), a.ln1_mean.data(), a.ln1_rstd.data(),
+                           N, C);
+    fire(lp.ln1_b);
+    fire(lp.ln1_w);
+  }
+
+  void forward(const int32_t* inputs, int B, int T) {
+    ensure(B, T);
+    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
+    for (int l = 0; l < L; ++l) block_forward(l, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T);
+    kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
+    kc::linear_forward(logits_.data(), lnf_.data(), P(wte_), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
+  }
+
+  // Expects logits_ to hold dloss/dlogits.
+  void backward_pass(const int32_t* inputs, int B, int T) {
+    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    const auto prec = cfg_.precision();
+    // lm_head (tied): d lnf = dlogits wte; d wte += dlogits^T lnf. wte is final only after the embedding.
+    kc::linear_backward(dc_.data(), G(wte_), nullptr, logits_.data(), lnf_.data(), P(wte_), N, C, cfg_.vocab_size,
+                        0.0f, prec);
+    std::memset(dres_.data(), 0, sizeof(float) * static_cast<size_t>(N) * C);
+    kc::layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dc_.data(), xs_[L].data(), P(lnf_w_), lnf_mean_.data(),
+                           lnf_rstd_.data(), N, C);
+    fire(lnf_b_);
+    fire(lnf_w_);
+    for (int l = L - 1; l >= 0; --l) {
+      // With checkpointing the scratch set already holds the last block's activations.
+      if (cfg_.activation_checkpointing && l != L - 1)
+        block_forward(l, xs_[l].data(), acts(l), scratch_out_.data(), B, T);
+      block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T);
+    }
+    kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
+    fire(wpe_);
+    fire(wte_);
+  }
+
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  std::vector<LayerParams> layers_;
+  size_t cap_n_ = 0;
+  std::vector<Acts> acts_;
+  std::vector<kernels::AlignedFloats> xs_;
+  kernels::AlignedFloats lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dc_, dqkv_, dfch_, scratch_out_;
+};
+
+std::unique_ptr<Model> make_gpt(const ModelConfig& c) { return std::make_unique<Gpt>(c); }
+
+}  // namespace trident::nn

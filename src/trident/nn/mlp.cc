@@ -1,0 +1,133 @@
+// Deep MLP language model (kind "mlp"): the workload of the lecture on parallelism strategies, made to
+// train on the same token data with the same interface as the GPT. Each position is processed alone:
+//   x_0 = wte[token] + wpe[position]
+//   x_{l+1} = x_l + gelu(x_l W_l^T + b_l)        for l < n_layer, W_l [n_embd, n_embd]
+//   logits = ln_f(x_L) head^T, head = wte (tie_embeddings, default) or lm_head.weight [vocab, n_embd]
+// Parameter names: wte.weight, wpe.weight, layers.{l}.weight, layers.{l}.bias, ln_f.weight, ln_f.bias,
+// lm_head.weight. Init: N(0, 0.02) for embeddings and the head, N(0, 0.02/sqrt(2*n_layer)) for layers
+// (residual branches, as GPT's c_proj), biases 0, LayerNorm weight 1.
+// activation_checkpointing keeps only x_l and recomputes the pre-activation in backward.
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "trident/core/error.h"
+#include "trident/nn/flat_model.h"
+
+namespace trident::nn {
+
+namespace kc = kernels::cpu;
+
+class DeepMlp final : public FlatModel {
+ public:
+  explicit DeepMlp(ModelConfig c) : FlatModel(std::move(c)) {
+    const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
+    wte_ = add_param("wte.weight", {V, C});
+    wpe_ = add_param("wpe.weight", {cfg_.block_size, C});
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+      w_.push_back(add_param("layers." + std::to_string(l) + ".weight", {C, C}));
+      b_.push_back(cfg_.bias ? add_param("layers." + std::to_string(l) + ".bias", {C}) : -1);
+    }
+    lnf_w_ = add_param("ln_f.weight", {C});
+    if (cfg_.bias) lnf_b_ = add_param("ln_f.bias", {C});
+    if (!cfg_.tie_embeddings) head_ = add_param("lm_head.weight", {V, C});
+    finalize_params();
+    const double layer_std = 0.02 / std::sqrt(2.0 * std::max(1, cfg_.n_layer));
+    for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+      if (i == lnf_w_) init_constant(i, 1.0f);
+      else if (params_[i].shape.size() == 1) init_constant(i, 0.0f);
+      else if (params_[i].name.rfind("layers.", 0) == 0) init_normal(i, layer_std);
+      else init_normal(i, 0.02);
+    }
+  }
+
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
+                         float loss_scale) override {
+    check_batch(inputs, B, T);
+    TRIDENT_CHECK(targets != nullptr, InvalidArgument, "model: targets is null");
+    forward(inputs, B, T);
+    const int N = B * T;
+    const double sum = kc::cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(), targets,
+                                                          N, cfg_.vocab_size, loss_scale / static_cast<float>(N));
+    if (backward) backward_pass(inputs, B, T);
+    return static_cast<float>(sum / N);
+  }
+
+  void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
+    check_batch(inputs, B, T);
+    forward(inputs, B, T);
+    std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
+  }
+
+ private:
+  int head() const { return cfg_.tie_embeddings ? wte_ : head_; }
+
+  void ensure(int B, int T) {
+    const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    if (N == cap_n_) return;
+    cap_n_ = N;
+    xs_.resize(L + 1);
+    for (auto& x : xs_) x.resize(N * C);
+    hs_.resize(cfg_.activation_checkpointing ? std::min<size_t>(L, 1) : L);
+    for (auto& h : hs_) h.resize(N * C);
+    lnf_.resize(N * C);
+    lnf_mean_.resize(N);
+    lnf_rstd_.resize(N);
+    logits_.resize(N * cfg_.vocab_size);
+    dres_.resize(N * C);
+    dh_.resize(N * C);
+  }
+
+  float* h(int l) { return cfg_.activation_checkpointing ? hs_[0].data() : hs_[l].data(); }
+
+  void layer_forward(int l, int N, bool write_output) {
+    const int C = cfg_.n_embd;
+    kc::linear_forward(h(l), xs_[l].data(), P(w_[l]), P(b_[l]), N, C, C, cfg_.precision());
+    if (!write_output) return;
+    kc::gelu_forward(xs_[l + 1].data(), h(l), static_cast<size_t>(N) * C, cfg_.gelu_kind());
+    kc::add_inplace(xs_[l + 1].data(), xs_[l].data(), static_cast<size_t>(N) * C);
+  }
+
+  void forward(const int32_t* inputs, int B, int T) {
+    ensure(B, T);
+    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
+    for (int l = 0; l < L; ++l) layer_forward(l, N, true);
+    kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
+    kc::linear_forward(logits_.data(), lnf_.data(), P(head()), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
+  }
+
+  void backward_pass(const int32_t* inputs, int B, int T) {
+    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    const auto prec = cfg_.precision();
+    kc::linear_backward(dh_.data(), G(head()), nullptr, logits_.data(), lnf_.data(), P(head()), N, C, cfg_.vocab_size,
+                        0.0f, prec);
+    fire(head_);  // untied head: final now (-1 when tied: no-op)
+    std::memset(dres_.data(), 0, sizeof(float) * static_cast<size_t>(N) * C);
+    kc::layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dh_.data(), xs_[L].data(), P(lnf_w_), lnf_mean_.data(),
+                           lnf_rstd_.data(), N, C);
+    fire(lnf_b_);
+    fire(lnf_w_);
+    for (int l = L - 1; l >= 0; --l) {
+      if (cfg_.activation_checkpointing && l != L - 1) layer_forward(l, N, false);
+      kc::gelu_backward(dh_.data(), h(l), dres_.data(), static_cast<size_t>(N) * C, cfg_.gelu_kind());
+      // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
+      kc::linear_backward(dres_.data(), G(w_[l]), G(b_[l]), dh_.data(), xs_[l].data(), P(w_[l]), N, C, C, 1.0f, prec);
+      fire(b_[l]);
+      fire(w_[l]);
+    }
+    kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
+    fire(wpe_);
+    fire(wte_);
+  }
+
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  std::vector<int> w_, b_;
+  size_t cap_n_ = 0;
+  std::vector<kernels::AlignedFloats> xs_, hs_;
+  kernels::AlignedFloats lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dh_;
+};
+
+std::unique_ptr<Model> make_mlp(const ModelConfig& c) { return std::make_unique<DeepMlp>(c); }
+
+}  // namespace trident::nn

@@ -1,0 +1,29 @@
+// Model factory: builds a GPT or a deep MLP from a JSON config (see model.h for the interface).
+//
+// Config keys (all optional except vocab_size; unknown keys and bad values throw InvalidArgument naming
+// the key and what is allowed):
+//   kind "gpt" | "mlp" (default "gpt"); n_layer (6), n_head (6), n_embd (384), block_size (256),
+//   vocab_size (required), bias (true), dropout (0.0; > 0 is refused: not implemented),
+//   gelu "exact" | "tanh" (exact = nn.GELU()), activation_checkpointing (false), seed (1337),
+//   dtype "float32" | "bfloat16" (compute precision of the GEMMs; master weights stay float32),
+//   tie_embeddings (true; mlp only: false gives it a separate lm_head.weight).
+// The returned model's config() holds every key with its resolved value, enough to rebuild it.
+// Ownership: the caller owns the model. Thread-safety: a model is used from one thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/nn/model.h"
+
+namespace trident::nn {
+
+// The keys make_model understands (a trainer can pick these out of its full config).
+const std::vector<std::string>& model_config_keys();
+
+std::unique_ptr<Model> make_model(const nlohmann::json& config);
+
+}  // namespace trident::nn

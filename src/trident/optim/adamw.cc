@@ -1,0 +1,55 @@
+#include "trident/optim/adamw.h"
+
+#include <algorithm>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/ops.h"
+
+namespace trident::optim {
+
+AdamW::AdamW(nn::Model& model, AdamWConfig config)
+    : model_(model), config_(config), exp_avg_(model.num_params(), 0.0f), exp_avg_sq_(model.num_params(), 0.0f) {
+  TRIDENT_CHECK(config.beta1 >= 0 && config.beta1 < 1, InvalidArgument, "AdamW: beta1 {} must be in [0, 1)",
+                config.beta1);
+  TRIDENT_CHECK(config.beta2 >= 0 && config.beta2 < 1, InvalidArgument, "AdamW: beta2 {} must be in [0, 1)",
+                config.beta2);
+  TRIDENT_CHECK(config.eps > 0, InvalidArgument, "AdamW: eps {} must be > 0", config.eps);
+  TRIDENT_CHECK(config.weight_decay >= 0, InvalidArgument, "AdamW: weight_decay {} must be >= 0",
+                config.weight_decay);
+  decay_mask_.assign(model.num_params(), 0);
+  for (const auto& p : model.parameters())
+    if (p.weight_decay) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 1);
+}
+
+void AdamW::step(float lr) { step_range(lr, 0, model_.num_params()); }
+
+void AdamW::step_range(float lr, size_t begin, size_t end) {
+  TRIDENT_CHECK(begin <= end && end <= model_.num_params(), InvalidArgument,
+                "AdamW::step_range: [{}, {}) is outside the {} parameters", begin, end, model_.num_params());
+  ++step_;
+  float* p = model_.param_data();
+  const float* g = model_.grad_data();
+  // Runs of equal decay flag become one kernel call each.
+  size_t i = begin;
+  while (i < end) {
+    size_t j = i;
+    const uint8_t flag = decay_mask_[i];
+    while (j < end && decay_mask_[j] == flag) ++j;
+    kernels::cpu::adamw_update(p + i, g + i, exp_avg_.data() + i, exp_avg_sq_.data() + i, j - i, lr, config_.beta1,
+                               config_.beta2, config_.eps, flag ? config_.weight_decay : 0.0f, step_);
+    i = j;
+  }
+}
+
+void AdamW::load_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step) {
+  TRIDENT_CHECK(exp_avg.size() == model_.num_params() && exp_avg_sq.size() == model_.num_params(), InvalidArgument,
+                "AdamW::load_state: state has {} / {} elements but the model has {}; the checkpoint belongs to a "
+                "different model",
+                exp_avg.size(), exp_avg_sq.size(), model_.num_params());
+  TRIDENT_CHECK(step >= 0, InvalidArgument, "AdamW::load_state: negative step count {}", step);
+  exp_avg_ = exp_avg;
+  exp_avg_sq_ = exp_avg_sq;
+  step_ = step;
+}
+
+}  // namespace trident::optim

@@ -1,0 +1,60 @@
+// AdamW with PyTorch / nanoGPT semantics over a Model's flat parameter and gradient buffers.
+//
+// Ownership: AdamW keeps a reference to the Model (which must outlive it) and owns its state: two flat
+// float32 buffers (exp_avg, exp_avg_sq) with the model's flat layout, and the step count.
+// Parameter groups as nanoGPT's configure_optimizers: weight decay only on parameters with
+// Parameter::weight_decay (tensors with >= 2 dims); biases and LayerNorm weights get none.
+// Update per element (t = step count after increment):
+//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+//   p -= lr*wd*p   (decoupled decay, only in the decay group)
+//   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// Blocking: step() runs on the calling thread. Not thread-safe. No timeouts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "trident/nn/model.h"
+
+namespace trident::optim {
+
+struct AdamWConfig {
+  float lr = 6e-4f;  // default lr; step(lr) takes the scheduled value
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+class AdamW {
+ public:
+  AdamW(nn::Model& model, AdamWConfig config);
+
+  // One update of every parameter from the model's current gradients, with learning rate `lr`.
+  void step(float lr);
+  // As step(lr), over the element range [begin, end) of the flat buffers only (ZeRO shards); the step
+  // count advances once per call of step() or step_range().
+  void step_range(float lr, size_t begin, size_t end);
+
+  const AdamWConfig& config() const { return config_; }
+  // Checkpoint state: the flat moment buffers (num_params() elements each, model layout) and step count.
+  std::vector<float>& exp_avg() { return exp_avg_; }
+  std::vector<float>& exp_avg_sq() { return exp_avg_sq_; }
+  const std::vector<float>& exp_avg() const { return exp_avg_; }
+  const std::vector<float>& exp_avg_sq() const { return exp_avg_sq_; }
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }
+  // Restores the state; throws InvalidArgument when the sizes do not match the model.
+  void load_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step);
+
+ private:
+  nn::Model& model_;
+  AdamWConfig config_;
+  std::vector<float> exp_avg_;
+  std::vector<float> exp_avg_sq_;
+  std::vector<uint8_t> decay_mask_;  // per element: 1 = apply weight decay (padding: 0)
+  int64_t step_ = 0;
+};
+
+}  // namespace trident::optim

@@ -1,0 +1,34 @@
+#include "trident/optim/schedule.h"
+
+#include <cmath>
+
+namespace trident::optim {
+
+float lr_at(int it, int warmup_iters, int lr_decay_iters, float lr, float min_lr) {
+  // nanoGPT train.py get_lr().
+  if (it < warmup_iters) return lr * static_cast<float>(it + 1) / static_cast<float>(warmup_iters + 1);
+  if (it > lr_decay_iters) return min_lr;
+  if (lr_decay_iters <= warmup_iters) return min_lr;
+  const double ratio = static_cast<double>(it - warmup_iters) / static_cast<double>(lr_decay_iters - warmup_iters);
+  const double coeff = 0.5 * (1.0 + std::cos(M_PI * ratio));
+  return static_cast<float>(min_lr + coeff * (static_cast<double>(lr) - min_lr));
+}
+
+double grad_norm_squared(const float* grads, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(grads[i]) * grads[i];
+  return s;
+}
+
+float clip_grad_norm(float* grads, size_t n, float max_norm) {
+  const double norm = std::sqrt(grad_norm_squared(grads, n));
+  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
+  const double coef_d = max_norm > 0 ? static_cast<double>(max_norm) / (norm + 1e-6) : 1.0;
+  if (coef_d < 1.0) {
+    const float coef = static_cast<float>(coef_d);
+    for (size_t i = 0; i < n; ++i) grads[i] *= coef;
+  }
+  return static_cast<float>(norm);
+}
+
+}  // namespace trident::optim

@@ -1,0 +1,105 @@
+// Transformer model shapes and the closed-form formulas of the planner: parameter counts, model FLOPs
+// per iteration, memory per rank (params / grads / optimizer / master weights / activations) under
+// DDP, ZeRO 1-3, TP, PP and activation checkpointing, and pipeline bubbles.
+//
+// Pure functions on values: no ownership, no blocking, thread-safe, no timeouts. Sources are cited at
+// each formula and collected in docs/PLANNER.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trident::plan {
+
+struct ModelSpec {
+  std::string name = "custom";
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int kv_heads = 0;     // 0 = heads (no grouped-query attention)
+  int ffn_hidden = 0;   // 0 = 4 * hidden
+  bool gated_mlp = false;  // SwiGLU (LLaMA): three ffn matrices instead of two
+  int vocab = 50257;
+  int seq = 1024;
+  bool tied_embeddings = true;    // GPT-2 ties the LM head to the token embedding
+  bool learned_positions = true;  // GPT-2 learns position embeddings; LLaMA uses RoPE
+
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
+  double params_per_layer() const;   // attention + MLP + 2 norms
+  double embedding_params() const;   // token (+ position) embedding
+  double head_params() const;        // LM head when untied (0 when tied)
+  double total_params() const;
+  // Parameters that take part in matmuls for every token: layers + the LM head (vocab x hidden).
+  double matmul_params() const;
+};
+
+// Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-7b, llama-13b, llama-65b, llama-70b,
+// gpt3-175b. Throws InvalidArgument listing them when unknown.
+ModelSpec model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+enum class Recompute { kNone, kSelective, kFull };
+enum class Precision { kFp32, kMixed };  // kMixed: bf16/fp16 params, grads, activations + fp32 master
+enum class Schedule { kGPipe, k1F1B, kInterleaved };
+
+const char* to_string(Recompute r);
+const char* to_string(Precision p);
+const char* to_string(Schedule s);
+bool parse_recompute(const std::string& s, Recompute* out);
+bool parse_schedule(const std::string& s, Schedule* out);
+bool parse_precision(const std::string& s, Precision* out);
+
+// ---- FLOPs (Kaplan et al. 2020; Narayanan et al. 2021 "Efficient large-scale LM training" eq. 3;
+// PaLM appendix B for the attention term) ----
+// Model FLOPs of one iteration over `tokens` tokens: 6 * matmul_params * tokens + 12 * L * h * s * tokens
+// (forward 2N + 4Lhs per token, backward twice the forward). Recomputation is NOT counted (MFU's
+// definition); hardware_flops_per_iteration adds it: full recompute one more forward of the layers
+// (-> 8N), selective the attention core (4 L h s per token).
+double model_flops_per_iteration(const ModelSpec& m, double tokens);
+double hardware_flops_per_iteration(const ModelSpec& m, double tokens, Recompute r);
+
+// ---- Memory (Rajbhandari et al. 2020 "ZeRO" sec. 3.1 & 5; Korthikanti et al. 2022 table 2) ----
+struct MemoryBreakdown {
+  double params = 0;       // working copy (bf16 in mixed precision, fp32 otherwise)
+  double grads = 0;
+  double optimizer = 0;    // Adam m and v (fp32)
+  double master = 0;       // fp32 master weights (mixed precision only)
+  double activations = 0;  // stored activations of the in-flight microbatches (+ logits)
+  double buffers = 0;      // ZeRO-3 gathered-parameter buffers
+  double total() const { return params + grads + optimizer + master + activations + buffers; }
+};
+
+// Model-state bytes per rank for `psi` parameters held by this rank's model-parallel shard, data-parallel
+// degree `dp`, ZeRO stage 0..3 and Adam. Mixed: 2 + 2 + 12 bytes/param (ZeRO's K = 12: fp32 master,
+// m, v); fp32: 4 + 4 + 8. Stage 1 shards optimizer+master, 2 also grads, 3 also params:
+//   16 psi; 4 psi + 12 psi/N; 2 psi + 14 psi/N; 16 psi/N   (mixed precision).
+MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision p);
+
+struct ActivationConfig {
+  int micro_batch = 1;
+  int tp = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  Precision precision = Precision::kMixed;
+};
+// Activation bytes ONE transformer layer stores for ONE microbatch (Korthikanti et al., 16-bit
+// activations; doubled for fp32):
+//   none:      s b h (34 + 5 a s / h)             at t = 1
+//              s b h (10 + 24/t + 5 a s/(h t))    TP without sequence parallelism
+//              s b h (34/t + 5 a s/(h t))         TP with sequence parallelism
+//   selective: s b h (10 + 24/t)  (SP: 34 s b h / t)   -- attention core recomputed
+//   full:      2 s b h            (SP: 2 s b h / t)    -- only each layer's input kept
+double activation_bytes_per_layer(const ModelSpec& m, const ActivationConfig& c);
+
+// Microbatches whose activations the FIRST pipeline stage holds at its peak: GPipe m, 1F1B min(P, m),
+// interleaved P * (1 + (P-1)/(P v)) capped at m*v (Korthikanti et al. sec. 4.2.3), 1 without PP.
+double inflight_microbatches(Schedule s, int pp, int microbatches, int interleave);
+
+// ---- Pipeline bubble (Huang et al. 2019 GPipe; Narayanan et al. 2021 sec. 2.2) ----
+// Fraction of the total step time that is idle: (P-1)/(v m + P-1) (v = 1 for GPipe and 1F1B).
+double bubble_fraction(int pp, int microbatches, int interleave = 1);
+// Bubble over the ideal (no-bubble) time: (P-1)/(v m).
+double bubble_over_ideal(int pp, int microbatches, int interleave = 1);
+
+}  // namespace trident::plan

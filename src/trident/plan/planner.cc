@@ -1,0 +1,418 @@
+#include "trident/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "trident/core/error.h"
+
+namespace trident::plan {
+namespace {
+
+constexpr double kGB = 1e9;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// Parameters held by pipeline stage `stage` (before TP sharding).
+double stage_params(const ModelSpec& m, int pp, int stage) {
+  const int lps = m.layers / pp;
+  double p = lps * m.params_per_layer();
+  const double final_norm = m.gated_mlp ? m.hidden : 2.0 * m.hidden;
+  if (stage == 0) p += m.embedding_params();
+  if (stage == pp - 1) {
+    p += final_norm + m.head_params();
+    if (pp > 1 && m.tied_embeddings) p += double(m.vocab) * m.hidden;  // a copy of the tied embedding
+  }
+  return p;
+}
+
+}  // namespace
+
+LinkSpec ClusterSpec::inter_per_rank() const {
+  LinkSpec l = nic;
+  l.bandwidth_Bps = nic.bandwidth_Bps * nics_per_node / std::max(1, gpus_per_node);
+  return l;
+}
+
+ClusterSpec make_cluster(const HardwareCatalog& cat, const std::string& gpu, int gpus, int gpus_per_node,
+                         const std::string& node, const std::string& intra_link, const std::string& inter_link,
+                         Precision precision) {
+  ClusterSpec c;
+  c.device = gpu;
+  bool is_host = false;
+  for (auto& h : cat.hosts())
+    if (h.name == gpu) is_host = true;
+  if (gpus <= 0) TRIDENT_THROW(InvalidArgument, "--gpus must be >= 1 (got {})", gpus);
+  c.gpus = gpus;
+  if (is_host) {
+    HostSpec h = gpu == "this-machine" ? this_machine(cat) : cat.host(gpu);
+    const int ranks_per_host = gpus_per_node > 0 ? gpus_per_node : std::min(gpus, std::max(1, h.cpu_cores));
+    c.gpus_per_node = ranks_per_host;
+    c.nics_per_node = 1;
+    // Each rank runs single-threaded GEMMs; ranks beyond the core count share cores.
+    const double share = std::min(1.0, double(h.cpu_cores) / ranks_per_host);
+    c.peak_flops = (h.sgemm_flops_avx512 > 0 ? h.sgemm_flops_avx512 : h.sgemm_flops_avx2) * share;
+    c.matmul_efficiency = 1.0;  // the catalog holds measured (achievable) rates
+    c.device_memory_bytes = h.memory_bytes / ranks_per_host;
+    c.hbm_Bps = h.memcpy_Bps_per_core * share;
+    c.intra = cat.link(intra_link.empty() ? h.intra_link : intra_link).spec;
+    c.nic = cat.link(inter_link.empty() ? "tcp-loopback" : inter_link).spec;
+    return c;
+  }
+  const GpuSpec& g = cat.gpu(gpu);
+  std::string node_name = node;
+  if (node_name.empty()) node_name = g.name.rfind("a100", 0) == 0 ? "dgx-a100" : "dgx-h100";
+  const NodeSpec& n = cat.node(node_name);
+  c.gpus_per_node = gpus_per_node > 0 ? gpus_per_node : n.gpus_per_node;
+  c.nics_per_node = gpus_per_node > 0 ? std::max(1, n.nics_per_node * gpus_per_node / n.gpus_per_node) : n.nics_per_node;
+  c.device_memory_bytes = g.memory_bytes;
+  c.peak_flops = precision == Precision::kMixed ? g.peak_bf16_flops : g.peak_tf32_flops;
+  c.matmul_efficiency = g.matmul_efficiency;
+  c.hbm_Bps = g.hbm_Bps;
+  c.intra = cat.link(intra_link.empty() ? g.intra_link : intra_link).spec;
+  c.nic = cat.link(inter_link.empty() ? n.nic_link : inter_link).spec;
+  return c;
+}
+
+std::string Layout::str() const {
+  std::string s = fmt::format("tp{} pp{} dp{} zero{} mb{}x{} {}", tp, pp, dp, zero, micro_batch, microbatches,
+                              to_string(recompute));
+  if (pp > 1) s += fmt::format(" {}", to_string(schedule));
+  if (schedule == Schedule::kInterleaved) s += fmt::format(" v{}", interleave);
+  return s;
+}
+
+double tp_traffic_bytes(const ModelSpec& m, int batch, int bytes_per_element) {
+  return 4.0 * m.layers * double(batch) * m.seq * m.hidden * bytes_per_element;
+}
+
+void validate_layout(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
+  const ModelSpec& m = t.model;
+  if (l.tp < 1 || m.heads % l.tp != 0 || m.kv() % l.tp != 0) {
+    std::vector<int> ok;
+    for (int d : divisors(std::gcd(m.heads, m.kv()))) ok.push_back(d);
+    TRIDENT_THROW(InvalidArgument, "--tp {}: tensor parallelism must divide the {} attention heads{}; allowed: {}", l.tp,
+                  m.heads, m.kv() != m.heads ? fmt::format(" and {} KV heads", m.kv()) : "", join(ok));
+  }
+  if (l.pp < 1 || m.layers % l.pp != 0)
+    TRIDENT_THROW(InvalidArgument, "--pp {}: pipeline stages must divide the {} layers; allowed: {}", l.pp, m.layers,
+                  join(divisors(m.layers)));
+  if (l.dp < 1) TRIDENT_THROW(InvalidArgument, "--dp {}: must be >= 1", l.dp);
+  if (l.tp * l.pp * l.dp != c.gpus)
+    TRIDENT_THROW(InvalidArgument, "--tp {} x --pp {} x --dp {} = {} but --gpus is {}; the product must equal the GPU count",
+                  l.tp, l.pp, l.dp, l.tp * l.pp * l.dp, c.gpus);
+  if (l.zero < 0 || l.zero > 3) TRIDENT_THROW(InvalidArgument, "--zero {}: allowed 0, 1, 2, 3", l.zero);
+  if (l.micro_batch < 1) TRIDENT_THROW(InvalidArgument, "--micro-batch {}: must be >= 1", l.micro_batch);
+  if (l.microbatches < 1) TRIDENT_THROW(InvalidArgument, "--microbatches {}: must be >= 1", l.microbatches);
+  if (l.dp * l.micro_batch * l.microbatches != t.global_batch)
+    TRIDENT_THROW(InvalidArgument,
+                  "--global-batch {} must equal --dp {} x --micro-batch {} x --microbatches {} (= {}); "
+                  "for this layout use --microbatches {}",
+                  t.global_batch, l.dp, l.micro_batch, l.microbatches, l.dp * l.micro_batch * l.microbatches,
+                  t.global_batch % (l.dp * l.micro_batch) == 0 ? std::to_string(t.global_batch / (l.dp * l.micro_batch))
+                                                                : std::string("(none: the global batch is not divisible by dp x micro-batch)"));
+  if (l.schedule == Schedule::kInterleaved) {
+    if (l.interleave < 1 || m.layers % (l.pp * l.interleave) != 0)
+      TRIDENT_THROW(InvalidArgument, "--interleave {}: pp x interleave must divide the {} layers", l.interleave, m.layers);
+    if (l.microbatches % l.pp != 0)
+      TRIDENT_THROW(InvalidArgument, "--microbatches {}: the interleaved schedule needs a multiple of --pp {}",
+                    l.microbatches, l.pp);
+  }
+}
+
+Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
+  validate_layout(t, c, l);
+  const ModelSpec& m = t.model;
+  Evaluation e;
+  e.layout = l;
+  const bool mixed = t.precision == Precision::kMixed;
+  const double wb = mixed ? 2 : 4;  // bytes per working param / grad / activation element
+  const int lps = m.layers / l.pp;
+  const double tok = double(l.micro_batch) * m.seq;
+  const int v = l.schedule == Schedule::kInterleaved ? std::max(1, l.interleave) : 1;
+  const int mbs = l.microbatches;
+
+  // ---- memory: first and last stage ----
+  ActivationConfig ac{l.micro_batch, l.tp, t.sequence_parallel, l.recompute, t.precision};
+  const double act_layer = activation_bytes_per_layer(m, ac);
+  const double logits = 4.0 * tok * m.vocab / l.tp;
+  auto stage_memory = [&](int stage) {
+    MemoryBreakdown b = model_state_bytes(stage_params(m, l.pp, stage) / l.tp, l.dp, l.zero, t.precision);
+    const double inflight = stage == 0 ? inflight_microbatches(l.schedule, l.pp, mbs, v) : 1.0;
+    b.activations = act_layer * lps * inflight + (stage == l.pp - 1 ? logits : 0.0);
+    if (l.zero == 3) b.buffers = 2 * m.params_per_layer() / l.tp * wb;
+    return b;
+  };
+  MemoryBreakdown first = stage_memory(0), last = stage_memory(l.pp - 1);
+  e.memory = first.total() >= last.total() ? first : last;
+  e.fits = e.memory.total() <= c.usable_memory();
+
+  // ---- compute per microbatch on the last (heaviest) stage ----
+  const double rate = c.peak_flops * c.matmul_efficiency;
+  const double layer_fwd = (2.0 * m.params_per_layer() + 4.0 * m.hidden * double(m.seq)) * tok * lps / l.tp;
+  const double head_fwd = 2.0 * m.vocab * double(m.hidden) * tok / l.tp;
+  double recompute_flops = 0;
+  if (l.recompute == Recompute::kFull) recompute_flops = layer_fwd;
+  if (l.recompute == Recompute::kSelective) recompute_flops = 4.0 * m.hidden * double(m.seq) * tok * lps / l.tp;
+  const double t_f = (layer_fwd + head_fwd) / rate;
+  const double t_b = (2 * (layer_fwd + head_fwd) + recompute_flops) / rate;
+
+  const LinkSpec inter = c.inter_per_rank();
+  const Topology node_topo{c.intra, inter, c.gpus_per_node};
+
+  // ---- TP: 2 all-reduces forward + 2 backward per layer (+2 recomputed forward with full recompute) ----
+  double t_tp = 0;
+  if (l.tp > 1) {
+    const double bytes = tok * m.hidden * wb;
+    const int n = lps * (4 + (l.recompute == Recompute::kFull ? 2 : 0));
+    const Collective op = Collective::kAllReduce;
+    const double one = collective_cost(op, Algorithm::kAuto, l.tp, node_topo, bytes).time(bytes);
+    t_tp = n * one;
+    CommItem ci{"tp_all_reduce", l.tp <= c.gpus_per_node ? c.intra.name : c.nic.name,
+                to_string(choose_algorithm(op, bytes, l.tp, node_topo)),
+                n * mbs * bytes_per_rank(op, bytes, l.tp), t_tp * mbs, t_tp * mbs};
+    e.comm.push_back(ci);
+    if (l.tp > c.gpus_per_node) e.warnings.push_back("TP crosses nodes: its all-reduces run over the NICs");
+  }
+  // ---- PP: one activation forward and one gradient backward per microbatch per stage boundary ----
+  double t_p2p = 0;
+  if (l.pp > 1) {
+    const double bytes = tok * m.hidden * wb / l.tp;  // Megatron's scatter/gather optimisation
+    const bool intra = l.tp * l.dp < c.gpus_per_node;
+    const LinkSpec& link = intra ? c.intra : inter;
+    t_p2p = 2 * (link.latency_s + bytes / link.bandwidth_Bps);
+    e.comm.push_back({"pp_send_recv", link.name, "direct", 2.0 * bytes * mbs * v, t_p2p * mbs * v, t_p2p * mbs * v});
+  }
+  const double t_micro = t_f + t_b + t_tp + t_p2p;
+  const double pipeline = (mbs + double(l.pp - 1) / v) * t_micro;
+  e.bubble_s = double(l.pp - 1) / v * t_micro;
+  e.bubble_fraction = bubble_fraction(l.pp, mbs, v);
+  e.compute_s = mbs * (t_f + t_b);
+
+  // ---- DP / ZeRO over the data-parallel group (stride tp, so g = gpus_per_node / tp share a node) ----
+  double dp_exposed = 0;
+  const double psi_rank = stage_params(m, l.pp, l.pp - 1) / l.tp;
+  if (l.dp > 1) {
+    const int g = std::max(1, std::min(l.dp, c.gpus_per_node / l.tp));
+    const Topology dp_topo{c.intra, inter, g};
+    const std::string link = g >= l.dp ? c.intra.name : c.nic.name;
+    const double grad_bytes = psi_rank * wb;
+    auto cost = [&](Collective op, double bytes) { return collective_cost(op, Algorithm::kAuto, l.dp, dp_topo, bytes).time(bytes); };
+    auto algo = [&](Collective op, double bytes) { return std::string(to_string(choose_algorithm(op, bytes, l.dp, dp_topo))); };
+    // Gradient buckets (25 MB) are reduced while backward runs; the last bucket cannot be hidden.
+    const double last_bucket = std::min(1.0, 25e6 / grad_bytes);
+    auto overlapped = [&](double t) { return std::max(t - t_b, t * last_bucket); };
+    if (l.zero == 0) {
+      const double t = cost(Collective::kAllReduce, grad_bytes);
+      dp_exposed = overlapped(t);
+      e.comm.push_back({"dp_all_reduce", link, algo(Collective::kAllReduce, grad_bytes),
+                        bytes_per_rank(Collective::kAllReduce, grad_bytes, l.dp), t, dp_exposed});
+    } else if (l.zero <= 2) {
+      const double trs = cost(Collective::kReduceScatter, grad_bytes);
+      const double tag = cost(Collective::kAllGather, psi_rank * wb);
+      dp_exposed = overlapped(trs) + tag;
+      e.comm.push_back({"zero_reduce_scatter", link, algo(Collective::kReduceScatter, grad_bytes),
+                        bytes_per_rank(Collective::kReduceScatter, grad_bytes, l.dp), trs, overlapped(trs)});
+      e.comm.push_back({"zero_all_gather", link, algo(Collective::kAllGather, psi_rank * wb),
+                        bytes_per_rank(Collective::kAllGather, psi_rank * wb, l.dp), tag, tag});
+    } else {
+      // ZeRO-3: every microbatch gathers the parameters for forward and again for backward, and
+      // reduce-scatters the gradients; prefetch hides them behind compute when compute is longer.
+      const double tag = cost(Collective::kAllGather, psi_rank * wb);
+      const double trs = cost(Collective::kReduceScatter, grad_bytes);
+      const double exposed_micro = std::max(0.0, tag - t_f) + std::max(0.0, tag + trs - t_b);
+      dp_exposed = mbs * exposed_micro;
+      e.comm.push_back({"zero3_all_gather", link, algo(Collective::kAllGather, psi_rank * wb),
+                        2.0 * mbs * bytes_per_rank(Collective::kAllGather, psi_rank * wb, l.dp), 2 * mbs * tag,
+                        mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
+      e.comm.push_back({"zero3_reduce_scatter", link, algo(Collective::kReduceScatter, grad_bytes),
+                        mbs * bytes_per_rank(Collective::kReduceScatter, grad_bytes, l.dp), mbs * trs,
+                        dp_exposed - mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
+    }
+  }
+  // ---- optimizer: memory bound, read + write of the rank's states ----
+  MemoryBreakdown st = model_state_bytes(psi_rank, l.dp, l.zero, t.precision);
+  const double t_opt = 2 * (st.params + st.grads + st.optimizer + st.master) / c.hbm_Bps;
+
+  e.step_time_s = pipeline + dp_exposed + t_opt;
+  const double tokens = double(t.global_batch) * m.seq;
+  e.model_flops_per_iter = model_flops_per_iteration(m, tokens);
+  e.hardware_flops_per_iter = hardware_flops_per_iteration(m, tokens, l.recompute);
+  e.tokens_per_s = tokens / e.step_time_s;
+  e.tflops_per_gpu = e.model_flops_per_iter / e.step_time_s / c.gpus / 1e12;
+  e.mfu = e.model_flops_per_iter / (e.step_time_s * c.gpus * c.peak_flops);
+  if (!e.fits)
+    e.warnings.push_back(fmt::format("needs {:.1f} GB per GPU, {:.1f} GB usable", e.memory.total() / kGB,
+                                     c.usable_memory() / kGB));
+  if (l.pp > 1 && lps < 4) e.warnings.push_back(fmt::format("only {} layers per stage (< 4)", lps));
+  if (e.bubble_fraction >= 0.10)
+    e.warnings.push_back(fmt::format("bubble {:.1f}% >= 10%: raise --microbatches or use the interleaved schedule",
+                                     100 * e.bubble_fraction));
+  return e;
+}
+
+nlohmann::json Evaluation::to_json() const {
+  nlohmann::json j;
+  j["layout"] = {{"tp", layout.tp},
+                 {"pp", layout.pp},
+                 {"dp", layout.dp},
+                 {"zero", layout.zero},
+                 {"micro_batch", layout.micro_batch},
+                 {"microbatches", layout.microbatches},
+                 {"recompute", to_string(layout.recompute)},
+                 {"schedule", to_string(layout.schedule)},
+                 {"interleave", layout.interleave}};
+  j["memory_per_gpu_bytes"] = memory.total();
+  j["memory"] = {{"params", memory.params},           {"grads", memory.grads},
+                 {"optimizer", memory.optimizer},     {"master", memory.master},
+                 {"activations", memory.activations}, {"buffers", memory.buffers}};
+  j["fits"] = fits;
+  j["model_flops_per_iter"] = model_flops_per_iter;
+  j["hardware_flops_per_iter"] = hardware_flops_per_iter;
+  j["step_time_s"] = step_time_s;
+  j["tokens_per_s"] = tokens_per_s;
+  j["tflops_per_gpu"] = tflops_per_gpu;
+  j["mfu"] = mfu;
+  j["bubble_fraction"] = bubble_fraction;
+  j["bubble_s"] = bubble_s;
+  j["compute_s"] = compute_s;
+  j["comm"] = nlohmann::json::array();
+  for (auto& c : comm)
+    j["comm"].push_back({{"kind", c.kind},
+                         {"link", c.link},
+                         {"algorithm", c.algorithm},
+                         {"bytes_per_gpu", c.bytes_per_gpu},
+                         {"time_s", c.time_s},
+                         {"exposed_s", c.exposed_s}});
+  j["warnings"] = warnings;
+  return j;
+}
+
+std::vector<Evaluation> enumerate_layouts(const TrainSpec& t, const ClusterSpec& c, int micro_batch) {
+  std::vector<Evaluation> out;
+  const ModelSpec& m = t.model;
+  for (int tp : divisors(std::gcd(m.heads, m.kv()))) {
+    if (tp > c.gpus_per_node || c.gpus % tp != 0) continue;
+    for (int pp : divisors(m.layers)) {
+      if (c.gpus % (tp * pp) != 0) continue;
+      const int dp = c.gpus / (tp * pp);
+      if (t.global_batch % (dp * micro_batch) != 0) continue;
+      const int mbs = t.global_batch / (dp * micro_batch);
+      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+        for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+          Layout l;
+          l.tp = tp, l.pp = pp, l.dp = dp, l.zero = zero, l.micro_batch = micro_batch, l.microbatches = mbs;
+          l.recompute = r;
+          out.push_back(evaluate(t, c, l));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::vector<Evaluation>& all) {
+  Recommendation rec;
+  const ModelSpec& m = t.model;
+  auto pick = [&](const std::function<bool(const Evaluation&)>& pred) -> const Evaluation* {
+    const Evaluation* best = nullptr;
+    for (auto& e : all) {
+      if (!e.fits || !pred(e)) continue;
+      if (e.layout.pp > 1 && m.layers / e.layout.pp < 4) continue;
+      if (!best || e.step_time_s < best->step_time_s) best = &e;
+    }
+    return best;
+  };
+  for (auto& e : all)
+    if (e.fits && (!rec.fastest.step_time_s || e.step_time_s < rec.fastest.step_time_s)) rec.fastest = e;
+
+  // The model-parallel ladder: TP grows first inside the NVLink domain, then PP (>= 4 layers per stage).
+  std::vector<std::pair<int, int>> ladder;
+  std::vector<int> tps;
+  for (int tp : divisors(std::gcd(m.heads, m.kv())))
+    if (tp <= c.gpus_per_node && c.gpus % tp == 0) tps.push_back(tp);
+  for (int tp : tps) ladder.push_back({tp, 1});
+  for (int pp : divisors(m.layers))
+    if (pp > 1 && m.layers / pp >= 4) ladder.push_back({tps.back(), pp});
+
+  auto light = [](const Evaluation& e) { return e.layout.recompute != Recompute::kFull; };
+  const Evaluation* chosen = nullptr;
+  std::string why;
+  // 1. Pure data parallelism when the whole model state fits (ZeRO-0).
+  chosen = pick([&](const Evaluation& e) { return e.layout.tp == 1 && e.layout.pp == 1 && e.layout.zero == 0; });
+  if (chosen) why = "the full model state (16 bytes/param) and activations fit on one GPU: pure data parallelism";
+  // 2. ZeRO-1/2 when only the optimizer state does not fit.
+  if (!chosen) {
+    chosen = pick([&](const Evaluation& e) {
+      return e.layout.tp == 1 && e.layout.pp == 1 && (e.layout.zero == 1 || e.layout.zero == 2);
+    });
+    if (chosen) why = fmt::format("the optimizer state does not fit unsharded: ZeRO-{} shards it over DP {}", chosen->layout.zero, chosen->layout.dp);
+  }
+  // 3-5. Walk the model-parallel ladder: first without recompute-all or ZeRO, then allowing full
+  // recompute, then ZeRO-1/2 on top of TP x PP.
+  const std::vector<std::pair<std::string, std::function<bool(const Evaluation&)>>> passes = {
+      {"", [&](const Evaluation& e) { return e.layout.zero == 0 && light(e); }},
+      {"full recomputation was needed to fit", [&](const Evaluation& e) { return e.layout.zero == 0; }},
+      {"the optimizer state still does not fit with model parallelism, so ZeRO shards it",
+       [&](const Evaluation& e) { return e.layout.zero <= 2; }},
+      {"nothing else fits: ZeRO-3 shards the parameters too", [&](const Evaluation&) { return true; }},
+  };
+  for (auto& [note, pred] : passes) {
+    if (chosen) break;
+    for (auto [tp, pp] : ladder) {
+      chosen = pick([&](const Evaluation& e) { return e.layout.tp == tp && e.layout.pp == pp && pred(e); });
+      if (chosen) {
+        why = fmt::format("the model state does not fit on one GPU: the smallest model-parallel layout on the ladder "
+                          "(TP first within the {}-GPU NVLink domain, then PP) that fits is TP {} x PP {}",
+                          c.gpus_per_node, tp, pp);
+        if (!note.empty()) why += "; " + note;
+        break;
+      }
+    }
+  }
+  if (!chosen) {
+    rec.reasons.push_back("no layout fits in memory: add GPUs, use a GPU with more memory, or a smaller micro-batch");
+    return rec;
+  }
+  rec.found = true;
+  rec.best = *chosen;
+  const Layout& l = chosen->layout;
+  const double psi = m.total_params();
+  rec.reasons.push_back(fmt::format("model: {:.2f} B parameters; unsharded mixed-precision Adam state 16 B/param = {:.0f} GB; "
+                                    "{:.1f} GB usable per GPU ({:.0f}% headroom)",
+                                    psi / 1e9, 16 * psi / kGB, c.usable_memory() / kGB, 100 * c.memory_headroom));
+  rec.reasons.push_back(why);
+  if (l.tp > 1)
+    rec.reasons.push_back(fmt::format("TP {} stays inside the NVLink domain ({} GPUs/node), so its per-layer all-reduces run on {}",
+                                      l.tp, c.gpus_per_node, c.intra.name));
+  if (l.pp > 1)
+    rec.reasons.push_back(fmt::format("PP {}: {} layers per stage (>= 4); {} microbatches give a {:.1f}% bubble{}", l.pp,
+                                      m.layers / l.pp, l.microbatches, 100 * chosen->bubble_fraction,
+                                      chosen->bubble_fraction < 0.10 ? " (< 10%)" : " (>= 10%: raise the global batch or interleave)"));
+  rec.reasons.push_back(fmt::format("DP {} = the remaining GPUs; {}; recompute {}; {:.1f} GB per GPU", l.dp,
+                                    l.zero == 0 ? "no ZeRO (the optimizer state fits)" : fmt::format("ZeRO-{}", l.zero),
+                                    to_string(l.recompute), chosen->memory.total() / kGB));
+  if (rec.fastest.step_time_s > 0 && rec.fastest.step_time_s < 0.95 * chosen->step_time_s)
+    rec.reasons.push_back(fmt::format("note: the model predicts {} is {:.0f}% faster ({:.3f} s vs {:.3f} s) but it leaves the "
+                                      "framework (e.g. ZeRO traffic across nodes, or deeper pipelines); weigh that against "
+                                      "the model's uncertainty",
+                                      rec.fastest.layout.str(), 100 * (1 - rec.fastest.step_time_s / chosen->step_time_s),
+                                      rec.fastest.step_time_s, chosen->step_time_s));
+  return rec;
+}
+
+}  // namespace trident::plan

@@ -1,0 +1,114 @@
+// The planner: evaluates a parallel layout (TP x PP x DP, ZeRO stage, microbatches, recomputation) of a
+// model on a cluster with the closed-form cost model, enumerates candidate layouts and recommends one by
+// the seeds' decision framework.
+//
+// Pure functions on values: no ownership, no blocking, thread-safe, no timeouts. Invalid layouts throw
+// InvalidArgument naming the flag and the allowed values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/plan/cost_model.h"
+#include "trident/plan/hardware.h"
+#include "trident/plan/model.h"
+
+namespace trident::plan {
+
+// A cluster of identical devices. `device_*` come from a GpuSpec (or a HostSpec for CPU ranks).
+struct ClusterSpec {
+  std::string device = "h100-sxm";
+  double device_memory_bytes = 80.0 * (1ull << 30);
+  double peak_flops = 989e12;       // for the chosen precision (MFU's denominator)
+  double matmul_efficiency = 0.7;   // achievable fraction of peak
+  double hbm_Bps = 3.35e12;
+  int gpus = 8;
+  int gpus_per_node = 8;
+  int nics_per_node = 8;
+  LinkSpec intra;  // within a node (NVLink/NVSwitch domain, shm)
+  LinkSpec nic;    // one NIC, per direction
+  double memory_headroom = 0.10;  // fraction of device memory kept free (allocator, workspaces, comm buffers)
+
+  int nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
+  double usable_memory() const { return device_memory_bytes * (1 - memory_headroom); }
+  // Inter-node bandwidth available to ONE rank when every rank of a node talks at once.
+  LinkSpec inter_per_rank() const;
+};
+
+// Builds a cluster from the catalog: `gpu` (a GPU name or a host name such as "this-machine"),
+// `node` shape (empty = DGX-like default for the GPU), `gpus` total, overrides for gpus_per_node,
+// intra/inter link names (empty = the node's).
+ClusterSpec make_cluster(const HardwareCatalog& cat, const std::string& gpu, int gpus, int gpus_per_node = 0,
+                         const std::string& node = "", const std::string& intra_link = "",
+                         const std::string& inter_link = "", Precision precision = Precision::kMixed);
+
+struct TrainSpec {
+  ModelSpec model;
+  int global_batch = 512;  // sequences per optimizer step
+  Precision precision = Precision::kMixed;
+  bool sequence_parallel = false;
+};
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  int zero = 0;           // ZeRO stage 0..3 over the DP group
+  int micro_batch = 1;    // sequences per microbatch
+  int microbatches = 1;   // per DP rank per step (gradient accumulation steps without PP)
+  Recompute recompute = Recompute::kNone;
+  Schedule schedule = Schedule::k1F1B;
+  int interleave = 1;     // virtual stages per rank (interleaved schedule)
+  std::string str() const;
+};
+
+struct CommItem {
+  std::string kind;   // "tp_all_reduce", "pp_send_recv", "dp_all_reduce", "zero_reduce_scatter", ...
+  std::string link;   // the link class it runs on
+  std::string algorithm;
+  double bytes_per_gpu = 0;  // bytes each GPU sends per step
+  double time_s = 0;         // busy time per step
+  double exposed_s = 0;      // part not hidden behind compute
+};
+
+struct Evaluation {
+  Layout layout;
+  MemoryBreakdown memory;  // the most loaded rank (first or last pipeline stage)
+  bool fits = false;
+  double model_flops_per_iter = 0;
+  double hardware_flops_per_iter = 0;
+  double compute_s = 0;        // per step on the busiest stage, without bubble
+  double bubble_fraction = 0;  // of the step
+  double bubble_s = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;   // model FLOP/s per GPU / 1e12
+  double mfu = 0;
+  std::vector<CommItem> comm;
+  std::vector<std::string> warnings;
+  nlohmann::json to_json() const;
+};
+
+// Checks a layout against the model and cluster; throws InvalidArgument naming the flag (--tp, --pp,
+// --dp, --zero, --microbatches, --micro-batch) and the allowed values.
+void validate_layout(const TrainSpec& t, const ClusterSpec& c, const Layout& l);
+Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l);
+
+// Every valid layout: TP dividing heads (and KV heads) within the NVLink domain, PP dividing layers,
+// DP = the rest dividing the global batch, ZeRO 0-3, recompute none/selective/full.
+std::vector<Evaluation> enumerate_layouts(const TrainSpec& t, const ClusterSpec& c, int micro_batch = 1);
+
+struct Recommendation {
+  bool found = false;
+  Evaluation best;                  // by the framework
+  Evaluation fastest;               // by predicted step time among fitting layouts
+  std::vector<std::string> reasons;
+};
+Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::vector<Evaluation>& all);
+
+// Tensor-parallel traffic in the seeds' convention: Megatron's f/g operators do 2 all-reduces in forward
+// and 2 in backward per layer, each on the [b, s, h] activation (b s h x bytes); the step's TP traffic is
+// the sum of those payloads: 4 x L x b x s x h x bytes.
+double tp_traffic_bytes(const ModelSpec& m, int batch, int bytes_per_element);
+
+}  // namespace trident::plan

@@ -1,0 +1,371 @@
+#include "trident/train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+#include "trident/data/file_io.h"
+
+namespace trident::train {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimFile = "optimizer.safetensors";
+constexpr const char* kMetaFile = "checkpoint.json";
+constexpr uint64_t kMaxHeader = 100ull << 20;
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string ckpt_name(int64_t step) { return fmt::format("ckpt-{:08d}", step); }
+
+// Step of a "ckpt-NNNNNNNN" folder name, or -1.
+int64_t parse_ckpt_name(const std::string& name) {
+  if (name.size() != 13 || name.rfind("ckpt-", 0) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+}  // namespace
+
+uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                           const std::map<std::string, std::string>& metadata, const std::string& previous_note) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    uint64_t bytes = static_cast<uint64_t>(numel(t.shape)) * 4;
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  uint64_t n = h.size();
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  return io::atomic_write_file(
+      path,
+      [&](io::FileWriter& w) {
+        w.write(len, 8);
+        w.write(h);
+        for (const auto& t : tensors) w.write(t.data, static_cast<size_t>(numel(t.shape)) * 4);
+      },
+      previous_note);
+}
+
+std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  io::MappedFile f(path);
+  auto corrupt = [&](const std::string& why) {
+    TRIDENT_THROW(IoError, "safetensors file '{}' is corrupt or truncated: {}", path, why);
+  };
+  if (f.size() < 8) corrupt(fmt::format("{} bytes, shorter than the 8-byte header length", f.size()));
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(f.data()[i]) << (8 * i);
+  if (n > kMaxHeader || n > f.size() - 8) {
+    corrupt(fmt::format("header length {} exceeds the file size {}", n, f.size()));
+  }
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(f.data()) + 8, n));
+  } catch (const nlohmann::json::exception& e) {
+    corrupt(fmt::format("the JSON header does not parse ({})", e.what()));
+  }
+  if (!header.is_object()) corrupt("the JSON header is not an object");
+  const uint8_t* buf = f.data() + 8 + n;
+  uint64_t buf_size = f.size() - 8 - n;
+  std::map<std::string, Tensor32> out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (metadata != nullptr) {
+        try {
+          *metadata = info.get<std::map<std::string, std::string>>();
+        } catch (const nlohmann::json::exception&) {
+          corrupt("__metadata__ is not a map of strings");
+        }
+      }
+      continue;
+    }
+    std::vector<int64_t> shape;
+    uint64_t b = 0, e = 0;
+    try {
+      std::string dtype = info.at("dtype").get<std::string>();
+      if (dtype != "F32") {
+        TRIDENT_THROW(IoError, "safetensors file '{}': tensor '{}' has dtype {}; trident reads F32 only", path, name,
+                      dtype);
+      }
+      shape = info.at("shape").get<std::vector<int64_t>>();
+      auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
+      if (off.size() != 2) corrupt(fmt::format("tensor '{}' has {} data_offsets, expected 2", name, off.size()));
+      b = off[0];
+      e = off[1];
+    } catch (const nlohmann::json::exception& ex) {
+      corrupt(fmt::format("tensor '{}' has a malformed entry ({})", name, ex.what()));
+    }
+    for (auto d : shape) {
+      if (d < 0) corrupt(fmt::format("tensor '{}' has a negative dimension", name));
+    }
+    if (e < b || e > buf_size) {
+      corrupt(fmt::format("tensor '{}' spans bytes [{}, {}) but the data section has {} bytes", name, b, e, buf_size));
+    }
+    if (e - b != static_cast<uint64_t>(numel(shape)) * 4) {
+      corrupt(fmt::format("tensor '{}' has {} bytes for shape of {} floats", name, e - b, numel(shape)));
+    }
+    Tensor32 t;
+    t.shape = shape;
+    t.data.resize(static_cast<size_t>(numel(shape)));
+    if (!t.data.empty()) std::memcpy(t.data.data(), buf + b, e - b);
+    out.emplace(name, std::move(t));
+    ranges.emplace_back(b, e);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t pos = 0;
+  for (auto [b, e] : ranges) {
+    if (b != pos) corrupt(fmt::format("tensor data overlaps or leaves a hole at byte {}", std::min(b, pos)));
+    pos = e;
+  }
+  if (pos != buf_size) corrupt(fmt::format("the tensors cover {} bytes but the data section has {}", pos, buf_size));
+  return out;
+}
+
+std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
+                            const OptimizerState& opt, int keep) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", out_dir, ec.message());
+  std::string prev;
+  try {
+    prev = find_checkpoint(out_dir);
+  } catch (const Error&) {
+  }
+  std::string note = prev.empty() ? std::string("no earlier checkpoint existed")
+                                  : fmt::format("the previous checkpoint {} is intact", prev);
+  std::string name = ckpt_name(meta.step);
+  fs::path final_dir = fs::path(out_dir) / name;
+  fs::path tmp_dir = fs::path(out_dir) / fmt::format(".{}.tmp.{}", name, ::getpid());
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) TRIDENT_THROW(IoError, "cannot create '{}': {}; {}", tmp_dir.string(), ec.message(), note);
+
+  try {
+    const auto& params = model.parameters();
+    const float* values = model.param_data();
+    std::vector<TensorRef> tensors;
+    bool has_head = false;
+    for (const auto& p : params) {
+      tensors.push_back({p.name, p.shape, values + p.offset});
+      has_head = has_head || p.name == "lm_head.weight";
+    }
+    std::map<std::string, std::string> md{{"format", "pt"}, {"producer", "trident"},
+                                          {"step", std::to_string(meta.step)}};
+    if (!has_head) {
+      for (const auto& p : params) {
+        if (p.name == "transformer.wte.weight" && model.kind() == "gpt") {
+          tensors.push_back({"lm_head.weight", p.shape, values + p.offset});
+          md["tied"] = "lm_head.weight=transformer.wte.weight";
+        }
+      }
+    }
+    nlohmann::json files = nlohmann::json::object();
+    fs::path mpath = tmp_dir / kModelFile;
+    uint64_t h = write_safetensors(mpath.string(), tensors, md, note);
+    files[kModelFile] = {{"bytes", fs::file_size(mpath)}, {"fnv1a64", io::hex64(h)}};
+    if (opt.exp_avg != nullptr) {
+      if (opt.exp_avg->size() != model.num_params() || opt.exp_avg_sq->size() != model.num_params()) {
+        TRIDENT_THROW(InvalidArgument, "optimizer state has {} elements, the model {}", opt.exp_avg->size(),
+                      model.num_params());
+      }
+      std::vector<TensorRef> ot;
+      for (const auto& p : params) ot.push_back({"exp_avg." + p.name, p.shape, opt.exp_avg->data() + p.offset});
+      for (const auto& p : params) ot.push_back({"exp_avg_sq." + p.name, p.shape, opt.exp_avg_sq->data() + p.offset});
+      fs::path opath = tmp_dir / kOptimFile;
+      uint64_t oh = write_safetensors(opath.string(), ot, {{"format", "pt"}, {"optimizer", "adamw"}}, note);
+      files[kOptimFile] = {{"bytes", fs::file_size(opath)}, {"fnv1a64", io::hex64(oh)}};
+    }
+    nlohmann::json j{{"format", "trident-checkpoint"},
+                     {"version", 1},
+                     {"step", meta.step},
+                     {"model", meta.model_config},
+                     {"tokenizer", meta.tokenizer},
+                     {"train_config", meta.train_config},
+                     {"sampler", meta.sampler},
+                     {"rng", meta.rng},
+                     {"trainer", meta.trainer},
+                     {"optimizer", {{"kind", "adamw"}, {"step", meta.optimizer_step}, {"present", opt.exp_avg != nullptr}}},
+                     {"files", files}};
+    io::atomic_write_file((tmp_dir / kMetaFile).string(), [&](io::FileWriter& w) { w.write(j.dump(2) + "\n"); }, note);
+    io::fsync_dir(tmp_dir.string());
+
+    // Move into place. Re-saving an existing step replaces it (the old one is moved aside first).
+    fs::path aside;
+    if (fs::exists(final_dir)) {
+      aside = fs::path(out_dir) / fmt::format(".{}.old.{}", name, ::getpid());
+      fs::remove_all(aside, ec);
+      fs::rename(final_dir, aside);
+    }
+    fs::rename(tmp_dir, final_dir);
+    io::fsync_dir(out_dir);
+    io::atomic_write_file((fs::path(out_dir) / "latest").string(), [&](io::FileWriter& w) { w.write(name + "\n"); },
+                          note);
+    if (!aside.empty()) fs::remove_all(aside, ec);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp_dir, ec);
+    TRIDENT_THROW(IoError, "cannot save checkpoint {} in '{}': {}; {}", name, out_dir, e.what(), note);
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+
+  // Retention: keep the newest `keep` complete checkpoints (never the one just written).
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    int64_t s = parse_ckpt_name(e.path().filename().string());
+    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+  }
+  std::sort(all.begin(), all.end());
+  int excess = static_cast<int>(all.size()) - std::max(keep, 1);
+  for (int i = 0; i < excess; ++i) {
+    if (all[static_cast<size_t>(i)].second != final_dir) fs::remove_all(all[static_cast<size_t>(i)].second, ec);
+  }
+  return final_dir.string();
+}
+
+std::string find_checkpoint(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec) && p.filename() == kMetaFile) return p.parent_path().string();
+  if (!fs::is_directory(p, ec)) {
+    TRIDENT_THROW(InvalidArgument, "checkpoint '{}' does not exist; give a checkpoint folder or an out_dir", path);
+  }
+  if (fs::exists(p / kMetaFile)) return p.string();
+  fs::path latest = p / "latest";
+  if (fs::exists(latest)) {
+    std::string name = io::read_file(latest.string());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    if (parse_ckpt_name(name) < 0 || !fs::exists(p / name / kMetaFile)) {
+      TRIDENT_THROW(IoError, "'{}' names '{}', which is not a complete checkpoint in '{}'", latest.string(), name,
+                    path);
+    }
+    return (p / name).string();
+  }
+  int64_t best = -1;
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    int64_t s = parse_ckpt_name(e.path().filename().string());
+    if (s > best && fs::exists(e.path() / kMetaFile)) best = s;
+  }
+  return best < 0 ? std::string() : (p / ckpt_name(best)).string();
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
+  LoadedCheckpoint out;
+  out.dir = dir;
+  std::string meta_path = (fs::path(dir) / kMetaFile).string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(io::read_file(meta_path));
+  } catch (const nlohmann::json::exception& e) {
+    TRIDENT_THROW(IoError, "checkpoint file '{}' is corrupt: not valid JSON ({})", meta_path, e.what());
+  }
+  try {
+    if (j.at("format") != "trident-checkpoint") {
+      TRIDENT_THROW(IoError, "'{}' is not a trident checkpoint (format {})", meta_path, j.at("format").dump());
+    }
+    if (j.at("version").get<int>() != 1) {
+      TRIDENT_THROW(IoError, "'{}' has checkpoint version {}; this trident reads version 1", meta_path,
+                    j.at("version").get<int>());
+    }
+    auto& m = out.meta;
+    m.step = j.at("step").get<int64_t>();
+    m.model_config = j.at("model");
+    m.tokenizer = j.at("tokenizer");
+    m.train_config = j.value("train_config", nlohmann::json());
+    m.sampler = j.value("sampler", nlohmann::json());
+    m.rng = j.value("rng", nlohmann::json());
+    m.trainer = j.value("trainer", nlohmann::json());
+    m.optimizer_step = j.at("optimizer").at("step").get<int64_t>();
+    m.has_optimizer = j.at("optimizer").value("present", false);
+    for (const auto& [fname, info] : j.at("files").items()) {
+      if (fname != kModelFile && fname != kOptimFile) continue;
+      if (fname == kOptimFile && !with_optimizer) continue;
+      std::string fp = (fs::path(dir) / fname).string();
+      std::error_code ec;
+      if (!fs::exists(fp, ec)) TRIDENT_THROW(IoError, "checkpoint file '{}' is missing", fp);
+      uint64_t want = info.at("bytes").get<uint64_t>();
+      uint64_t have = fs::file_size(fp, ec);
+      if (have != want) {
+        TRIDENT_THROW(IoError, "checkpoint file '{}' has {} bytes but {} records {} (truncated or replaced)", fp, have,
+                      meta_path, want);
+      }
+      std::string sum = io::hex64(io::file_fnv1a64(fp));
+      if (sum != info.at("fnv1a64").get<std::string>()) {
+        TRIDENT_THROW(IoError, "checkpoint file '{}' is corrupt: checksum {} does not match {} recorded in {}", fp, sum,
+                      info.at("fnv1a64").get<std::string>(), meta_path);
+      }
+      if (fname == kModelFile) out.weights = read_safetensors(fp);
+      else out.optimizer = read_safetensors(fp);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    TRIDENT_THROW(IoError, "checkpoint file '{}' is corrupt: {}", meta_path, e.what());
+  }
+  if (out.weights.empty()) TRIDENT_THROW(IoError, "checkpoint '{}' lists no {}", meta_path, kModelFile);
+  if (with_optimizer && out.meta.has_optimizer && out.optimizer.empty()) {
+    TRIDENT_THROW(IoError, "checkpoint '{}' lists no {}", meta_path, kOptimFile);
+  }
+  return out;
+}
+
+void load_weights(nn::Model& model, const std::map<std::string, Tensor32>& weights, const std::string& origin) {
+  const auto& params = model.parameters();
+  float* values = model.param_data();
+  size_t used = 0;
+  for (const auto& p : params) {
+    auto it = weights.find(p.name);
+    if (it == weights.end()) {
+      TRIDENT_THROW(InvalidArgument, "{}: tensor '{}' is missing (the checkpoint is for another model)", origin, p.name);
+    }
+    if (it->second.shape != p.shape) {
+      TRIDENT_THROW(InvalidArgument, "{}: tensor '{}' has shape {} but the model expects {}", origin, p.name,
+                    nlohmann::json(it->second.shape).dump(), nlohmann::json(p.shape).dump());
+    }
+    std::memcpy(values + p.offset, it->second.data.data(), p.numel * sizeof(float));
+    ++used;
+  }
+  for (const auto& [name, t] : weights) {
+    bool known = false;
+    for (const auto& p : params) known = known || p.name == name;
+    if (!known && name != "lm_head.weight") {
+      TRIDENT_THROW(InvalidArgument, "{}: tensor '{}' is not a parameter of this model", origin, name);
+    }
+  }
+}
+
+void load_optimizer_moments(const nn::Model& model, const std::map<std::string, Tensor32>& tensors,
+                            std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq, const std::string& origin) {
+  exp_avg.assign(model.num_params(), 0.0f);
+  exp_avg_sq.assign(model.num_params(), 0.0f);
+  for (const auto& p : model.parameters()) {
+    for (int which = 0; which < 2; ++which) {
+      std::string key = (which == 0 ? "exp_avg." : "exp_avg_sq.") + p.name;
+      auto it = tensors.find(key);
+      if (it == tensors.end()) TRIDENT_THROW(InvalidArgument, "{}: optimizer tensor '{}' is missing", origin, key);
+      if (it->second.shape != p.shape) {
+        TRIDENT_THROW(InvalidArgument, "{}: optimizer tensor '{}' has the wrong shape", origin, key);
+      }
+      std::memcpy((which == 0 ? exp_avg : exp_avg_sq).data() + p.offset, it->second.data.data(),
+                  p.numel * sizeof(float));
+    }
+  }
+}
+
+}  // namespace trident::train

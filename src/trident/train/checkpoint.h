@@ -1,0 +1,95 @@
+// Checkpoints: safetensors weights that PyTorch loads directly, plus everything needed to resume.
+//
+// Layout in out_dir:
+//   ckpt-<step:08>/model.safetensors      weights, nanoGPT names, PyTorch layout, F32. For a GPT with a tied
+//                                         head, "lm_head.weight" is written as a copy of
+//                                         "transformer.wte.weight" so GPT.load_state_dict() is strict-clean.
+//   ckpt-<step:08>/optimizer.safetensors  AdamW moments per parameter: "exp_avg.<name>", "exp_avg_sq.<name>"
+//   ckpt-<step:08>/checkpoint.json        step, model config, tokenizer, train config, optimizer step count,
+//                                         data sampler position and RNG state, trainer state, and the size and
+//                                         FNV-1a 64 checksum of each file above (verified at load)
+//   latest                                the name of the newest complete checkpoint folder
+// A checkpoint is built in a hidden temporary folder (every file fsync'ed), renamed into place, the folder
+// fsync'ed, and only then is `latest` replaced (atomically) and older checkpoints beyond `keep` removed.
+// A crash or a full disk at any point leaves the previous checkpoint intact and `latest` naming it.
+//
+// Ownership: functions copy what they need; no state. Blocking: synchronous file I/O.
+// Thread-safety: do not save into one out_dir from two threads. No timeouts (local files).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/nn/model.h"
+
+namespace trident::train {
+
+// --- safetensors ----------------------------------------------------------------------------------------
+struct TensorRef {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+struct Tensor32 {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+// Writes a safetensors file (8-byte little-endian header length, JSON header padded with spaces to a
+// multiple of 8, F32 tensors contiguous in the given order) atomically. Returns the file's FNV-1a 64.
+uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::string& previous_note = "the previous file, if any, is intact");
+// Reads and validates a safetensors file (F32 only); throws IoError naming the file and what is wrong
+// (truncated, header out of bounds, bad JSON, offsets that overlap or leave holes, unsupported dtype).
+std::map<std::string, Tensor32> read_safetensors(const std::string& path,
+                                                 std::map<std::string, std::string>* metadata = nullptr);
+
+// --- checkpoints ------------------------------------------------------------------------------------------
+struct CheckpointMeta {
+  int64_t step = 0;                   // optimizer steps completed
+  nlohmann::json model_config;        // Model::config()
+  nlohmann::json tokenizer;           // Tokenizer::to_json()
+  nlohmann::json train_config;        // TrainConfig::to_json()
+  nlohmann::json sampler;             // data position (TrainSampler::state)
+  nlohmann::json rng;                 // RNG states
+  nlohmann::json trainer;             // trainer bookkeeping (best val loss, elapsed, tokens, ...)
+  int64_t optimizer_step = 0;         // AdamW step count
+  bool has_optimizer = false;
+};
+
+struct OptimizerState {
+  const std::vector<float>* exp_avg = nullptr;     // flat, model layout
+  const std::vector<float>* exp_avg_sq = nullptr;
+};
+
+// Saves a checkpoint of `model` (and the optimizer moments when given) as ckpt-<meta.step> in out_dir;
+// keeps the newest `keep` checkpoints. Returns the checkpoint folder. Throws IoError (ENOSPC: says that
+// the previous checkpoint is intact).
+std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
+                            const OptimizerState& opt, int keep = 1);
+
+// Finds a checkpoint folder from a path that is a checkpoint folder, its checkpoint.json, or an out_dir
+// (its `latest`, else its highest-step ckpt-* folder). Returns "" when an out_dir has none.
+std::string find_checkpoint(const std::string& path);
+
+struct LoadedCheckpoint {
+  std::string dir;
+  CheckpointMeta meta;
+  std::map<std::string, Tensor32> weights;
+  std::map<std::string, Tensor32> optimizer;  // empty when the checkpoint has none
+};
+// Reads a checkpoint folder, verifying every file's size and checksum; throws IoError naming the file.
+LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer = true);
+
+// Copies weights into the model's flat buffer; throws InvalidArgument naming a missing, extra or
+// mis-shaped tensor.
+void load_weights(nn::Model& model, const std::map<std::string, Tensor32>& weights, const std::string& origin);
+// Rebuilds flat moment buffers (model layout, padding zero) from a loaded optimizer file.
+void load_optimizer_moments(const nn::Model& model, const std::map<std::string, Tensor32>& tensors,
+                            std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq, const std::string& origin);
+
+}  // namespace trident::train

@@ -1,0 +1,349 @@
+#include "trident/train/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <variant>
+
+#include "trident/core/error.h"
+#include "trident/data/file_io.h"
+
+namespace trident::train {
+namespace {
+
+using Member = std::variant<int TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
+                            std::string TrainConfig::*>;
+
+struct Key {
+  const char* name;
+  Member member;
+  const char* allowed;  // "a|b|c" for strings; ">=N" / ">N" for numbers; "" = any
+  const char* help;
+};
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      {"out_dir", &TrainConfig::out_dir, "", "folder for checkpoints, metrics.jsonl and the token cache"},
+      {"data", &TrainConfig::data, "", "text file or folder of text files to train on"},
+      {"tokenizer", &TrainConfig::tokenizer, "char|byte", "char: sorted characters of the corpus; byte: 256"},
+      {"cache_dir", &TrainConfig::cache_dir, "", "token cache folder (empty: <out_dir>/cache)"},
+      {"sampler", &TrainConfig::sampler, "random|epoch", "random windows (nanoGPT) or shuffled epochs"},
+      {"eval_interval", &TrainConfig::eval_interval, ">=1", "evaluate every N steps"},
+      {"log_interval", &TrainConfig::log_interval, ">=1", "plain progress line every N steps (not on a terminal)"},
+      {"eval_iters", &TrainConfig::eval_iters, ">=1", "batches per split in each evaluation"},
+      {"eval_only", &TrainConfig::eval_only, "", "evaluate once and exit"},
+      {"always_save_checkpoint", &TrainConfig::always_save_checkpoint, "", "save at every evaluation"},
+      {"checkpoint_interval", &TrainConfig::checkpoint_interval, ">=0", "also save every N steps (0: off)"},
+      {"keep_checkpoints", &TrainConfig::keep_checkpoints, ">=1", "checkpoints kept in out_dir"},
+      {"resume", &TrainConfig::resume, "", "continue from the latest checkpoint in out_dir"},
+      {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
+      {"model", &TrainConfig::model, "gpt|mlp", "model architecture"},
+      {"n_layer", &TrainConfig::n_layer, ">=1", "transformer blocks (mlp: hidden layers)"},
+      {"n_head", &TrainConfig::n_head, ">=1", "attention heads"},
+      {"n_embd", &TrainConfig::n_embd, ">=1", "embedding width"},
+      {"block_size", &TrainConfig::block_size, ">=1", "context length T"},
+      {"dropout", &TrainConfig::dropout, ">=0", "dropout probability"},
+      {"bias", &TrainConfig::bias, "", "biases in Linear and LayerNorm layers"},
+      {"gelu", &TrainConfig::gelu, "exact|tanh", "GELU form (exact = nn.GELU)"},
+      {"activation_checkpointing", &TrainConfig::activation_checkpointing, "", "recompute blocks in backward"},
+      {"batch_size", &TrainConfig::batch_size, ">=1", "sequences per micro-step, per rank"},
+      {"gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps, ">=1", "micro-steps per step"},
+      {"max_iters", &TrainConfig::max_iters, ">=0", "optimizer steps"},
+      {"learning_rate", &TrainConfig::learning_rate, ">0", "peak learning rate"},
+      {"weight_decay", &TrainConfig::weight_decay, ">=0", "AdamW weight decay (2-D weights only)"},
+      {"beta1", &TrainConfig::beta1, "[0,1)", "AdamW beta1"},
+      {"beta2", &TrainConfig::beta2, "[0,1)", "AdamW beta2"},
+      {"grad_clip", &TrainConfig::grad_clip, ">=0", "clip the global gradient norm (0: off)"},
+      {"decay_lr", &TrainConfig::decay_lr, "", "warmup + cosine decay (else constant learning_rate)"},
+      {"warmup_iters", &TrainConfig::warmup_iters, ">=0", "linear warmup steps"},
+      {"lr_decay_iters", &TrainConfig::lr_decay_iters, ">=1", "step where the cosine reaches min_lr"},
+      {"min_lr", &TrainConfig::min_lr, ">=0", "final learning rate"},
+      {"seed", &TrainConfig::seed, ">=0", "seed of initialization and data sampling"},
+      {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
+      {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
+      {"sample_tokens", &TrainConfig::sample_tokens, ">=0", "length of the sample printed at the end"},
+      {"temperature", &TrainConfig::temperature, ">=0", "sampling temperature (0: greedy)"},
+      {"top_k", &TrainConfig::top_k, ">=0", "sample among the k likeliest tokens (0: all)"},
+  };
+  return k;
+}
+
+std::string normalize(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const Key& find_key(const std::string& raw, const std::string& origin) {
+  std::string name = normalize(raw);
+  for (const auto& k : keys()) {
+    if (name == k.name) return k;
+  }
+  const Key* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const auto& k : keys()) {
+    size_t d = edit_distance(name, k.name);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  std::string hint;
+  if (best != nullptr && best_d <= std::max<size_t>(2, name.size() / 3)) {
+    hint = fmt::format(" (did you mean '{}'?)", best->name);
+  } else {
+    hint = "; run `trident train --help` for the list of keys";
+  }
+  TRIDENT_THROW(InvalidArgument, "unknown config key '{}'{}{}", raw, origin.empty() ? "" : " in " + origin, hint);
+}
+
+const char* type_name(const Member& m) {
+  switch (m.index()) {
+    case 0:
+    case 1: return "int";
+    case 2: return "float";
+    case 3: return "bool";
+    default: return "string";
+  }
+}
+
+[[noreturn]] void bad_value(const Key& k, const std::string& text, const std::string& origin, const std::string& want) {
+  TRIDENT_THROW(InvalidArgument, "bad value '{}' for config key '{}'{}: expected {}", text, k.name,
+                origin.empty() ? "" : " in " + origin, want);
+}
+
+std::string want_text(const Key& k) {
+  std::string t = type_name(k.member);
+  std::string allowed = k.allowed;
+  if (t == "string") return allowed.empty() ? "a string" : "one of " + allowed;
+  if (t == "bool") return "a boolean (true/false, 1/0, yes/no, on/off)";
+  std::string what = t == "int" ? "an integer" : "a number";
+  return allowed.empty() ? what : what + " " + allowed;
+}
+
+// Checks a numeric value against the key's range text (">=N", ">N", "[a,b)").
+void check_range(const Key& k, double v, const std::string& text, const std::string& origin) {
+  std::string a = k.allowed;
+  bool ok = true;
+  if (!std::isfinite(v)) ok = false;
+  else if (a.rfind(">=", 0) == 0) ok = v >= std::strtod(a.c_str() + 2, nullptr);
+  else if (a.rfind(">", 0) == 0) ok = v > std::strtod(a.c_str() + 1, nullptr);
+  else if (a == "[0,1)") ok = v >= 0 && v < 1;
+  if (!ok) bad_value(k, text, origin, want_text(k));
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (l == "true" || l == "1" || l == "yes" || l == "on") return out = true, true;
+  if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
+  return false;
+}
+
+void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, const std::string& origin) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(cfg.*member)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          bool b;
+          if (!parse_bool(text, b)) bad_value(k, text, origin, want_text(k));
+          cfg.*member = b;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          std::string allowed = k.allowed;
+          if (!allowed.empty()) {
+            bool ok = false;
+            size_t pos = 0;
+            while (pos <= allowed.size()) {
+              size_t bar = allowed.find('|', pos);
+              if (bar == std::string::npos) bar = allowed.size();
+              if (allowed.compare(pos, bar - pos, text) == 0 && bar - pos == text.size()) ok = true;
+              pos = bar + 1;
+            }
+            if (!ok) bad_value(k, text, origin, want_text(k));
+          }
+          cfg.*member = text;
+        } else if constexpr (std::is_same_v<T, double>) {
+          char* end = nullptr;
+          double v = std::strtod(text.c_str(), &end);
+          if (text.empty() || end != text.c_str() + text.size()) bad_value(k, text, origin, want_text(k));
+          check_range(k, v, text, origin);
+          cfg.*member = v;
+        } else {
+          T v{};
+          auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (text.empty() || ec != std::errc() || p != text.data() + text.size()) {
+            bad_value(k, text, origin, want_text(k));
+          }
+          check_range(k, static_cast<double>(v), text, origin);
+          cfg.*member = v;
+        }
+      },
+      k.member);
+}
+
+}  // namespace
+
+const std::vector<ConfigKeyInfo>& config_keys() {
+  static const std::vector<ConfigKeyInfo> out = [] {
+    std::vector<ConfigKeyInfo> v;
+    for (const auto& k : keys()) v.push_back({k.name, type_name(k.member), k.allowed, k.help});
+    return v;
+  }();
+  return out;
+}
+
+std::string config_help() {
+  TrainConfig d;
+  nlohmann::json j = d.to_json();
+  std::string out = "Config keys (--key value, --key=value, dashes or underscores; or a JSON file with --config FILE):\n";
+  for (const auto& k : keys()) {
+    std::string def = j[k.name].dump();
+    std::string allowed = k.allowed[0] ? fmt::format(" [{}]", k.allowed) : "";
+    out += fmt::format("  --{:<28} {:<6} default {}{}: {}\n", k.name, type_name(k.member), def, allowed, k.help);
+  }
+  return out;
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& k : keys()) {
+    std::visit([&](auto member) { j[k.name] = this->*member; }, k.member);
+  }
+  return j;
+}
+
+void TrainConfig::validate() const {
+  if (model == "gpt" && n_embd % n_head != 0) {
+    TRIDENT_THROW(InvalidArgument, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
+  }
+  if (min_lr > learning_rate) TRIDENT_THROW(InvalidArgument, "min_lr ({}) must not exceed learning_rate ({})", min_lr, learning_rate);
+  if (decay_lr && warmup_iters > lr_decay_iters) {
+    TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
+  }
+  if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
+}
+
+void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text) {
+  set_from_text(cfg, find_key(key, ""), text, "");
+}
+
+void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object()) TRIDENT_THROW(InvalidArgument, "{}: a config must be a JSON object of keys", origin);
+  for (const auto& [raw, v] : j.items()) {
+    const Key& k = find_key(raw, origin);
+    std::string type = type_name(k.member);
+    std::string text;
+    if (type == "bool") {
+      if (!v.is_boolean()) bad_value(k, v.dump(), origin, want_text(k));
+      text = v.get<bool>() ? "true" : "false";
+    } else if (type == "string") {
+      if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
+      text = v.get<std::string>();
+    } else if (type == "int") {
+      if (v.is_number_integer()) text = v.dump();
+      else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9e15)
+        text = std::to_string(static_cast<int64_t>(v.get<double>()));
+      else bad_value(k, v.dump(), origin, want_text(k));
+    } else {
+      if (!v.is_number()) bad_value(k, v.dump(), origin, want_text(k));
+      text = fmt::format("{}", v.get<double>());
+    }
+    set_from_text(cfg, k, text, origin);
+  }
+}
+
+void apply_config_file(TrainConfig& cfg, const std::string& path) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".toml") == 0) {
+    TRIDENT_THROW(InvalidArgument,
+                  "config file '{}': TOML is not supported (no TOML library among trident's Debian dependencies); "
+                  "write the same keys as a JSON object",
+                  path);
+  }
+  std::string text = io::read_file(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    TRIDENT_THROW(InvalidArgument, "config file '{}' is not valid JSON: {}", path, e.what());
+  }
+  apply_config_json(cfg, j, "'" + path + "'");
+}
+
+TrainConfig parse_train_args(const std::vector<std::string>& args) {
+  TrainConfig cfg;
+  struct Item {
+    std::string key, value;
+    bool has_value;
+  };
+  std::vector<Item> items;
+  std::vector<std::string> config_files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.size() < 3 || a.rfind("--", 0) != 0) {
+      TRIDENT_THROW(InvalidArgument, "unexpected argument '{}'; config keys are given as --key value or --key=value",
+                    a);
+    }
+    std::string body = a.substr(2);
+    size_t eq = body.find('=');
+    Item it;
+    it.key = normalize(eq == std::string::npos ? body : body.substr(0, eq));
+    it.has_value = eq != std::string::npos;
+    if (it.has_value) it.value = body.substr(eq + 1);
+    if (it.key == "config") {
+      if (!it.has_value) {
+        if (i + 1 >= args.size()) TRIDENT_THROW(InvalidArgument, "--config needs a file name");
+        it.value = args[++i];
+      }
+      config_files.push_back(it.value);
+      continue;
+    }
+    const Key& k = find_key(it.key, "");
+    if (!it.has_value) {
+      bool dummy;
+      bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+      if (std::string(type_name(k.member)) == "bool") {
+        // A bare boolean flag means true; a following true/false literal is its value.
+        if (next_is_value && parse_bool(args[i + 1], dummy)) it.value = args[++i];
+        else it.value = "true";
+      } else {
+        if (i + 1 >= args.size()) {
+          TRIDENT_THROW(InvalidArgument, "--{} needs a value: expected {}", k.name, want_text(k));
+        }
+        it.value = args[++i];
+      }
+    }
+    it.key = k.name;
+    items.push_back(std::move(it));
+  }
+  for (const auto& f : config_files) apply_config_file(cfg, f);
+  for (const auto& it : items) set_from_text(cfg, find_key(it.key, ""), it.value, "--" + it.key);
+  cfg.validate();
+  return cfg;
+}
+
+nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
+  return nlohmann::json{{"kind", cfg.model},
+                        {"n_layer", cfg.n_layer},
+                        {"n_head", cfg.n_head},
+                        {"n_embd", cfg.n_embd},
+                        {"block_size", cfg.block_size},
+                        {"vocab_size", vocab_size},
+                        {"bias", cfg.bias},
+                        {"dropout", cfg.dropout},
+                        {"gelu", cfg.gelu},
+                        {"activation_checkpointing", cfg.activation_checkpointing},
+                        {"seed", cfg.seed},
+                        {"dtype", cfg.dtype}};
+}
+
+}  // namespace trident::train

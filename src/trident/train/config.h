@@ -1,0 +1,97 @@
+// The training configuration: nanoGPT's keys (train.py / config/train_shakespeare_char.py) plus trident's.
+//
+// Sources, later ones win: built-in defaults (nanoGPT's shakespeare_char configuration in its documented
+// CPU form), a JSON file (`--config FILE`), then command-line flags `--key value` or `--key=value`
+// (dashes and underscores alike; a boolean flag alone means true). TOML is not supported: Debian ships
+// no C++ TOML library among trident's dependencies, so a .toml file is refused with that explanation.
+// Unknown keys and bad values throw InvalidArgument naming the key and what is allowed (with a
+// "did you mean" suggestion for near-misses).
+//
+// Ownership: value type. Blocking: parse_* read the config file. Thread-safety: no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trident::train {
+
+struct TrainConfig {
+  // I/O
+  std::string out_dir = "out";
+  std::string data = "/usr/share/games/fortunes";
+  std::string tokenizer = "char";      // char | byte
+  std::string cache_dir;               // "" = <out_dir>/cache
+  std::string sampler = "random";      // random (nanoGPT get_batch) | epoch
+  int eval_interval = 250;
+  int log_interval = 1;
+  int eval_iters = 20;
+  bool eval_only = false;
+  bool always_save_checkpoint = false;
+  int checkpoint_interval = 0;         // also save every N steps (0 = only on eval improvement and at the end)
+  int keep_checkpoints = 1;            // completed checkpoints kept in out_dir (oldest removed first)
+  bool resume = false;                 // continue from the latest checkpoint in out_dir
+  bool json = false;                   // stream metrics records to stdout instead of the progress line
+  // model
+  std::string model = "gpt";           // gpt | mlp
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int block_size = 64;
+  double dropout = 0.0;
+  bool bias = false;
+  std::string gelu = "exact";          // exact | tanh
+  bool activation_checkpointing = false;
+  // optimizer and schedule
+  int batch_size = 12;                 // per rank
+  int gradient_accumulation_steps = 1;
+  int max_iters = 2000;
+  double learning_rate = 1e-3;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double grad_clip = 1.0;              // 0 = no clipping
+  bool decay_lr = true;
+  int warmup_iters = 100;
+  int lr_decay_iters = 2000;
+  double min_lr = 1e-4;
+  // system
+  int64_t seed = 1337;
+  int threads = 0;                     // 0 = what the process is given
+  std::string dtype = "float32";       // float32 | bfloat16
+  // the sample printed at the end
+  int sample_tokens = 200;
+  double temperature = 0.8;
+  int top_k = 200;
+
+  nlohmann::json to_json() const;
+  // Cross-key checks (n_embd divisible by n_head, min_lr <= learning_rate, ...); throws InvalidArgument.
+  void validate() const;
+};
+
+struct ConfigKeyInfo {
+  std::string name;
+  std::string type;     // "int" | "float" | "bool" | "string"
+  std::string allowed;  // e.g. "char|byte", ">= 1"
+  std::string help;
+};
+const std::vector<ConfigKeyInfo>& config_keys();
+// One line per key with its default, for --help.
+std::string config_help();
+
+// Sets one key from its command-line text (key with dashes or underscores). Throws InvalidArgument.
+void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text);
+// Applies a JSON object of keys; `origin` names the source in errors (e.g. the file name).
+void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin);
+// Reads a JSON config file and applies it.
+void apply_config_file(TrainConfig& cfg, const std::string& path);
+// Parses command-line arguments (everything after `trident train`): `--config FILE` is applied first,
+// then every `--key value` / `--key=value` in order; then validate().
+TrainConfig parse_train_args(const std::vector<std::string>& args);
+
+// The model config handed to nn::make_model.
+nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size);
+
+}  // namespace trident::train

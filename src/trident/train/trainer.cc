@@ -1,0 +1,351 @@
+#include "trident/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "trident/core/error.h"
+#include "trident/core/log.h"
+#include "trident/data/file_io.h"
+#include "trident/data/rng.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/nn/models.h"
+#include "trident/optim/schedule.h"
+#include "trident/train/generate.h"
+
+namespace trident::train {
+namespace fs = std::filesystem;
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string fmt_rate(double r) {
+  if (r >= 1e6) return fmt::format("{:.2f}M", r / 1e6);
+  if (r >= 1e3) return fmt::format("{:.1f}k", r / 1e3);
+  return fmt::format("{:.0f}", r);
+}
+
+// Keys whose change makes a checkpoint unusable for --resume (the model and what defines the batches).
+void check_resume_compatible(const TrainConfig& cfg, const nlohmann::json& saved, const std::string& dir) {
+  if (!saved.is_object()) return;
+  nlohmann::json now = cfg.to_json();
+  for (const char* key : {"model", "n_layer", "n_head", "n_embd", "block_size", "bias", "gelu", "tokenizer",
+                          "batch_size", "gradient_accumulation_steps", "seed", "sampler", "dtype"}) {
+    if (saved.contains(key) && saved[key] != now[key]) {
+      TRIDENT_THROW(InvalidArgument,
+                    "--resume: this run has {}={} but the checkpoint {} was trained with {}={}; use the same value "
+                    "(or a new out_dir to start over)",
+                    key, now[key].dump(), dir, key, saved[key].dump());
+    }
+  }
+}
+}  // namespace
+
+std::unique_ptr<nn::Model> model_from_checkpoint(
+    const LoadedCheckpoint& ckpt, const std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)>& make) {
+  auto model = make ? make(ckpt.meta.model_config) : nn::make_model(ckpt.meta.model_config);
+  load_weights(*model, ckpt.weights, ckpt.dir);
+  return model;
+}
+
+Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
+  cfg_.validate();
+  if (!hooks_.make_model) hooks_.make_model = [](const nlohmann::json& j) { return nn::make_model(j); };
+  if (!hooks_.average) hooks_.average = [](double v) { return v; };
+  if (hooks_.out == nullptr) hooks_.out = stdout;
+  tty_ = !cfg_.json && ::isatty(::fileno(hooks_.out)) != 0;
+  if (cfg_.threads > 0) kernels::cpu::set_num_threads(cfg_.threads);
+
+  std::optional<LoadedCheckpoint> ckpt;
+  if (cfg_.resume) {
+    std::string dir = find_checkpoint(cfg_.out_dir);
+    if (dir.empty()) {
+      TRIDENT_THROW(InvalidArgument, "--resume: no checkpoint in out_dir '{}'; train without --resume first",
+                    cfg_.out_dir);
+    }
+    ckpt = load_checkpoint(dir, true);
+    check_resume_compatible(cfg_, ckpt->meta.train_config, dir);
+  }
+
+  data::DatasetOptions dopts;
+  dopts.source = cfg_.data;
+  dopts.tokenizer = data::parse_tokenizer_kind(cfg_.tokenizer);
+  if (ckpt) dopts.tokenizer_override = data::Tokenizer::from_json(ckpt->meta.tokenizer);
+  dopts.cache_dir = cfg_.cache_dir.empty() ? (fs::path(cfg_.out_dir) / "cache").string() : cfg_.cache_dir;
+  dataset_ = data::TokenDataset::open(dopts);
+
+  const int vocab = dataset_->tokenizer().vocab_size();
+  model_ = hooks_.make_model(model_config_json(cfg_, vocab));
+  optim::AdamWConfig ac;
+  ac.lr = static_cast<float>(cfg_.learning_rate);
+  ac.beta1 = static_cast<float>(cfg_.beta1);
+  ac.beta2 = static_cast<float>(cfg_.beta2);
+  ac.weight_decay = static_cast<float>(cfg_.weight_decay);
+  opt_ = std::make_unique<optim::AdamW>(*model_, ac);
+
+  const int global_batch = cfg_.batch_size * hooks_.world;
+  sampler_ = std::make_unique<data::TrainSampler>(data::parse_sampler_kind(cfg_.sampler),
+                                                   dataset_->span(data::Split::kTrain), cfg_.block_size,
+                                                   static_cast<uint64_t>(cfg_.seed),
+                                                   cfg_.gradient_accumulation_steps, global_batch);
+  eval_train_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kTrain), cfg_.block_size,
+                                                            static_cast<uint64_t>(cfg_.seed), data::kStreamEvalTrain);
+  eval_val_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kVal), cfg_.block_size,
+                                                          static_cast<uint64_t>(cfg_.seed), data::kStreamEvalVal);
+
+  if (ckpt) {
+    load_weights(*model_, ckpt->weights, ckpt->dir);
+    if (ckpt->meta.has_optimizer) {
+      std::vector<float> m, v;
+      load_optimizer_moments(*model_, ckpt->optimizer, m, v, ckpt->dir);
+      opt_->load_state(m, v, ckpt->meta.optimizer_step);
+    }
+    sampler_->check_state(ckpt->meta.sampler);
+    start_step_ = ckpt->meta.step;
+    const auto& t = ckpt->meta.trainer;
+    evaluated_at_ = t.value("evaluated_at", int64_t{-1});
+    best_val_ = t.value("best_val_loss", 1e9);
+    elapsed_before_ = t.value("train_seconds", 0.0);
+    tokens_before_ = t.value("train_tokens", 0.0);
+    if (hooks_.rank == 0) log_info("resuming from {} at step {}", ckpt->dir, start_step_);
+  }
+
+  if (hooks_.rank == 0) {
+    std::error_code ec;
+    fs::create_directories(cfg_.out_dir, ec);
+    if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", cfg_.out_dir, ec.message());
+    std::string mpath = (fs::path(cfg_.out_dir) / "metrics.jsonl").string();
+    // On resume keep the records of the steps the checkpoint covers (a crashed run may have logged more).
+    std::string kept;
+    if (ckpt && fs::exists(mpath)) {
+      std::ifstream in(mpath);
+      std::string line;
+      while (std::getline(in, line)) {
+        try {
+          auto r = nlohmann::json::parse(line);
+          int64_t s = r.value("step", int64_t{-1});
+          bool keep = r.value("type", "") == "eval" ? s <= evaluated_at_ && s <= start_step_ : s < start_step_;
+          if (keep) kept += line + "\n";
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+    }
+    metrics_ = std::fopen(mpath.c_str(), "w");
+    if (metrics_ == nullptr) TRIDENT_THROW(IoError, "cannot write '{}': {}", mpath, detail::errno_string(errno));
+    std::fputs(kept.c_str(), metrics_);
+    std::fflush(metrics_);
+  }
+}
+
+Trainer::~Trainer() {
+  if (metrics_ != nullptr) std::fclose(metrics_);
+}
+
+void Trainer::emit(const nlohmann::json& rec) {
+  if (hooks_.rank != 0) return;
+  std::string line = rec.dump() + "\n";
+  std::fputs(line.c_str(), metrics_);
+  std::fflush(metrics_);
+  if (cfg_.json) {
+    std::fputs(line.c_str(), hooks_.out);
+    std::fflush(hooks_.out);
+  }
+}
+
+void Trainer::progress(int64_t step, double loss, double lr, double tps, double eta_s) {
+  if (hooks_.rank != 0 || cfg_.json) return;
+  std::string text = fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}", step + 1,
+                                 cfg_.max_iters, loss, lr, fmt_rate(tps), fmt_duration(eta_s));
+  if (tty_) {
+    std::fprintf(hooks_.out, "\r%s\x1b[K", text.c_str());
+    line_open_ = true;
+  } else if ((step + 1) % cfg_.log_interval == 0 || step + 1 == cfg_.max_iters) {
+    std::fprintf(hooks_.out, "%s\n", text.c_str());
+  }
+  std::fflush(hooks_.out);
+}
+
+double Trainer::estimate_loss(data::Split split, int64_t step) {
+  const int B = cfg_.batch_size, T = cfg_.block_size;
+  const int global_batch = B * hooks_.world;
+  auto& s = split == data::Split::kTrain ? *eval_train_ : *eval_val_;
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  double sum = 0;
+  for (int k = 0; k < cfg_.eval_iters; ++k) {
+    s.sample_batch(step, k, global_batch, hooks_.rank * B, B, x.data(), y.data());
+    sum += model_->forward_backward(x.data(), y.data(), B, T, false);
+  }
+  return hooks_.average(sum / cfg_.eval_iters);
+}
+
+std::string Trainer::save(int64_t step) {
+  if (hooks_.rank != 0) return {};
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.model_config = model_->config();
+  meta.tokenizer = dataset_->tokenizer().to_json();
+  meta.train_config = cfg_.to_json();
+  meta.sampler = sampler_->state(step);
+  meta.rng = {{"data", data::Rng(static_cast<uint64_t>(cfg_.seed), data::kStreamTrain).state()},
+              {"note", "batches are counter-based: (seed, step, micro) determine them"}};
+  meta.optimizer_step = opt_->step_count();
+  meta.has_optimizer = true;
+  meta.trainer = {{"evaluated_at", evaluated_at_},
+                  {"best_val_loss", best_val_},
+                  {"train_seconds", elapsed_before_ + run_seconds_},
+                  {"train_tokens", tokens_before_ + run_tokens_},
+                  {"source_checksum", io::hex64(dataset_->source_checksum())}};
+  OptimizerState os{&opt_->exp_avg(), &opt_->exp_avg_sq()};
+  return save_checkpoint(cfg_.out_dir, *model_, meta, os, cfg_.keep_checkpoints);
+}
+
+TrainResult Trainer::run() {
+  TrainResult res;
+  const int B = cfg_.batch_size, T = cfg_.block_size, accum = cfg_.gradient_accumulation_steps;
+  const double tokens_per_step = static_cast<double>(B) * T * accum * hooks_.world;
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  int64_t it = start_step_;
+  int64_t last_saved = cfg_.resume ? start_step_ : -1;
+  double ema_step = 0;
+  run_seconds_ = 0;
+  run_tokens_ = 0;
+  const Clock::time_point t_start = Clock::now();
+  auto close_line = [&] {
+    if (line_open_) {
+      std::fputs("\n", hooks_.out);
+      line_open_ = false;
+    }
+  };
+
+  for (;;) {
+    bool eval_now = it % cfg_.eval_interval == 0 || it >= cfg_.max_iters || cfg_.eval_only;
+    if (eval_now && evaluated_at_ != it) {
+      double tl = estimate_loss(data::Split::kTrain, it);
+      double vl = estimate_loss(data::Split::kVal, it);
+      evaluated_at_ = it;
+      res.train_loss = tl;
+      res.val_loss = vl;
+      emit({{"type", "eval"}, {"step", it}, {"train_loss", tl}, {"val_loss", vl}});
+      if (hooks_.rank == 0 && !cfg_.json) {
+        close_line();
+        std::fprintf(hooks_.out, "step %lld: train loss %.4f, val loss %.4f\n", static_cast<long long>(it), tl, vl);
+        std::fflush(hooks_.out);
+      }
+      bool improved = vl < best_val_;
+      if (improved) best_val_ = vl;
+      if ((improved || cfg_.always_save_checkpoint) && it > 0 && !cfg_.eval_only) {
+        res.last_checkpoint = save(it);
+        last_saved = it;
+      }
+    }
+    if (cfg_.eval_only || it >= cfg_.max_iters) break;
+
+    const Clock::time_point t0 = Clock::now();
+    double lr = cfg_.decay_lr ? optim::lr_at(static_cast<int>(it), cfg_.warmup_iters, cfg_.lr_decay_iters,
+                                             static_cast<float>(cfg_.learning_rate), static_cast<float>(cfg_.min_lr))
+                              : cfg_.learning_rate;
+    model_->zero_grad();
+    double loss_sum = 0;
+    for (int micro = 0; micro < accum; ++micro) {
+      sampler_->sample(it, micro, hooks_.rank * B, B, x.data(), y.data());
+      loss_sum += model_->forward_backward(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
+    }
+    if (hooks_.after_backward) hooks_.after_backward(*model_);
+    if (cfg_.grad_clip > 0) optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
+    opt_->step(static_cast<float>(lr));
+    double loss = hooks_.average(loss_sum / accum);
+    double dt = seconds_since(t0);
+    run_seconds_ += dt;
+    run_tokens_ += tokens_per_step;
+    ema_step = ema_step == 0 ? dt : 0.9 * ema_step + 0.1 * dt;
+    res.losses.push_back(loss);
+    emit({{"type", "step"},
+          {"step", it},
+          {"loss", loss},
+          {"lr", lr},
+          {"tokens_per_s", tokens_per_step / dt},
+          {"elapsed", seconds_since(t_start)}});
+    progress(it, loss, lr, tokens_per_step / ema_step, ema_step * static_cast<double>(cfg_.max_iters - it - 1));
+    ++it;
+    if (cfg_.checkpoint_interval > 0 && it % cfg_.checkpoint_interval == 0 && it < cfg_.max_iters) {
+      res.last_checkpoint = save(it);
+      last_saved = it;
+    }
+  }
+  close_line();
+  res.steps = it;
+  if (!cfg_.eval_only && last_saved != it && cfg_.max_iters > 0) res.last_checkpoint = save(it);
+  // Tokens/s of this call's training steps (evaluation and checkpoints not counted).
+  res.tokens_per_s = run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0;
+
+  if (cfg_.sample_tokens > 0 && hooks_.rank == 0) {
+    const auto& tok = dataset_->tokenizer();
+    std::vector<int32_t> ctx;
+    try {
+      ctx = tok.encode("\n");
+    } catch (const InvalidArgument&) {
+      ctx = {0};
+    }
+    GenerateOptions g;
+    g.max_new_tokens = cfg_.sample_tokens;
+    g.temperature = cfg_.temperature;
+    g.top_k = cfg_.top_k;
+    g.seed = static_cast<uint64_t>(cfg_.seed);
+    auto out = generate(*model_, cfg_.block_size, tok.vocab_size(), ctx, g);
+    res.sample = tok.decode(out.data() + ctx.size(), out.size() - ctx.size());
+  }
+  if (hooks_.rank == 0) {
+    if (cfg_.json) {
+      emit({{"type", "final"},
+            {"step", it},
+            {"val_loss", res.val_loss},
+            {"train_loss", res.train_loss},
+            {"tokens_per_s", res.tokens_per_s},
+            {"sample", res.sample},
+            {"checkpoint", res.last_checkpoint}});
+    } else {
+      std::fprintf(hooks_.out, "done: %lld steps | val loss %.4f | train loss %.4f | %s tokens/s\n",
+                   static_cast<long long>(it), res.val_loss, res.train_loss, fmt_rate(res.tokens_per_s).c_str());
+      if (!res.last_checkpoint.empty()) std::fprintf(hooks_.out, "checkpoint: %s\n", res.last_checkpoint.c_str());
+      if (!res.sample.empty()) std::fprintf(hooks_.out, "sample:\n%s\n", res.sample.c_str());
+      std::fflush(hooks_.out);
+    }
+  }
+  return res;
+}
+
+double evaluate_windows(nn::Model& model, const data::TokenSpan& span, int block_size, int64_t windows) {
+  const int T = block_size;
+  TRIDENT_CHECK(windows >= 1, InvalidArgument, "--windows must be at least 1, got {}", windows);
+  int64_t max_windows = span.size == 0 ? 0 : static_cast<int64_t>((span.size - 1) / static_cast<size_t>(T));
+  if (windows > max_windows) {
+    TRIDENT_THROW(InvalidArgument, "--windows {}: the split has {} tokens, enough for at most {} windows of {} tokens",
+                  windows, span.size, max_windows, T);
+  }
+  const int64_t kBatch = 8;
+  double sum = 0;
+  std::vector<int32_t> x(static_cast<size_t>(kBatch) * T), y(x.size());
+  for (int64_t w0 = 0; w0 < windows; w0 += kBatch) {
+    int b = static_cast<int>(std::min(kBatch, windows - w0));
+    for (int i = 0; i < b; ++i) {
+      size_t start = static_cast<size_t>(w0 + i) * static_cast<size_t>(T);
+      span.copy(start, static_cast<size_t>(T), x.data() + static_cast<size_t>(i) * T);
+      span.copy(start + 1, static_cast<size_t>(T), y.data() + static_cast<size_t>(i) * T);
+    }
+    sum += static_cast<double>(model.forward_backward(x.data(), y.data(), b, T, false)) * b;
+  }
+  return sum / static_cast<double>(windows);
+}
+
+}  // namespace trident::train

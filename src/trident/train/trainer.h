@@ -1,0 +1,119 @@
+// The single-rank training loop with nanoGPT's train.py semantics, ready to be wrapped for data parallelism.
+//
+// Per step `it` (0-based): evaluate when it % eval_interval == 0 (and after the last step), saving a
+// checkpoint when val loss improved or always_save_checkpoint (not at step 0); lr = lr_at(it) (warmup +
+// cosine) or learning_rate; gradient_accumulation_steps micro-steps of forward+backward with the loss scaled
+// by 1/accumulation; the after_backward hook (data-parallel all-reduce goes here); global-norm clipping;
+// AdamW step. The logged loss of a step is the mean of its micro-step losses. Checkpoints also every
+// checkpoint_interval steps and at the end. Unlike nanoGPT, which runs max_iters + 1 steps, trident runs
+// exactly max_iters steps and evaluates once more after the last (so "val loss at 2000" means the same).
+//
+// Determinism: batches are pure functions of (seed, step, micro) (data/sampler.h), so a run resumed from
+// the checkpoint at step s replays steps s.. exactly as the uninterrupted run, provided the model's kernels
+// are deterministic for a fixed thread count.
+//
+// Data parallelism: batch_size is per rank; rank r takes windows [r*B, r*B+B) of the global batch of
+// world*B (so N ranks see exactly the windows of one process with batch N*B). Hooks average scalars.
+//
+// Outputs: out_dir/metrics.jsonl gets one JSON record per step {"type":"step", step, loss, lr,
+// tokens_per_s, elapsed} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
+// same records go to stdout instead of the progress line, which otherwise redraws in place on a terminal
+// (isatty) and prints a plain line every log_interval steps elsewhere. Only rank 0 writes files and prints.
+//
+// Ownership: the Trainer owns the model, optimizer, dataset and samplers. Blocking: run() trains on the
+// calling thread until max_iters. Thread-safety: none (one trainer per process). No timeouts of its own.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/data/dataset.h"
+#include "trident/data/sampler.h"
+#include "trident/data/tokenizer.h"
+#include "trident/nn/model.h"
+#include "trident/optim/adamw.h"
+#include "trident/train/checkpoint.h"
+#include "trident/train/config.h"
+
+namespace trident::train {
+
+struct TrainerHooks {
+  int rank = 0;
+  int world = 1;
+  // Builds the model from its config (default nn::make_model); tests may inject another.
+  std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)> make_model;
+  // After the last micro-step's backward, before clipping and the optimizer step.
+  std::function<void(nn::Model&)> after_backward;
+  // Mean of a scalar over ranks (losses for logs and evaluation). Default: identity.
+  std::function<double(double)> average;
+  // Where progress lines and JSON records go (default stdout). For tests.
+  std::FILE* out = nullptr;
+};
+
+struct TrainResult {
+  int64_t steps = 0;                 // optimizer steps completed (including those before a resume)
+  std::vector<double> losses;        // the loss of every step run by this call
+  double train_loss = NAN;           // last evaluation
+  double val_loss = NAN;
+  double tokens_per_s = 0;           // training tokens (all ranks) per second of training time
+  std::string sample;                // text generated at the end ("" when sample_tokens = 0)
+  std::string last_checkpoint;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainConfig cfg, TrainerHooks hooks = {});
+  ~Trainer();
+  TrainResult run();
+
+  nn::Model& model() { return *model_; }
+  optim::AdamW& optimizer() { return *opt_; }
+  const data::TokenDataset& dataset() const { return *dataset_; }
+  const TrainConfig& config() const { return cfg_; }
+  int64_t start_step() const { return start_step_; }
+  // Mean loss over eval_iters random batches of a split at `step` (nanoGPT's estimate_loss).
+  double estimate_loss(data::Split split, int64_t step);
+  std::string save(int64_t step);
+
+ private:
+  void emit(const nlohmann::json& rec);
+  void progress(int64_t step, double loss, double lr, double tps, double eta_s);
+
+  TrainConfig cfg_;
+  TrainerHooks hooks_;
+  std::optional<data::TokenDataset> dataset_;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<optim::AdamW> opt_;
+  std::unique_ptr<data::TrainSampler> sampler_;
+  std::unique_ptr<data::RandomWindowSampler> eval_train_, eval_val_;
+  int64_t start_step_ = 0;
+  int64_t evaluated_at_ = -1;
+  double best_val_ = 1e9;
+  double elapsed_before_ = 0;   // training seconds of earlier (resumed) runs
+  double tokens_before_ = 0;
+  double run_seconds_ = 0;      // training seconds and tokens of this run() call
+  double run_tokens_ = 0;
+  std::FILE* metrics_ = nullptr;
+  bool tty_ = false;
+  bool line_open_ = false;
+};
+
+// `trident eval`: mean loss over the first K non-overlapping windows of a split (window i: inputs
+// tokens[iT .. iT+T-1], targets tokens[iT+1 .. iT+T]); deterministic. Throws InvalidArgument when the
+// split has fewer than K*T + 1 tokens.
+double evaluate_windows(nn::Model& model, const data::TokenSpan& span, int block_size, int64_t windows);
+
+// Rebuilds a model from a loaded checkpoint (make_model on its config, then its weights).
+std::unique_ptr<nn::Model> model_from_checkpoint(const LoadedCheckpoint& ckpt,
+                                                 const std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)>&
+                                                     make = nullptr);
+
+}  // namespace trident::train

@@ -1,0 +1,164 @@
+// Config parsing: defaults, flag forms, JSON files, and every error path.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "trident/core/error.h"
+#include "trident/train/config.h"
+
+using namespace trident;
+using namespace trident::train;
+namespace fs = std::filesystem;
+
+namespace {
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_train_args(args);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+std::string write_tmp(const std::string& name, const std::string& text) {
+  fs::path p = fs::temp_directory_path() / fmt::format("trident-config-{}-{}", ::getpid(), name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
+}  // namespace
+
+TEST(Config, DefaultsAreNanoGptShakespeareCharCpu) {
+  TrainConfig c = parse_train_args({});
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_embd, 128);
+  EXPECT_EQ(c.block_size, 64);
+  EXPECT_EQ(c.batch_size, 12);
+  EXPECT_EQ(c.max_iters, 2000);
+  EXPECT_EQ(c.lr_decay_iters, 2000);
+  EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
+  EXPECT_DOUBLE_EQ(c.min_lr, 1e-4);
+  EXPECT_EQ(c.warmup_iters, 100);
+  EXPECT_DOUBLE_EQ(c.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.dropout, 0.0);
+  EXPECT_EQ(c.data, "/usr/share/games/fortunes");
+  EXPECT_EQ(c.tokenizer, "char");
+  EXPECT_EQ(c.seed, 1337);
+  // Every key appears in to_json and in the help.
+  auto j = c.to_json();
+  std::string help = config_help();
+  for (const auto& k : config_keys()) {
+    EXPECT_TRUE(j.contains(k.name)) << k.name;
+    EXPECT_CONTAINS(help, "--" + k.name);
+  }
+}
+
+TEST(Config, FlagFormsDashesAndUnderscores) {
+  TrainConfig c = parse_train_args({"--n-layer", "3", "--n_head=2", "--n-embd=64", "--learning-rate", "3e-4",
+                                    "--bias", "--always-save-checkpoint", "false", "--out_dir=/tmp/x", "--data",
+                                    "--weird=name", "--tokenizer", "byte"});
+  EXPECT_EQ(c.n_layer, 3);
+  EXPECT_EQ(c.n_head, 2);
+  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_DOUBLE_EQ(c.learning_rate, 3e-4);
+  EXPECT_TRUE(c.bias);
+  EXPECT_FALSE(c.always_save_checkpoint);
+  EXPECT_EQ(c.out_dir, "/tmp/x");
+  EXPECT_EQ(c.data, "--weird=name");  // a value after a non-boolean key is taken as is
+  EXPECT_EQ(c.tokenizer, "byte");
+  // A bare boolean flag followed by another flag; later flags win.
+  c = parse_train_args({"--resume", "--json", "--max-iters", "5", "--max_iters=7"});
+  EXPECT_TRUE(c.resume);
+  EXPECT_TRUE(c.json);
+  EXPECT_EQ(c.max_iters, 7);
+  c = parse_train_args({"--bias=0", "--decay-lr", "off"});
+  EXPECT_FALSE(c.bias);
+  EXPECT_FALSE(c.decay_lr);
+}
+
+TEST(Config, UnknownKeysSuggestTheNearest) {
+  std::string e = error_of({"--n_layers", "3"});
+  EXPECT_CONTAINS(e, "unknown config key 'n_layers'");
+  EXPECT_CONTAINS(e, "did you mean 'n_layer'?");
+  e = error_of({"--learning-rat=1"});
+  EXPECT_CONTAINS(e, "did you mean 'learning_rate'?");
+  e = error_of({"--zzzzzzzzzzzzz", "1"});
+  EXPECT_CONTAINS(e, "unknown config key 'zzzzzzzzzzzzz'");
+  EXPECT_CONTAINS(e, "trident train --help");
+}
+
+TEST(Config, BadValuesNameTheKeyAndWhatIsAllowed) {
+  std::string e = error_of({"--n_layer", "three"});
+  EXPECT_CONTAINS(e, "'three'");
+  EXPECT_CONTAINS(e, "'n_layer'");
+  EXPECT_CONTAINS(e, "an integer >=1");
+  EXPECT_CONTAINS(error_of({"--n_layer", "0"}), "an integer >=1");
+  EXPECT_CONTAINS(error_of({"--n_layer", "2.5"}), "'n_layer'");
+  EXPECT_CONTAINS(error_of({"--learning_rate", "-1"}), "a number >0");
+  EXPECT_CONTAINS(error_of({"--learning_rate", "1e-3x"}), "'learning_rate'");
+  EXPECT_CONTAINS(error_of({"--beta2", "1.0"}), "[0,1)");
+  EXPECT_CONTAINS(error_of({"--tokenizer", "bpe"}), "one of char|byte");
+  EXPECT_CONTAINS(error_of({"--dtype=fp8"}), "one of float32|bfloat16");
+  EXPECT_CONTAINS(error_of({"--bias=maybe"}), "a boolean");
+  EXPECT_CONTAINS(error_of({"--n_layer"}), "--n_layer needs a value");
+  EXPECT_CONTAINS(error_of({"n_layer", "3"}), "unexpected argument 'n_layer'");
+  EXPECT_CONTAINS(error_of({"--config"}), "--config needs a file name");
+  // Cross-key checks.
+  EXPECT_CONTAINS(error_of({"--n_embd", "130", "--n_head", "4"}), "divisible by n_head");
+  EXPECT_CONTAINS(error_of({"--min_lr", "0.1"}), "min_lr");
+  EXPECT_CONTAINS(error_of({"--warmup_iters", "3000"}), "warmup_iters");
+}
+
+TEST(Config, JsonFileThenFlagsOverride) {
+  std::string f = write_tmp("ok.json", R"({"n_layer": 6, "n-head": 6, "n_embd": 384, "dropout": 0.0,
+                                          "bias": true, "tokenizer": "byte", "max_iters": 5000.0})");
+  // --config given after the flag still loses to it: files first, then flags.
+  TrainConfig c = parse_train_args({"--n_layer", "2", "--config", f});
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_head, 6);
+  EXPECT_EQ(c.n_embd, 384);
+  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(c.tokenizer, "byte");
+  EXPECT_EQ(c.max_iters, 5000);
+  fs::remove(f);
+
+  f = write_tmp("typo.json", R"({"n_layers": 6})");
+  std::string e = error_of({"--config=" + f});
+  EXPECT_CONTAINS(e, "unknown config key 'n_layers'");
+  EXPECT_CONTAINS(e, f);
+  EXPECT_CONTAINS(e, "did you mean 'n_layer'?");
+  fs::remove(f);
+  f = write_tmp("type.json", R"({"bias": "yes"})");
+  EXPECT_CONTAINS(error_of({"--config", f}), "'bias'");
+  fs::remove(f);
+  f = write_tmp("type2.json", R"({"n_layer": 2.5})");
+  EXPECT_CONTAINS(error_of({"--config", f}), "'n_layer'");
+  fs::remove(f);
+  f = write_tmp("bad.json", R"({"n_layer": )");
+  EXPECT_CONTAINS(error_of({"--config", f}), "not valid JSON");
+  fs::remove(f);
+  f = write_tmp("arr.json", R"([1, 2])");
+  EXPECT_CONTAINS(error_of({"--config", f}), "JSON object");
+  fs::remove(f);
+  EXPECT_CONTAINS(error_of({"--config", "x.toml"}), "TOML is not supported");
+  EXPECT_THROW(parse_train_args({"--config", "/nonexistent/cfg.json"}), IoError);
+}
+
+TEST(Config, ShippedExampleConfigsParse) {
+  for (const auto& e : fs::directory_iterator(fs::path(TRIDENT_SOURCE_DIR) / "configs")) {
+    if (e.path().extension() != ".json") continue;
+    EXPECT_NO_THROW(parse_train_args({"--config", e.path().string()})) << e.path();
+  }
+}
+
+TEST(Config, ModelConfigCarriesTheModelKeys) {
+  TrainConfig c = parse_train_args({"--model", "mlp", "--n_layer", "3", "--gelu", "tanh"});
+  auto j = model_config_json(c, 65);
+  EXPECT_EQ(j["kind"], "mlp");
+  EXPECT_EQ(j["n_layer"], 3);
+  EXPECT_EQ(j["vocab_size"], 65);
+  EXPECT_EQ(j["gelu"], "tanh");
+  EXPECT_EQ(j["block_size"], 64);
+}

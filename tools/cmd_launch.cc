@@ -1,0 +1,57 @@
+// `trident launch`: parses flags, then calls trident::launch::launch (the logic lives in the library).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "trident/launch/launcher.h"
+
+namespace {
+
+void setup(CLI::App& app) {
+  auto opts = std::make_shared<trident::launch::LaunchOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "launch",
+      "Start N local ranks of COMMAND (like torchrun): sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT, "
+      "TRIDENT_STORE_TOKEN; node 0 hosts the rendezvous store; the first failing rank stops the others.\n"
+      "Form: trident launch -n N [options] -- COMMAND [ARGS...]\n"
+      "Exit status: 0 if all ranks exit 0; else the first failed rank's exit code (128+signal if killed)");
+  sub->add_option("-n,--nproc-per-node,--nproc", opts->nproc_per_node, "processes (ranks) on this node")
+      ->capture_default_str();
+  sub->add_option("--nnodes", opts->nnodes, "number of nodes")->capture_default_str();
+  sub->add_option("--node-rank", opts->node_rank, "this node's rank in [0, nnodes)")->capture_default_str();
+  sub->add_option("--master-addr", opts->master_addr, "address of node 0 (hosts the store)")
+      ->capture_default_str();
+  sub->add_option("--master-port", opts->master_port, "store port on node 0 (0 picks a free one)")
+      ->capture_default_str();
+  sub->add_flag("--tag-output", opts->tag_output, "prefix every output line with [rank R]");
+  sub->add_option("--grace-period", opts->grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+  // The command is everything after "--", or everything from the first argument that is not an option.
+  // CLI11 (2.1) hands the arguments after "--" back to the parent app unless the subcommand still has a
+  // positional to fill, and prefix_command() applies only when no positional takes the first argument. So:
+  // a positional "command" that accepts values only once "--" was seen (it is then the first of
+  // remaining()), and prefix_command() for the form without "--".
+  auto command = std::make_shared<std::vector<std::string>>();
+  sub->prefix_command();
+  sub->validate_positionals();
+  sub->add_option("command", *command, "program and arguments to run once per rank (after --)")
+      ->allow_extra_args()
+      ->check(CLI::Validator(
+          [sub](std::string&) -> std::string {
+            auto rest = sub->remaining(false);
+            return !rest.empty() && rest.front() == "--" ? std::string() : std::string("not after --");
+          },
+          "", "after --"));
+  sub->callback([opts, sub, command] {
+    std::vector<std::string> rest = sub->remaining(false);
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    opts->command = *command;
+    opts->command.insert(opts->command.end(), rest.begin(), rest.end());
+    trident::cli::set_exit_code(trident::launch::launch(*opts));
+  });
+}
+
+trident::cli::CommandRegistration reg(10, setup);
+
+}  // namespace

@@ -1,0 +1,137 @@
+// `trident train`, `trident eval` and `trident sample`: thin wrappers over trident/train.
+#include <cstdio>
+#include <filesystem>
+
+#include "command.h"
+#include "trident/core/error.h"
+#include "trident/data/dataset.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/train/checkpoint.h"
+#include "trident/train/config.h"
+#include "trident/train/generate.h"
+#include "trident/train/trainer.h"
+
+namespace trident::cli {
+namespace {
+
+// Runs `body`; bad arguments propagate (exit 2 from main), other errors print and exit 1.
+template <typename F>
+void guarded(F&& body) {
+  try {
+    body();
+  } catch (const InvalidArgument&) {
+    throw;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "trident: error: %s\n", e.what());
+    set_exit_code(1);
+  }
+}
+
+void setup_train(CLI::App& app) {
+  auto* sub = app.add_subcommand("train", "train a GPT or MLP on a text corpus (nanoGPT's train.py)");
+  sub->allow_extras();
+  sub->footer(train::config_help());
+  sub->callback([sub] {
+    guarded([&] {
+      std::vector<std::string> args = sub->remaining();
+      train::TrainConfig cfg = train::parse_train_args(args);
+      train::Trainer trainer(cfg);
+      trainer.run();
+    });
+  });
+}
+
+struct EvalArgs {
+  std::string checkpoint, data, split = "val";
+  int64_t windows = 0;
+  bool json = false;
+  int threads = 0;
+};
+
+void setup_eval(CLI::App& app) {
+  auto* sub = app.add_subcommand("eval", "mean loss of a checkpoint over the first K non-overlapping windows");
+  auto a = std::make_shared<EvalArgs>();
+  sub->add_option("--checkpoint", a->checkpoint, "checkpoint folder, its checkpoint.json, or an out_dir")->required();
+  sub->add_option("--data", a->data, "text file or folder (default: the data the checkpoint was trained on)");
+  sub->add_option("--split", a->split, "train | val")->check(CLI::IsMember({"train", "val"}));
+  sub->add_option("--windows", a->windows, "number K of windows of block_size tokens")->required()
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--json", a->json, "print one JSON record");
+  sub->add_option("--threads", a->threads, "compute threads (0: default)");
+  sub->callback([a] {
+    guarded([&] {
+      if (a->threads > 0) kernels::cpu::set_num_threads(a->threads);
+      std::string dir = train::find_checkpoint(a->checkpoint);
+      if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", a->checkpoint);
+      auto ckpt = train::load_checkpoint(dir, false);
+      auto model = train::model_from_checkpoint(ckpt);
+      std::string source = a->data;
+      if (source.empty()) source = ckpt.meta.train_config.value("data", std::string());
+      if (source.empty()) TRIDENT_THROW(InvalidArgument, "--data is required: the checkpoint does not name its data");
+      data::DatasetOptions o;
+      o.source = source;
+      o.tokenizer_override = data::Tokenizer::from_json(ckpt.meta.tokenizer);
+      auto ds = data::TokenDataset::open(o);
+      int T = ckpt.meta.model_config.at("block_size").get<int>();
+      auto split = data::parse_split(a->split);
+      double loss = train::evaluate_windows(*model, ds.span(split), T, a->windows);
+      if (a->json) {
+        nlohmann::json j{{"checkpoint", dir}, {"step", ckpt.meta.step}, {"data", source}, {"split", a->split},
+                         {"windows", a->windows}, {"block_size", T}, {"loss", loss}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("%s loss %.6f over %lld windows of %d tokens (%s, step %lld)\n", a->split.c_str(), loss,
+                    static_cast<long long>(a->windows), T, dir.c_str(), static_cast<long long>(ckpt.meta.step));
+      }
+    });
+  });
+}
+
+struct SampleArgs {
+  std::string checkpoint, prompt = "\n";
+  int tokens = 200, top_k = 200, threads = 0;
+  double temperature = 0.8;
+  uint64_t seed = 1337;
+};
+
+void setup_sample(CLI::App& app) {
+  auto* sub = app.add_subcommand("sample", "generate text from a checkpoint (nanoGPT's sample.py)");
+  auto a = std::make_shared<SampleArgs>();
+  sub->add_option("--checkpoint", a->checkpoint, "checkpoint folder, its checkpoint.json, or an out_dir")->required();
+  sub->add_option("--prompt", a->prompt, "text to continue (default: a newline)");
+  sub->add_option("--tokens", a->tokens, "new tokens to generate")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", a->temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k,--top_k", a->top_k, "sample among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", a->seed, "sampling seed");
+  sub->add_option("--threads", a->threads, "compute threads (0: default)");
+  sub->callback([a] {
+    guarded([&] {
+      if (a->threads > 0) kernels::cpu::set_num_threads(a->threads);
+      std::string dir = train::find_checkpoint(a->checkpoint);
+      if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", a->checkpoint);
+      auto ckpt = train::load_checkpoint(dir, false);
+      auto model = train::model_from_checkpoint(ckpt);
+      auto tok = data::Tokenizer::from_json(ckpt.meta.tokenizer);
+      if (a->prompt.empty()) TRIDENT_THROW(InvalidArgument, "--prompt must not be empty");
+      auto ctx = tok.encode(a->prompt);
+      train::GenerateOptions g;
+      g.max_new_tokens = a->tokens;
+      g.temperature = a->temperature;
+      g.top_k = a->top_k;
+      g.seed = a->seed;
+      int T = ckpt.meta.model_config.at("block_size").get<int>();
+      auto out = train::generate(*model, T, tok.vocab_size(), ctx, g);
+      std::string text = tok.decode(out);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::printf("\n");
+    });
+  });
+}
+
+CommandRegistration reg_train(20, setup_train);
+CommandRegistration reg_eval(21, setup_eval);
+CommandRegistration reg_sample(22, setup_sample);
+
+}  // namespace
+}  // namespace trident::cli
