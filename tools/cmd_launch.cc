@@ -11,11 +11,14 @@ namespace {
 void setup(CLI::App& app) {
   auto opts = std::make_shared<trident::launch::LaunchOptions>();
   CLI::App* sub = app.add_subcommand(
-      "launch",
-      "Start N local ranks of COMMAND (like torchrun): sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT, "
-      "TRIDENT_STORE_TOKEN; node 0 hosts the rendezvous store; the first failing rank stops the others.\n"
+      "launch", "start N ranks of a command on this node (like torchrun); the first failing rank stops them all");
+  sub->footer(
       "Form: trident launch -n N [options] -- COMMAND [ARGS...]\n"
-      "Exit status: 0 if all ranks exit 0; else the first failed rank's exit code (128+signal if killed)");
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
+      "TRIDENT_STORE_TOKEN (random unless set; with --nnodes > 1 export the same one on every node) and\n"
+      "TRIDENT_STORE_HOSTED=1: the launcher of node 0 hosts the rendezvous store.\n"
+      "Exit status: 0 if every rank exits 0; else the first failed rank's exit code (128+N if signal N killed\n"
+      "it); 128+N when the launcher gets signal N; 1 when another node failed; 127 if COMMAND cannot run.");
   sub->add_option("-n,--nproc-per-node,--nproc", opts->nproc_per_node, "processes (ranks) on this node")
       ->capture_default_str();
   sub->add_option("--nnodes", opts->nnodes, "number of nodes")->capture_default_str();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <typeinfo>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -48,7 +49,7 @@ std::vector<RankResult> run_processes(int size, const RankFn& fn, const RunOptio
         auto store = std::make_shared<FileStore>(store_path, Seconds(opts.deadline_s));
         fn(r, size, store);
       } catch (const std::exception& e) {
-        err = e.what();
+        err = fmt::format("[{}] {}", typeid(e).name(), e.what());
         code = 1;
       } catch (...) {
         err = "unknown exception";

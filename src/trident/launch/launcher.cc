@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -40,20 +41,25 @@ void print_error_line(const std::string& text) {
 constexpr const char* kFailedKey = "trident_launch/failed";  // "node N: rank R (pid P) exited with code C"
 constexpr const char* kDoneKey = "trident_launch/done";      // nodes whose ranks have all ended
 constexpr double kWatchSeconds = 0.25;                        // how often a node looks for others' failures
+constexpr double kLinkRequestSeconds = 10.0;                  // deadline of each launcher-to-launcher request
 
 // Marks this node done; node 0 then keeps serving the store until every node is done (their ranks and
 // launchers may still need it), at most `timeout` seconds. Never throws.
 void finish_node(TCPStore& link, const LaunchOptions& o, bool hosting, double timeout) {
   try {
     int64_t done = link.add(kDoneKey, 1);
+    log_debug("launch", "trident launch: node {} done ({} of {} nodes)", o.node_rank, done, o.nnodes);
     if (!hosting) return;
     const auto start = std::chrono::steady_clock::now();
     bool told = false;
+    double limit = timeout;
     while (done < o.nnodes) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited >= timeout) {
+      // After a failure the others only need the time to notice it and stop their ranks.
+      if (limit == timeout && link.check({kFailedKey})) limit = std::min(timeout, o.grace_seconds + 10.0);
+      if (waited >= limit) {
         print_error_line(fmt::format("trident launch: gave up waiting for {} of {} nodes to finish after {:.0f} s "
-                                     "(TRIDENT_TIMEOUT); stopping the store",
+                                     "; stopping the store",
                                      o.nnodes - done, o.nnodes, waited));
         return;
       }
@@ -170,6 +176,9 @@ int launch(const LaunchOptions& o) {
   if (o.nnodes > 1) {
     try {
       link = std::make_unique<TCPStore>(o.master_addr, port, token, Seconds(timeout));
+      // Connecting may wait for node 0 (up to TRIDENT_TIMEOUT); later requests are quick checks, and a store
+      // that does not answer them within this bound is treated as gone.
+      link->set_timeout(Seconds(std::min(timeout, kLinkRequestSeconds)));
     } catch (const Error& e) {
       TRIDENT_THROW(StoreError,
                     "trident launch (node {}) cannot reach node 0's store at {}:{}: {}; start node 0 with the same "

@@ -13,12 +13,24 @@
 //   MASTER_ADDR, MASTER_PORT (the real port when --master-port 0 picked one),
 //   TRIDENT_STORE_TOKEN (inherited when set; otherwise a fresh random 128-bit hex token; required in the
 //   environment when nnodes > 1, since every node must present the same one),
-//   TRIDENT_STORE_HOSTED=1 (the store is served by the node-0 launcher: ranks connect, rank 0 does not host).
+//   TRIDENT_STORE_HOSTED=1 on every node (the store is served by the node-0 launcher: ranks connect to it,
+//   rank 0 does not host one).
+//
+// Several nodes (nnodes > 1): one launcher per node, all given the same --nnodes, --master-addr,
+// --master-port and TRIDENT_STORE_TOKEN. Node 0 hosts the store; every launcher also connects to it (waiting
+// up to TRIDENT_TIMEOUT for node 0) and uses keys under "trident_launch/": the first node whose rank fails (or
+// whose launcher gets SIGINT/SIGTERM) publishes why, and every other node notices within ~0.25 s and stops its
+// ranks the same way (SIGTERM, then SIGKILL), exiting 1 with one line naming the remote node, rank and cause.
+// A store that stops answering (10 s per request) counts as such a failure. Node 0 keeps the store up after
+// its own ranks end until every node has reported done (bounded by TRIDENT_TIMEOUT, or by grace + 10 s once a
+// failure is known), so other nodes' ranks never lose the store early.
 //
 // Exit status of launch(): 0 when every rank exited 0. When a rank fails first, that rank's exit code, or
 // 128 + signal when a signal killed it (as a shell reports it); one line on stderr names the rank, its pid and
 // what happened, followed by its last lines of output. 128 + signal when the launcher itself was stopped by
-// SIGINT/SIGTERM/SIGHUP. 127 when the command cannot be executed. Bad options throw InvalidArgument.
+// SIGINT/SIGTERM/SIGHUP (a second signal skips the grace period). 1 when another node's failure stopped this
+// node. 127 when the command cannot be executed. Bad options, and a store that cannot be hosted or reached,
+// throw (InvalidArgument, StoreError).
 #pragma once
 
 #include <string>

@@ -76,7 +76,7 @@ HardwareCatalog HardwareCatalog::builtin() {
       {"dgx-h100", "h100-sxm", 8, 8, "nvswitch-h100", "ib-ndr"},
   };
   c.hosts_ = {
-      {"this-machine", 2, 45 * kG, 200 * kG, 105 * kG, 8 * kGiB, "shm"},
+      {"this-machine", 2, 45 * kG, 200 * kG, 105 * kG, 23 * kGiB, "shm"},
   };
   return c;
 }

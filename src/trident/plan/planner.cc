@@ -357,9 +357,10 @@ Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::ve
   if (chosen) why = "the full model state (16 bytes/param) and activations fit on one GPU: pure data parallelism";
   // 2. ZeRO-1/2 when only the optimizer state does not fit.
   if (!chosen) {
-    chosen = pick([&](const Evaluation& e) {
-      return e.layout.tp == 1 && e.layout.pp == 1 && (e.layout.zero == 1 || e.layout.zero == 2);
-    });
+    for (int z : {1, 2}) {  // the lowest stage that fits
+      if (!chosen)
+        chosen = pick([&](const Evaluation& e) { return e.layout.tp == 1 && e.layout.pp == 1 && e.layout.zero == z; });
+    }
     if (chosen) why = fmt::format("the optimizer state does not fit unsharded: ZeRO-{} shards it over DP {}", chosen->layout.zero, chosen->layout.dp);
   }
   // 3-5. Walk the model-parallel ladder: first without recompute-all or ZeRO, then allowing full
@@ -367,7 +368,9 @@ Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::ve
   const std::vector<std::pair<std::string, std::function<bool(const Evaluation&)>>> passes = {
       {"", [&](const Evaluation& e) { return e.layout.zero == 0 && light(e); }},
       {"full recomputation was needed to fit", [&](const Evaluation& e) { return e.layout.zero == 0; }},
-      {"the optimizer state still does not fit with model parallelism, so ZeRO shards it",
+      {"the optimizer state still does not fit with model parallelism, so ZeRO-1 shards it",
+       [&](const Evaluation& e) { return e.layout.zero <= 1; }},
+      {"the optimizer state and gradients still do not fit with model parallelism, so ZeRO-2 shards them",
        [&](const Evaluation& e) { return e.layout.zero <= 2; }},
       {"nothing else fits: ZeRO-3 shards the parameters too", [&](const Evaluation&) { return true; }},
   };

@@ -470,7 +470,7 @@ SimResult simulate(const SimOptions& opt) {
       coords(s, &tpi, &dpi, &st);
       auto actions = pipeline_schedule(l.schedule, pp, st, m_mb, v);
       std::vector<int> last_micro_of_chunk(v, -1);
-      int last_comm = -1, first_compute = -1;
+      int last_comm = -1;
       std::vector<int> compute_ids;  // per action: last compute-stream task
       std::vector<int> zero3_tasks;  // per action: its parameter all-gather
       const double grad_chunk = chunk_params(st) * wb;
@@ -507,7 +507,6 @@ SimResult simulate(const SimOptions& opt) {
           ct.mb = a.mb, ct.chunk = a.chunk, ct.duration = dur / pieces;
           int cid = E.add_task(ct);
           if (first_id < 0) first_id = cid;
-          if (first_compute < 0) first_compute = cid;
           if (zero3_task >= 0 && p == 0) E.dep(zero3_task, cid);
           last_id = cid;
           if (tp > 1) {
@@ -554,7 +553,6 @@ SimResult simulate(const SimOptions& opt) {
         end = gid;
       }
       prev_step_end[s] = end;
-      (void)first_compute;
     }
     // Pass 2: pipeline point-to-point transfers between consecutive virtual stages.
     if (pp > 1) {

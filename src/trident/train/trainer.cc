@@ -69,7 +69,7 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
 
   std::optional<LoadedCheckpoint> ckpt;
   if (cfg_.resume) {
-    std::string dir = find_checkpoint(cfg_.out_dir);
+    std::string dir = fs::is_directory(cfg_.out_dir) ? find_checkpoint(cfg_.out_dir) : std::string();
     if (dir.empty()) {
       TRIDENT_THROW(InvalidArgument, "--resume: no checkpoint in out_dir '{}'; train without --resume first",
                     cfg_.out_dir);

@@ -46,16 +46,17 @@ struct Aborted : std::runtime_error {
 };
 
 struct Shared {
-  explicit Shared(int n) : n(n), sends(n * n), recvs(n * n), sent_count(n * n, 0), recv_count(n * n, 0),
-                           waiting(n), running(n) {}
+  explicit Shared(int n) : n(n), cvs(n), sends(n * n), recvs(n * n), sent_count(n * n, 0), recv_count(n * n, 0),
+                           waiting(n), waiting_ops(n, nullptr), running(n) {}
   int n;
   std::mutex m;
-  std::condition_variable cv;
+  std::vector<std::condition_variable> cvs;  // one per rank: woken when one of its ops completes
   std::vector<std::deque<Op*>> sends, recvs;  // pending, by src * n + dst
   std::vector<size_t> sent_count, recv_count;
   std::vector<std::string> errors;
   bool abort = false;
   std::vector<std::string> waiting;  // per rank: what it waits for, "" when not blocked
+  std::vector<const std::vector<Op*>*> waiting_ops;  // per rank: the ops of its blocked wait, or null
   int running;
   int blocked = 0;
   size_t messages = 0;
@@ -63,11 +64,18 @@ struct Shared {
   void fail(std::string msg) {
     errors.push_back(std::move(msg));
     abort = true;
-    cv.notify_all();
+    for (auto& cv : cvs) cv.notify_all();
   }
   // Called with the lock held whenever a rank blocks or finishes.
   void check_deadlock() {
     if (abort || running == 0 || blocked < running) return;
+    // A blocked rank whose ops have all completed is about to wake: no deadlock.
+    for (const auto* ops : waiting_ops) {
+      if (ops == nullptr) continue;
+      bool all = true;
+      for (const Op* op : *ops) all = all && op->done;
+      if (all) return;
+    }
     std::string msg = "deadlock: every live rank is blocked and nothing can complete:";
     for (int r = 0; r < n; ++r)
       if (!waiting[r].empty()) msg += fmt::format("\n  rank {} waits on {}", r, waiting[r]);
@@ -93,7 +101,8 @@ struct Shared {
       return fail(fmt::format("rank {} recv_reduce from rank {} (step {}) failed: {}", r.owner, s.owner, r.step, e.what()));
     }
     s.done = r.done = true;
-    cv.notify_all();
+    cvs[s.owner].notify_all();
+    cvs[r.owner].notify_all();
   }
 };
 
@@ -154,11 +163,13 @@ class ThreadContext final : public AlgoContext {
       for (Op* op : ops)
         if (!op->done) what += (what.empty() ? "" : "; ") + op->describe();
       w_.waiting[rank_] = what;
+      w_.waiting_ops[rank_] = &ops;
       ++w_.blocked;
       w_.check_deadlock();
-      const bool timed_out = w_.cv.wait_until(lock, deadline) == std::cv_status::timeout;
+      const bool timed_out = w_.cvs[rank_].wait_until(lock, deadline) == std::cv_status::timeout;
       --w_.blocked;
       w_.waiting[rank_].clear();
+      w_.waiting_ops[rank_] = nullptr;
       if (timed_out && !w_.abort) {
         w_.fail(fmt::format("rank {} waited 60 s on {}", rank_, what));
         throw Aborted();
@@ -270,7 +281,6 @@ ThreadWorld::Result ThreadWorld::run(const std::function<void(AlgoContext&)>& bo
     std::lock_guard<std::mutex> lock(w.m);
     --w.running;
     w.check_deadlock();
-    w.cv.notify_all();
   };
   std::vector<std::thread> threads;
   for (int r = 1; r < size_; ++r) threads.emplace_back(rank_main, r);

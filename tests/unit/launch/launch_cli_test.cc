@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -142,29 +145,55 @@ TEST(Launch, FreshTokenPerRunAndInheritedTokenKept) {
   for (const auto& line : split_lines(c.out)) EXPECT_EQ(parse_fields(line)["T"], "0123456789abcdef") << line;
 }
 
-TEST(Launch, OtherNodesNumberTheirRanksAfterNodeZero) {
-  // Node 2 of 3 hosts no store, so no port is bound here: the ranks only need the right numbers.
-  Outcome o = run_launch({"--nproc", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3",
-                          "--master-port", "23456", "--", "sh", "-c", kPrintEnv},
-                         {"TRIDENT_STORE_TOKEN=sharedsecret"});
-  ASSERT_TRUE(o.finished);
-  ASSERT_EQ(o.exit_code, 0) << o.err;
-  auto lines = split_lines(o.out);
-  ASSERT_EQ(lines.size(), 2u) << o.out;
-  std::set<std::string> ranks;
-  for (const auto& line : lines) {
-    auto f = parse_fields(line);
-    ranks.insert(f["R"]);
-    EXPECT_EQ(std::stoi(f["R"]), 2 * 2 + std::stoi(f["L"])) << line;
-    EXPECT_EQ(f["W"], "6") << line;
-    EXPECT_EQ(f["LW"], "2") << line;
-    EXPECT_EQ(f["G"], "2") << line;
-    EXPECT_EQ(f["GW"], "3") << line;
-    EXPECT_EQ(f["A"], "10.1.2.3") << line;
-    EXPECT_EQ(f["P"], "23456") << line;
-    EXPECT_EQ(f["T"], "sharedsecret") << line;
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return -1;
   }
-  EXPECT_EQ(ranks, (std::set<std::string>{"4", "5"}));
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(Launch, SecondNodeNumbersItsRanksAfterNodeZero) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> env = make_env(kLaunchVars, {"TRIDENT_STORE_TOKEN=sharedsecret"});
+  auto node = [&](int node_rank) {
+    return launch_argv({"--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr",
+                        "127.0.0.1", "--master-port", std::to_string(port), "--", "sh", "-c", kPrintEnv});
+  };
+  ProcessRunner node1(node(1), env);
+  ProcessRunner node0(node(0), env);
+  auto s0 = node0.wait(kHangGuard);
+  auto s1 = node1.wait(kHangGuard);
+  ASSERT_TRUE(s0 && s1) << node0.err() << node1.err();
+  ASSERT_EQ(*s0, 0) << node0.err();
+  ASSERT_EQ(*s1, 0) << node1.err();
+  for (int node_rank : {0, 1}) {
+    auto lines = split_lines(node_rank == 0 ? node0.out() : node1.out());
+    ASSERT_EQ(lines.size(), 2u);
+    std::set<int> ranks;
+    for (const auto& line : lines) {
+      auto f = parse_fields(line);
+      ranks.insert(std::stoi(f["R"]));
+      EXPECT_EQ(std::stoi(f["R"]), node_rank * 2 + std::stoi(f["L"])) << line;
+      EXPECT_EQ(f["W"], "4") << line;
+      EXPECT_EQ(f["LW"], "2") << line;
+      EXPECT_EQ(f["G"], std::to_string(node_rank)) << line;
+      EXPECT_EQ(f["GW"], "2") << line;
+      EXPECT_EQ(f["A"], "127.0.0.1") << line;
+      EXPECT_EQ(f["P"], std::to_string(port)) << line;
+      EXPECT_EQ(f["T"], "sharedsecret") << line;
+      EXPECT_EQ(f["H"], "1") << line;
+    }
+    EXPECT_EQ(ranks, (std::set<int>{node_rank * 2, node_rank * 2 + 1}));
+  }
 }
 
 TEST(Launch, TagOutputPrefixesEveryLineOfBothStreams) {
@@ -280,6 +309,32 @@ TEST(Launch, SignalToLauncherStopsEveryRank) {
   }
 }
 
+// Alive and not a zombie (an orphan's zombie may linger when nobody reaps it here).
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char buf[512] = {0};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close_paren = std::strrchr(buf, ')');
+  return n > 0 && close_paren != nullptr && close_paren[1] == ' ' && close_paren[2] != 'Z';
+}
+
+TEST(Launch, RanksDieWithAHardKilledLauncher) {
+  ProcessRunner p(launch_argv({"-n", "2", "--master-port", "0", "--", "sh", "-c", "echo pid $$; exec sleep 60"}),
+                  make_env(kLaunchVars, {}));
+  ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 2; }, kHangGuard)) << p.err();
+  auto pids = printed_pids(p.out());
+  ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
+  p.wait(kHangGuard);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kHangGuard);
+  for (pid_t pid : pids) {
+    while (alive(pid) && std::chrono::steady_clock::now() < deadline) ::usleep(10000);
+    EXPECT_FALSE(alive(pid)) << "rank " << pid << " outlived its SIGKILLed launcher";
+  }
+}
+
 TEST(Launch, CommandThatCannotRunIsAClearError) {
   Outcome o = run_launch({"-n", "2", "--master-port", "0", "--", "no-such-command-trident-test"});
   ASSERT_TRUE(o.finished);
@@ -346,19 +401,24 @@ TEST(Launch, StoreRefusesAWrongToken) {
   }
 }
 
-int free_port() {
+TEST(Launch, PortInUseIsAClearError) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
   socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return -1;
-  }
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  Outcome o = run_launch({"-n", "1", "--master-port", port, "--", "echo", "ran"});
   ::close(fd);
-  return ntohs(a.sin_port);
+  ASSERT_TRUE(o.finished);
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_EQ(o.out, "") << "no rank may start without its store";
+  EXPECT_NE(o.err.find("cannot host the rendezvous store on 127.0.0.1:" + port), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("choose another --master-port"), std::string::npos) << o.err;
 }
 
 TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
@@ -381,6 +441,31 @@ TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
   EXPECT_EQ(*s1, 0) << node1.out() << node1.err();
   for (int r : {0, 1}) EXPECT_NE(node0.out().find(fmt::format("store-ok rank={} world=4 sum=4", r)), std::string::npos);
   for (int r : {2, 3}) EXPECT_NE(node1.out().find(fmt::format("store-ok rank={} world=4 sum=4", r)), std::string::npos);
+}
+
+TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> env = make_env(kLaunchVars, {"TRIDENT_STORE_TOKEN=two-node-secret"});
+  const char* cmd = "echo pid $$; if [ $RANK = 3 ]; then sleep 0.2; echo rank3-gives-up; exit 3; fi; exec sleep 60";
+  auto node = [&](int node_rank) {
+    return launch_argv({"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-port",
+                        std::to_string(port), "--", "sh", "-c", cmd});
+  };
+  ProcessRunner node0(node(0), env);
+  ProcessRunner node1(node(1), env);
+  auto s1 = node1.wait(kHangGuard);
+  auto s0 = node0.wait(kHangGuard);
+  ASSERT_TRUE(s0 && s1) << "a node kept running after the other failed:\n" << node0.err() << node1.err();
+  ASSERT_TRUE(WIFEXITED(*s0) && WIFEXITED(*s1));
+  EXPECT_EQ(WEXITSTATUS(*s1), 3) << node1.err();
+  EXPECT_NE(node1.err().find("trident launch: rank 3 (pid "), std::string::npos) << node1.err();
+  EXPECT_EQ(WEXITSTATUS(*s0), 1) << node0.err();
+  const std::string report = line_starting(node0.err(), "trident launch: node 0 stopped 2 ranks because node 1: rank 3");
+  EXPECT_FALSE(report.empty()) << node0.err();
+  EXPECT_NE(report.find("exited with code 3"), std::string::npos) << report;
+  expect_all_gone(printed_pids(node0.out()));
+  expect_all_gone(printed_pids(node1.out()));
 }
 
 // Runs only as a rank started by the tests above (skipped in a normal test run).

@@ -149,6 +149,20 @@ TEST(Kernels, CausalAttentionForwardBackward) {
   EXPECT_THROW(kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, 5), trident::InvalidArgument);
 }
 
+TEST(Kernels, CausalAttentionVectorPathsMatchReference) {
+  // Head dims 32 and 48 (register blocks of 16 plus none / a remainder) and T not a multiple of 16.
+  for (auto [C, NH] : {std::pair{64, 2}, std::pair{100, 2}}) {
+    const int B = 1, T = 19;
+    Vec qkv = ref::random_vec(B * T * 3 * C, 52, 0.5), r = ref::random_vec(B * T * C, 53);
+    std::vector<float> qf = ref::to_float(qkv), rf = ref::to_float(r), y(B * T * C), lse(B * NH * T),
+        dqkv(B * T * 3 * C);
+    kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, NH);
+    EXPECT_LT(rel_err(y, ref::attention(qkv, B, T, C, NH)), 1e-5) << C;
+    kc::attention_backward(dqkv.data(), rf.data(), qf.data(), y.data(), lse.data(), B, T, C, NH);
+    EXPECT_LT(rel_err(dqkv, fd_of(qkv, r, [&](const Vec& v) { return ref::attention(v, B, T, C, NH); })), 1e-4) << C;
+  }
+}
+
 TEST(Kernels, EmbeddingForwardBackward) {
   const int B = 2, T = 3, C = 4, V = 5;
   std::vector<int32_t> tok = {1, 4, 1, 0, 1, 3};  // repeated tokens accumulate

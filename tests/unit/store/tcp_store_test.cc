@@ -345,7 +345,11 @@ class ServerProcess {
     ::waitpid(pid_, &status, 0);
     pid_ = -1;
   }
-  void pause_it() { ::kill(pid_, SIGSTOP); }
+  void pause_it() {  // returns once the child is stopped (SIGSTOP is asynchronous)
+    ::kill(pid_, SIGSTOP);
+    int status = 0;
+    ::waitpid(pid_, &status, WUNTRACED);
+  }
   int port() const { return port_; }
 
  private:

@@ -149,6 +149,12 @@ void Engine::begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_po
   if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
   args_ = args;
   algo_ = algo;
+  // The fingerprint's count: all_gatherv's per-rank counts differ by design; their total must agree.
+  fp_count_ = args.count;
+  if (args.op == OpKind::kAllGatherV && args.counts) {
+    fp_count_ = 0;
+    for (size_t c : *args.counts) fp_count_ += c;
+  }
   deadline_ = deadline;
   next_check_ = Clock::now() + std::chrono::milliseconds(200);
   reqs_.clear();
@@ -187,7 +193,7 @@ std::string Engine::describe_header(const MsgHeader& h) const {
 
 void Engine::check_fingerprint(int peer, const MsgHeader& h) {
   bool same = h.op == static_cast<uint8_t>(args_.op) && h.dtype == static_cast<uint8_t>(args_.dtype) &&
-              h.count == args_.count && h.algo == static_cast<uint8_t>(algo_);
+              h.count == fp_count_ && h.algo == static_cast<uint8_t>(algo_);
   const bool rooted = args_.op == OpKind::kBroadcast || args_.op == OpKind::kReduce || args_.op == OpKind::kGather ||
                       args_.op == OpKind::kScatter;
   const bool reduces = args_.op == OpKind::kReduce || args_.op == OpKind::kAllReduce ||
@@ -195,7 +201,9 @@ void Engine::check_fingerprint(int peer, const MsgHeader& h) {
   if (rooted) same = same && h.root == args_.root;
   if (reduces) same = same && h.redop == static_cast<uint8_t>(args_.redop);
   if (same) return;
-  std::string mine = fmt::format("{} [algorithm {}]", describe(args_), algo_name(algo_));
+  CollArgs shown = args_;
+  shown.count = fp_count_;
+  std::string mine = fmt::format("{} [algorithm {}]", describe(shown), algo_name(algo_));
   std::string msg = fmt::format(
       "collective mismatch in group '{}' at sequence number {}: {} issued {} but {} issued {}; every rank must "
       "issue the same collectives in the same order with the same count, dtype, op and root",
@@ -245,12 +253,12 @@ Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, c
   h.tag = tag;
   h.src = rank_;
   h.seq = kind == kKindColl ? seq_ : 0;
-  h.count = args_.count;
+  h.count = fp_count_;
   h.nbytes = nbytes;
   int id = static_cast<int>(reqs_.size());
   reqs_.push_back(r);
   peer_state_[peer]->sendq.push_back(id);
-  progress_tx(peer);
+  progress_peer(peer, true, false);
   return Request{id};
 }
 
@@ -488,13 +496,26 @@ bool Engine::progress_rx(int peer) {
 
 bool Engine::progress_all() {
   bool moved = false;
-  for (int p : active_peers_) {
+  for (size_t k = 0; k < active_peers_.size(); ++k) {
+    int p = active_peers_[k];
+    bool tx = !peer_state_[p]->sendq.empty();
+    int r = progress_peer(p, tx, true);
+    if (r < 0) return moved;  // active_peers_ changed under the loop
+    moved |= r > 0;
+  }
+  return moved;
+}
+
+int Engine::progress_peer(int p, bool tx, bool rx) {
+  bool moved = false;
+  {
     try {
-      if (!peer_state_[p]->sendq.empty()) moved |= progress_tx(p);
-      moved |= progress_rx(p);
+      if (tx) moved |= progress_tx(p);
+      if (rx) moved |= progress_rx(p);
     } catch (const MismatchError&) {
       throw;
     } catch (const NetworkError& e) {
+      if (e.rank >= 0) throw;  // already explained by this engine
       if (waiting_on(p)) raise_abort_from_peer(p, e.what());
       // A peer that finished and exited closes its end; that is an error only if the group was aborted
       // or if this rank still needs that peer (checked when a request to it is posted).
@@ -505,10 +526,10 @@ bool Engine::progress_all() {
       closed_.push_back(p);
       closed_reason_[p] = e.what();
       active_peers_.erase(std::find(active_peers_.begin(), active_peers_.end(), p));
-      return moved;  // active_peers_ changed under the loop
+      return -1;
     }
   }
-  return moved;
+  return moved ? 1 : 0;
 }
 
 bool Engine::waiting_on(int p) const {
@@ -519,6 +540,18 @@ bool Engine::waiting_on(int p) const {
 [[noreturn]] void Engine::raise_abort_from_peer(int peer, const std::string& channel_error) {
   // Why did the connection break? A dead process, an abort with a recorded reason, or the network.
   if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  // An aborting rank records its reason in the store before it closes its connections.
+  if (store_) {
+    try {
+      if (store_->check({"abort"})) {
+        Bytes b = store_->get("abort", Seconds(1.0));
+        raise_encoded(std::string(b.begin(), b.end()));
+      }
+    } catch (const NetworkError&) {
+      throw;
+    } catch (const std::exception&) {
+    }
+  }
   const PeerInfo& p = peers_[peer];
   if (p.same_host) {
     // Give a dying process a moment to become a zombie.

@@ -95,6 +95,9 @@ class Engine final : public AlgoContext {
                     DType dtype, ReduceOp op);
   bool progress_all();
   bool waiting_on(int peer) const;
+  // Progresses one peer; a broken channel is explained (dead peer, abort) and thrown, or, when this rank
+  // does not need that peer, the channel is retired (returns -1).
+  int progress_peer(int peer, bool tx, bool rx);
   bool progress_tx(int peer);
   bool progress_rx(int peer);
   void on_header(int peer);
@@ -125,6 +128,7 @@ class Engine final : public AlgoContext {
   std::vector<Req> reqs_;
   CollArgs args_;
   Algo algo_ = Algo::kAuto;
+  uint64_t fp_count_ = 0;
   uint64_t seq_ = 0;
   bool in_collective_ = false;
   uint64_t last_done_seq_ = 0;

@@ -1,13 +1,20 @@
 // Causal multi-head self-attention, forward and backward, one (batch, head) at a time.
 // Forward keeps only the output and the log-sum-exp of each score row; backward recomputes the
-// probabilities from q, k and lse (as FlashAttention does), so memory is O(B*T*C), not O(B*NH*T*T).
+// probabilities from q, k and lse (as FlashAttention does), so saved memory is O(B*T*C), not
+// O(B*NH*T*T); a T x T scratch per call is reused across heads.
+// Every product is written as "row += scalar * contiguous row" (vectorized over the row, no horizontal
+// reductions), with K and V transposed into scratch where a dot product over the head dim would be needed.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "trident/core/error.h"
+#include "trident/kernels/aligned.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
+
+// Vec16 helpers are inlined into per-ISA clones; the ABI note about passing them by value does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace trident::kernels::cpu {
 
@@ -15,43 +22,160 @@ using detail::fast_exp;
 
 namespace {
 void check_shape(int C, int NH) {
-  TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument,
-                "attention: n_embd {} must be divisible by n_head {}", C, NH);
+  TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "attention: n_embd {} must be divisible by n_head {}", C,
+                NH);
 }
+
+struct Scratch {
+  AlignedFloats kt, vt, s, ds;
+  void ensure(int T, int hd) {
+    const size_t tp = align_floats(T);
+    if (kt.size() < hd * tp) kt.resize(hd * tp), vt.resize(hd * tp);
+    if (s.size() < T * tp) s.resize(T * tp), ds.resize(T * tp);  // rows padded to tp (a multiple of 16)
+  }
+};
+thread_local Scratch g_scratch;
 }  // namespace
 
+// Xt[d][j] = X[j][d] for j < T (X rows at stride ld); columns T..tp-1 are zero.
 TRIDENT_CLONES
-static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
-                          float* scores) {
-  const size_t C3 = 3 * static_cast<size_t>(C);
-  for (int i = 0; i < T; ++i) {
-    const float* q = qkv + i * C3;
-    float mx = -INFINITY;
-    for (int j = 0; j <= i; ++j) {
-      const float* k = qkv + j * C3 + C;
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int d = 0; d < hd; ++d) s += q[d] * k[d];
-      s *= scale;
-      scores[j] = s;
-      mx = s > mx ? s : mx;
+static void transpose_head(float* xt, size_t tp, const float* x, size_t ld, int T, int hd) {
+  for (int d = 0; d < hd; ++d) {
+    float* row = xt + d * tp;
+    for (int j = 0; j < T; ++j) row[j] = x[j * ld + d];
+    for (size_t j = T; j < tp; ++j) row[j] = 0.0f;
+  }
+}
+
+// Vector width of the register blocks: one AVX-512 register (two AVX2 ones, four SSE ones; GCC's
+// vector extension lowers it for each clone).
+constexpr int kW = 16;
+typedef float Vec16 __attribute__((vector_size(64)));
+
+__attribute__((always_inline)) static inline Vec16 load16(const float* p) {
+  Vec16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+__attribute__((always_inline)) static inline void store16(float* p, Vec16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// out[0..n16) = scale * sum_d a[d] * mt[d][0..n16) (mt rows at stride tp; n16 a multiple of kW).
+// Up to four accumulator blocks stay in registers across the d loop (independent FMA chains).
+__attribute__((always_inline)) static inline void row_times_matrix(float* out, const float* a, const float* mt, size_t tp, int hd, int n16,
+                                    float scale) {
+  int jb = 0;
+  for (; jb + 4 * kW <= n16; jb += 4 * kW) {
+    Vec16 c0 = {}, c1 = {}, c2 = {}, c3 = {};
+    for (int d = 0; d < hd; ++d) {
+      const float x = a[d];
+      const float* m = mt + d * tp + jb;
+      c0 += x * load16(m);
+      c1 += x * load16(m + kW);
+      c2 += x * load16(m + 2 * kW);
+      c3 += x * load16(m + 3 * kW);
     }
+    store16(out + jb, c0 * scale);
+    store16(out + jb + kW, c1 * scale);
+    store16(out + jb + 2 * kW, c2 * scale);
+    store16(out + jb + 3 * kW, c3 * scale);
+  }
+  for (; jb + 2 * kW <= n16; jb += 2 * kW) {
+    Vec16 c0 = {}, c1 = {}, e0 = {}, e1 = {};
+    int d = 0;
+    for (; d + 1 < hd; d += 2) {
+      const float* m = mt + d * tp + jb;
+      c0 += a[d] * load16(m);
+      c1 += a[d] * load16(m + kW);
+      e0 += a[d + 1] * load16(m + tp);
+      e1 += a[d + 1] * load16(m + tp + kW);
+    }
+    if (d < hd) {
+      c0 += a[d] * load16(mt + d * tp + jb);
+      c1 += a[d] * load16(mt + d * tp + jb + kW);
+    }
+    store16(out + jb, (c0 + e0) * scale);
+    store16(out + jb + kW, (c1 + e1) * scale);
+  }
+  for (; jb < n16; jb += kW) {
+    Vec16 c0 = {}, c1 = {}, c2 = {}, c3 = {};
+    int d = 0;
+    for (; d + 3 < hd; d += 4) {
+      const float* m = mt + d * tp + jb;
+      c0 += a[d] * load16(m);
+      c1 += a[d + 1] * load16(m + tp);
+      c2 += a[d + 2] * load16(m + 2 * tp);
+      c3 += a[d + 3] * load16(m + 3 * tp);
+    }
+    for (; d < hd; ++d) c0 += a[d] * load16(mt + d * tp + jb);
+    store16(out + jb, ((c0 + c1) + (c2 + c3)) * scale);
+  }
+}
+
+// out[0..hd) = sum_{j in [j0, j1)} w[j * wstride] * rows[j * ld + 0..hd); blocks of kW over d (two
+// independent chains per block: even and odd j), remainder scalar.
+__attribute__((always_inline)) static inline void weighted_row_sum(float* out, const float* w, size_t wstride, const float* rows, size_t ld, int j0,
+                                    int j1, int hd) {
+  int db = 0;
+  for (; db + 2 * kW <= hd; db += 2 * kW) {
+    Vec16 a0 = {}, a1 = {}, b0 = {}, b1 = {};
+    int j = j0;
+    for (; j + 1 < j1; j += 2) {
+      const float x = w[j * wstride], y = w[(j + 1) * wstride];
+      const float* r = rows + j * ld + db;
+      a0 += x * load16(r);
+      a1 += x * load16(r + kW);
+      b0 += y * load16(r + ld);
+      b1 += y * load16(r + ld + kW);
+    }
+    if (j < j1) {
+      const float x = w[j * wstride];
+      a0 += x * load16(rows + j * ld + db);
+      a1 += x * load16(rows + j * ld + db + kW);
+    }
+    store16(out + db, a0 + b0);
+    store16(out + db + kW, a1 + b1);
+  }
+  for (; db + kW <= hd; db += kW) {
+    Vec16 a0 = {}, b0 = {};
+    int j = j0;
+    for (; j + 1 < j1; j += 2) {
+      a0 += w[j * wstride] * load16(rows + j * ld + db);
+      b0 += w[(j + 1) * wstride] * load16(rows + (j + 1) * ld + db);
+    }
+    if (j < j1) a0 += w[j * wstride] * load16(rows + j * ld + db);
+    store16(out + db, a0 + b0);
+  }
+  for (; db < hd; ++db) {
+    float acc = 0.0f;
+    for (int j = j0; j < j1; ++j) acc += w[j * wstride] * rows[j * ld + db];
+    out[db] = acc;
+  }
+}
+
+__attribute__((always_inline)) static inline int round_up(int n) { return (n + kW - 1) / kW * kW; }
+
+TRIDENT_CLONES
+static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc) {
+  const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
+  float* kt = sc.kt.data();
+  transpose_head(kt, tp, qkv + C, ld, T, hd);
+  const float* v = qkv + 2 * C;
+  float* row = sc.s.data();
+  for (int i = 0; i < T; ++i) {
+    const int n = i + 1;
+    row_times_matrix(row, qkv + i * ld, kt, tp, hd, round_up(n), scale);
+    float mx = row[0];
+    for (int j = 1; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= i; ++j) {
-      float e = fast_exp(scores[j] - mx);
-      scores[j] = e;
+    for (int j = 0; j < n; ++j) {
+      const float e = fast_exp(row[j] - mx);
+      row[j] = e;
       sum += e;
     }
     const float inv = 1.0f / sum;
-    float* o = out + static_cast<size_t>(i) * C;
-    for (int d = 0; d < hd; ++d) o[d] = 0.0f;
-    for (int j = 0; j <= i; ++j) {
-      const float* v = qkv + j * C3 + 2 * C;
-      const float p = scores[j] * inv;
-#pragma omp simd
-      for (int d = 0; d < hd; ++d) o[d] += p * v[d];
-    }
+    for (int j = 0; j < n; ++j) row[j] *= inv;
+    weighted_row_sum(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
     lse[i] = mx + std::log(sum);
   }
 }
@@ -60,46 +184,51 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> scores(T);
+  g_scratch.ensure(T, hd);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       attn_fwd_head(out + static_cast<size_t>(b) * T * C + h * hd, lse + (static_cast<size_t>(b) * NH + h) * T,
-                    qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, scores.data());
+                    qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, g_scratch);
 }
 
 TRIDENT_CLONES
-static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                          int T, int C, int hd, float scale) {
-  const size_t C3 = 3 * static_cast<size_t>(C);
+static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int T,
+                          int C, int hd, float scale, Scratch& sc) {
+  const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
+  const float* q = qkv;
+  const float* k = qkv + C;
+  const float* v = qkv + 2 * C;
+  float* P = sc.s.data();
+  float* dS = sc.ds.data();
+  float* kt = sc.kt.data();
+  float* vt = sc.vt.data();
+  transpose_head(kt, tp, k, ld, T, hd);
+  transpose_head(vt, tp, v, ld, T, hd);
   for (int i = 0; i < T; ++i) {
-    const float* q = qkv + i * C3;
+    const int n = i + 1, n16 = round_up(n);
+    float* p = P + i * tp;
+    float* ds = dS + i * tp;
     const float* go = dout + static_cast<size_t>(i) * C;
     const float* o = out + static_cast<size_t>(i) * C;
-    float* dq = dqkv + i * C3;
-    float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-    for (int d = 0; d < hd; ++d) D += go[d] * o[d];
     const float l = lse[i];
-    for (int j = 0; j <= i; ++j) {
-      const float* k = qkv + j * C3 + C;
-      const float* v = qkv + j * C3 + 2 * C;
-      float* dk = dqkv + j * C3 + C;
-      float* dv = dqkv + j * C3 + 2 * C;
-      float s = 0.0f, dp = 0.0f;
-#pragma omp simd reduction(+ : s, dp)
-      for (int d = 0; d < hd; ++d) {
-        s += q[d] * k[d];
-        dp += go[d] * v[d];
-      }
-      const float p = fast_exp(s * scale - l);
-      const float ds = p * (dp - D) * scale;
-#pragma omp simd
-      for (int d = 0; d < hd; ++d) {
-        dv[d] += p * go[d];
-        dq[d] += ds * k[d];
-        dk[d] += ds * q[d];
-      }
+    // Recompute P_i = exp(scale q_i.k_j - lse_i); dP_i = dO_i . v_j; D_i = dO_i . O_i.
+    row_times_matrix(p, q + i * ld, kt, tp, hd, n16, scale);
+    row_times_matrix(ds, go, vt, tp, hd, n16, 1.0f);
+    float D = 0.0f;
+    for (int d = 0; d < hd; ++d) D += go[d] * o[d];
+    for (int j = 0; j < n; ++j) {
+      const float pj = fast_exp(p[j] - l);
+      p[j] = pj;
+      ds[j] = pj * (ds[j] - D) * scale;
     }
+    for (int j = n; j < n16; ++j) p[j] = 0.0f, ds[j] = 0.0f;
+    // dQ_i = sum_j dS_ij k_j.
+    weighted_row_sum(dqkv + i * ld, ds, 1, k, ld, 0, n, hd);
+  }
+  // dK_j = sum_{i>=j} dS_ij q_i;  dV_j = sum_{i>=j} P_ij dO_i.
+  for (int j = 0; j < T; ++j) {
+    weighted_row_sum(dqkv + C + j * ld, dS + j, tp, q, ld, j, T, hd);
+    weighted_row_sum(dqkv + 2 * C + j * ld, P + j, tp, dout, C, j, T, hd);
   }
 }
 
@@ -108,13 +237,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(B) * T * 3 * C);
+  g_scratch.ensure(T, hd);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
       const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
       const size_t base = static_cast<size_t>(b) * T * C + h * hd;
-      attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, lse + (static_cast<size_t>(b) * NH + h) * T,
-                    T, C, hd, scale);
+      attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, lse + (static_cast<size_t>(b) * NH + h) * T, T,
+                    C, hd, scale, g_scratch);
     }
 }
 

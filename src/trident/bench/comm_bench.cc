@@ -1,0 +1,641 @@
+#include "trident/bench/comm_bench.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/bench/verifiable.h"
+#include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/native/native_pg.h"
+#include "trident/comm/process_group.h"
+#include "trident/comm/reduce.h"
+#include "trident/core/env.h"
+#include "trident/core/error.h"
+
+namespace trident::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool op_reduces(OpKind op) {
+  return op == OpKind::kReduce || op == OpKind::kAllReduce || op == OpKind::kReduceScatter;
+}
+bool op_rooted(OpKind op) {
+  return op == OpKind::kBroadcast || op == OpKind::kReduce || op == OpKind::kGather || op == OpKind::kScatter;
+}
+// size (nccl-tests) = count_per_rank x multiplier x element size.
+size_t size_multiplier(OpKind op, int n) {
+  switch (op) {
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllToAll: return static_cast<size_t>(n);
+    case OpKind::kBarrier: return 0;
+    default: return 1;
+  }
+}
+bool has_out_of_place(OpKind op) { return op != OpKind::kBroadcast; }  // the API broadcasts in place only
+
+std::string join_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : text + ",") {
+    if (ch == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (ch != ' ') {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
+// Page-aligned memory, faulted in once (first-touch costs ~10 us per page on this VM: never in the loop).
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 4096)) {
+    bytes_ = (bytes_ + 4095) / 4096 * 4096;
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+      TRIDENT_THROW(InvalidArgument, "bench comm: cannot allocate {} bytes for buffers ({}); lower -e/--maxbytes",
+                    bytes_, detail::errno_string(errno));
+    data_ = static_cast<char*>(p);
+    std::memset(data_, 0, bytes_);  // fault in every page even where MAP_POPULATE is ignored
+  }
+  ~Buffer() { ::munmap(data_, bytes_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  char* data() { return data_; }
+
+ private:
+  size_t bytes_;
+  char* data_ = nullptr;
+};
+
+// One collective at one count in one placement: where its buffers are, how to prepare and check them.
+struct Case {
+  OpKind op;
+  bool inplace;
+  size_t c;  // count per rank
+  int n, r, root;
+  DType dt;
+  ReduceOp redop;
+  size_t es;
+  char* sendbuf;
+  char* recvbuf;
+
+  char* at(char* base, size_t elems) const { return base + elems * es; }
+  const void* send() const {
+    switch (op) {
+      case OpKind::kBroadcast: return recvbuf;
+      case OpKind::kGather:
+      case OpKind::kAllGather: return inplace ? at(recvbuf, r * c) : sendbuf;
+      case OpKind::kReduce:
+      case OpKind::kAllReduce:
+      case OpKind::kAllToAll: return inplace ? recvbuf : sendbuf;
+      default: return sendbuf;
+    }
+  }
+  void* recv() const {
+    switch (op) {
+      case OpKind::kScatter:
+      case OpKind::kReduceScatter: return inplace ? at(sendbuf, r * c) : recvbuf;
+      default: return recvbuf;
+    }
+  }
+  bool reduces() const { return op_reduces(op); }
+  void fill(void* p, size_t count, int rank, size_t k0, int iter) const {
+    fill_input(p, count, dt, rank, k0, iter, redop, reduces());
+  }
+
+  // Inputs for iteration `iter`; outputs poisoned (a poisoned output region that aliases an input is
+  // poisoned first, then the input written over it).
+  void prepare(int iter) const {
+    const size_t nc = c * n;
+    switch (op) {
+      case OpKind::kBroadcast:
+        if (r == root) fill(recvbuf, c, r, 0, iter);
+        else poison(recvbuf, c, dt);
+        break;
+      case OpKind::kReduce:
+      case OpKind::kAllReduce:
+        if (inplace) {
+          fill(recvbuf, c, r, 0, iter);
+        } else {
+          fill(sendbuf, c, r, 0, iter);
+          poison(recvbuf, c, dt);
+        }
+        break;
+      case OpKind::kGather:
+      case OpKind::kAllGather:
+        poison(recvbuf, nc, dt);
+        fill(const_cast<void*>(send()), c, r, 0, iter);
+        break;
+      case OpKind::kScatter:
+        if (r == root) {
+          fill(sendbuf, nc, root, 0, iter);
+          if (!inplace) poison(recvbuf, c, dt);
+        } else {
+          poison(recv(), c, dt);
+        }
+        break;
+      case OpKind::kReduceScatter:
+        fill(sendbuf, nc, r, 0, iter);
+        if (!inplace) poison(recvbuf, c, dt);
+        break;
+      case OpKind::kAllToAll:
+        if (inplace) {
+          fill(recvbuf, nc, r, 0, iter);
+        } else {
+          fill(sendbuf, nc, r, 0, iter);
+          poison(recvbuf, nc, dt);
+        }
+        break;
+      default: break;
+    }
+  }
+
+  // Wrong elements of this rank's output after iteration `iter`.
+  uint64_t verify(int iter) const {
+    const size_t nc = c * n;
+    const size_t cc = std::max<size_t>(c, 1);
+    const bool red = reduces();
+    switch (op) {
+      case OpKind::kBroadcast:
+        return count_wrong_moved(recvbuf, c, dt, iter, redop, red, [&](size_t) { return root; },
+                                 [](size_t i) { return i; });
+      case OpKind::kReduce:
+        return r == root ? count_wrong_reduced(recv(), c, dt, n, 0, iter, redop) : 0;
+      case OpKind::kAllReduce: return count_wrong_reduced(recv(), c, dt, n, 0, iter, redop);
+      case OpKind::kGather:
+        if (r != root) return 0;
+        [[fallthrough]];
+      case OpKind::kAllGather:
+        return count_wrong_moved(recvbuf, nc, dt, iter, redop, red, [&](size_t i) { return static_cast<int>(i / cc); },
+                                 [&](size_t i) { return i % cc; });
+      case OpKind::kScatter:
+        return count_wrong_moved(recv(), c, dt, iter, redop, red, [&](size_t) { return root; },
+                                 [&](size_t i) { return r * c + i; });
+      case OpKind::kReduceScatter: return count_wrong_reduced(recv(), c, dt, n, r * c, iter, redop);
+      case OpKind::kAllToAll:
+        return count_wrong_moved(recvbuf, nc, dt, iter, redop, red, [&](size_t i) { return static_cast<int>(i / cc); },
+                                 [&](size_t i) { return r * c + i % cc; });
+      default: return 0;
+    }
+  }
+
+  void call(ProcessGroup& pg, const CallOptions& co) const {
+    switch (op) {
+      case OpKind::kBroadcast: pg.broadcast(recvbuf, c, dt, root, co); break;
+      case OpKind::kReduce: pg.reduce(send(), recv(), c, dt, redop, root, co); break;
+      case OpKind::kAllReduce: pg.all_reduce(send(), recv(), c, dt, redop, co); break;
+      case OpKind::kGather: pg.gather(send(), recv(), c, dt, root, co); break;
+      case OpKind::kScatter: pg.scatter(send(), recv(), c, dt, root, co); break;
+      case OpKind::kAllGather: pg.all_gather(send(), recv(), c, dt, co); break;
+      case OpKind::kReduceScatter: pg.reduce_scatter(send(), recv(), c, dt, redop, co); break;
+      case OpKind::kAllToAll: pg.all_to_all(send(), recv(), c, dt, co); break;
+      case OpKind::kBarrier: pg.barrier(co); break;
+      default: TRIDENT_THROW(InvalidArgument, "bench comm: {} is not a benchmarked collective", op_name(op));
+    }
+  }
+};
+
+CollArgs sample_args(OpKind op, size_t c, const CommBenchOptions& o) {
+  CollArgs a;
+  a.op = op;
+  a.count = op == OpKind::kBarrier ? 0 : c;
+  a.dtype = o.dtype;
+  a.redop = o.redop;
+  a.root = op_rooted(op) ? o.root : 0;
+  return a;
+}
+
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  size_t idx = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  idx = std::clamp<size_t>(idx, 1, sorted.size()) - 1;
+  return sorted[idx];
+}
+
+// "shm", "tcp", "shm+tcp" or "none", agreed over the group (a rank's own peers are all it knows).
+std::string effective_transport(ProcessGroup& pg) {
+  int64_t kinds[2] = {0, 0};
+  if (auto* native = dynamic_cast<NativeProcessGroup*>(&pg)) {
+    const std::string& s = native->transport_summary();
+    auto count_before = [&](const std::string& what) -> int64_t {
+      size_t at = s.rfind(what);
+      if (at == std::string::npos) return 0;
+      size_t b = at;
+      while (b > 0 && std::isdigit(static_cast<unsigned char>(s[b - 1]))) --b;
+      return b < at ? std::atoll(s.substr(b, at - b).c_str()) : 0;
+    };
+    kinds[0] = count_before(" shm peers") > 0;
+    kinds[1] = count_before(" tcp peers") > 0;
+  }
+  if (pg.size() > 1) pg.all_reduce(kinds, 2, DType::kInt64, ReduceOp::kMax);
+  if (kinds[0] && kinds[1]) return "shm+tcp";
+  if (kinds[0]) return "shm";
+  if (kinds[1]) return "tcp";
+  return pg.size() > 1 ? pg.backend_name() : "none";
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+// One table section: an op run with one requested algorithm over the sweep.
+struct Section {
+  OpKind op;
+  Algo algo;  // requested (kAuto: the backend chooses per size)
+  std::vector<size_t> counts;
+};
+
+std::string placement_cells(const BenchRecord* rec, bool checked) {
+  if (!rec) return fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A");
+  std::string wrong = checked && rec->wrong ? fmt::format("{}", *rec->wrong) : std::string("N/A");
+  return fmt::format("  {:>9.2f} {:>7.2f} {:>7.2f} {:>6} {:>8.2f} {:>8.2f} {:>8.2f}", rec->time_us, rec->algbw, rec->busbw,
+                     wrong, rec->lat_min_us, rec->lat_p50_us, rec->lat_p99_us);
+}
+
+}  // namespace
+
+const std::vector<OpKind>& bench_ops() {
+  static const std::vector<OpKind> ops = {OpKind::kBroadcast, OpKind::kReduce,        OpKind::kAllReduce,
+                                          OpKind::kGather,    OpKind::kScatter,       OpKind::kAllGather,
+                                          OpKind::kReduceScatter, OpKind::kAllToAll, OpKind::kBarrier};
+  return ops;
+}
+
+std::vector<OpKind> parse_ops(const std::string& text, const std::string& flag) {
+  std::vector<std::string> names;
+  for (OpKind op : bench_ops()) names.push_back(op_name(op));
+  const std::string allowed = join_names(names) + ", or all (a comma-separated list is accepted)";
+  std::vector<OpKind> out;
+  auto items = split_commas(text);
+  if (items.empty()) TRIDENT_THROW(InvalidArgument, "{} is empty; use one of {}", flag, allowed);
+  for (const auto& item : items) {
+    if (item == "all") {
+      for (OpKind op : bench_ops())
+        if (std::find(out.begin(), out.end(), op) == out.end()) out.push_back(op);
+      continue;
+    }
+    OpKind op;
+    try {
+      op = parse_op(item);
+    } catch (const InvalidArgument&) {
+      TRIDENT_THROW(InvalidArgument, "{} '{}' is not a collective; use one of {}", flag, item, allowed);
+    }
+    if (std::find(bench_ops().begin(), bench_ops().end(), op) == bench_ops().end())
+      TRIDENT_THROW(InvalidArgument, "{} '{}' is not benchmarked by bench comm; use one of {}", flag, item, allowed);
+    if (std::find(out.begin(), out.end(), op) == out.end()) out.push_back(op);
+  }
+  return out;
+}
+
+std::vector<Algo> parse_algos(const std::string& text, bool* all, const std::string& flag) {
+  *all = false;
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumAlgos; ++i) names.push_back(algo_name(static_cast<Algo>(i)));
+  const std::string allowed = join_names(names) + ", or all (every algorithm of each op, then auto)";
+  std::vector<Algo> out;
+  auto items = split_commas(text);
+  if (items.empty()) TRIDENT_THROW(InvalidArgument, "{} is empty; use one of {}", flag, allowed);
+  for (const auto& item : items) {
+    if (item == "all") {
+      *all = true;
+      continue;
+    }
+    Algo a;
+    try {
+      a = parse_algo(item);
+    } catch (const InvalidArgument&) {
+      TRIDENT_THROW(InvalidArgument, "{} '{}' is not an algorithm; use one of {}", flag, item, allowed);
+    }
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  }
+  return out;
+}
+
+double busbw_factor(OpKind op, int n) {
+  const double nn = n;
+  switch (op) {
+    case OpKind::kAllReduce: return 2.0 * (nn - 1) / nn;
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllToAll:
+    case OpKind::kGather:
+    case OpKind::kScatter: return (nn - 1) / nn;
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: return 1.0;
+    default: return 0.0;
+  }
+}
+
+void validate(const CommBenchOptions& o, int world) {
+  if (o.ops.empty()) TRIDENT_THROW(InvalidArgument, "--op: no collective given");
+  if (o.min_bytes < 1) TRIDENT_THROW(InvalidArgument, "-b/--minbytes must be at least 1 byte, got {}", o.min_bytes);
+  if (o.max_bytes < o.min_bytes)
+    TRIDENT_THROW(InvalidArgument, "-e/--maxbytes ({}) is below -b/--minbytes ({}); give -e >= -b", o.max_bytes,
+                  o.min_bytes);
+  if (o.step_factor < 2)
+    TRIDENT_THROW(InvalidArgument, "-f/--stepfactor must be an integer >= 2 (sizes grow by this factor), got {}",
+                  o.step_factor);
+  if (o.iters < 1) TRIDENT_THROW(InvalidArgument, "--iters must be at least 1, got {}", o.iters);
+  if (o.warmup < 0) TRIDENT_THROW(InvalidArgument, "--warmup must be at least 0, got {}", o.warmup);
+  if (o.root < 0 || o.root >= world)
+    TRIDENT_THROW(InvalidArgument, "--root {} is outside [0, {}) for a world of {} ranks", o.root, world, world);
+  if (!o.inplace && !o.outofplace)
+    TRIDENT_THROW(InvalidArgument, "nothing to run: enable --inplace, --outofplace or both (the default)");
+  if (o.transport != "auto" && o.transport != "shm" && o.transport != "tcp")
+    TRIDENT_THROW(InvalidArgument, "--transport '{}' is not one of auto, shm, tcp", o.transport);
+  if (o.timeout_s && !(*o.timeout_s > 0))
+    TRIDENT_THROW(InvalidArgument, "--timeout must be positive, got {}", *o.timeout_s);
+  if (o.dtype == DType::kUInt8) {
+    for (OpKind op : o.ops)
+      if (op_reduces(op))
+        TRIDENT_THROW(InvalidArgument,
+                      "--dtype uint8 supports data movement only, but --op includes {} (a reduction); use another "
+                      "--dtype or drop reduce, all_reduce and reduce_scatter",
+                      op_name(op));
+  }
+  if (o.algos.empty() && !o.algo_all) TRIDENT_THROW(InvalidArgument, "--algo: no algorithm given");
+}
+
+void write_json(const std::string& path, const std::vector<BenchRecord>& records) {
+  std::ofstream f(path);
+  if (!f) TRIDENT_THROW(IoError, "--json: cannot open '{}' for writing", path);
+  f << "[\n";
+  for (size_t i = 0; i < records.size(); ++i) {
+    const BenchRecord& r = records[i];
+    nlohmann::ordered_json j;
+    j["op"] = op_name(r.op);
+    j["algo"] = algo_name(r.algo);
+    j["algo_forced"] = r.algo_forced;
+    j["inplace"] = r.inplace;
+    j["size"] = r.size;
+    j["count"] = r.count;
+    j["count_per_rank"] = r.count_per_rank;
+    j["dtype"] = r.has_dtype ? dtype_name(r.dtype) : "none";
+    j["redop"] = r.has_redop ? reduce_op_name(r.redop) : "none";
+    j["root"] = r.root;
+    j["time_us"] = r.time_us;
+    j["algbw"] = r.algbw;
+    j["busbw"] = r.busbw;
+    j["wrong"] = r.wrong ? nlohmann::ordered_json(*r.wrong) : nlohmann::ordered_json(nullptr);
+    j["lat_min_us"] = r.lat_min_us;
+    j["lat_p50_us"] = r.lat_p50_us;
+    j["lat_p99_us"] = r.lat_p99_us;
+    j["world_size"] = r.world_size;
+    j["transport"] = r.transport;
+    j["transport_requested"] = r.transport_requested;
+    f << j.dump() << (i + 1 < records.size() ? ",\n" : "\n");
+  }
+  f << "]\n";
+  if (!f) TRIDENT_THROW(IoError, "--json: failed writing '{}'", path);
+}
+
+CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std::ostream& out) {
+  const int n = pg.size(), me = pg.rank();
+  validate(o, n);
+  const bool lead = me == 0;
+  const size_t es = dtype_size(o.dtype);
+
+  // The sweep, per op: count per rank from each size (at least one element), duplicates dropped.
+  std::vector<size_t> sizes;
+  for (int64_t s = o.min_bytes; s <= o.max_bytes; s *= o.step_factor) {
+    sizes.push_back(static_cast<size_t>(s));
+    if (s > o.max_bytes / o.step_factor) break;
+  }
+  std::vector<std::string> notes;
+  std::vector<Section> sections;
+  size_t max_bytes = 0;
+  for (OpKind op : o.ops) {
+    std::vector<size_t> counts;
+    const size_t mult = size_multiplier(op, n);
+    if (op == OpKind::kBarrier) {
+      counts.push_back(0);
+    } else {
+      for (size_t s : sizes) {
+        size_t c = std::max<size_t>(1, s / (es * mult));
+        if (counts.empty() || counts.back() != c) counts.push_back(c);
+      }
+      max_bytes = std::max(max_bytes, counts.back() * mult * es);
+    }
+    if (op == OpKind::kBroadcast && !o.inplace) {
+      notes.push_back("broadcast: only an in-place form exists (the API broadcasts in place); skipped under --outofplace");
+      continue;
+    }
+    std::vector<Algo> algos;
+    if (o.algo_all) {
+      for (const AlgorithmInfo* info : algorithms_for(op)) algos.push_back(info->algo);
+      algos.push_back(Algo::kAuto);
+    }
+    for (Algo a : o.algos)
+      if (std::find(algos.begin(), algos.end(), a) == algos.end()) algos.push_back(a);
+    for (Algo a : algos) {
+      if (a != Algo::kAuto) {
+        try {
+          pg.choose_algorithm(sample_args(op, counts.front(), o), a);
+        } catch (const InvalidArgument& e) {
+          notes.push_back(fmt::format("{} algo {}: skipped: {}", op_name(op), algo_name(a), e.what()));
+          continue;
+        }
+      }
+      sections.push_back({op, a, counts});
+    }
+  }
+  if (sections.empty())
+    TRIDENT_THROW(InvalidArgument, "bench comm: nothing to run: {}", notes.empty() ? std::string("no op") : notes.front());
+
+  Buffer sendbuf(max_bytes), recvbuf(max_bytes);
+  const std::string transport = effective_transport(pg);
+
+  // Who is where: "host pid" of every rank (fixed 64-byte records, gathered once).
+  constexpr size_t kRec = 64;
+  std::vector<char> mine(kRec, 0), all(kRec * n, 0);
+  char host[kRec / 2] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::snprintf(mine.data(), kRec, "%s %d", host, static_cast<int>(::getpid()));
+  pg.all_gather(mine.data(), all.data(), kRec, DType::kUInt8);
+
+  if (lead) {
+    std::string ops;
+    for (OpKind op : o.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(op));
+    std::string summary;
+    if (auto* native = dynamic_cast<NativeProcessGroup*>(&pg)) summary = native->transport_summary();
+    out << "# trident bench comm (nccl-tests conventions: size in bytes, 1 GB = 1e9 B)\n";
+    out << fmt::format("# op: {}  minBytes {}  maxBytes {}  step: {}(factor)  warmup iters: {}  iters: {}  check: {}  "
+                       "dtype: {}  redop: {}  root: {}\n",
+                       ops, o.min_bytes, o.max_bytes, o.step_factor, o.warmup, o.iters, o.check ? 1 : 0,
+                       dtype_name(o.dtype), reduce_op_name(o.redop), o.root);
+    out << fmt::format("# world size {}; backend {}; transport requested {}, in use {}{}\n", n, pg.backend_name(),
+                       o.transport, transport, summary.empty() ? "" : " (" + summary + ")");
+    out << fmt::format("# group timeout {:.0f} s; date {}\n", pg.timeout().count(), utc_now());
+    for (int r = 0; r < n; ++r) {
+      std::string rec(all.data() + r * kRec, strnlen(all.data() + r * kRec, kRec));
+      auto sp = rec.rfind(' ');
+      out << fmt::format("#  Rank {:2d} Pid {:>7} on {}\n", r, sp == std::string::npos ? "?" : rec.substr(sp + 1),
+                         rec.substr(0, sp));
+    }
+    out << "# time: wall time of each blocking call on each rank, a barrier before the timed loop"
+        << (o.check ? " (and, with --check, before each iteration after refilling inputs)" : "")
+        << "; time = max over ranks of the per-rank mean; lat min/p50/p99 = max over ranks of each rank's value\n";
+    for (const auto& note : notes) out << "# note: " << note << "\n";
+    out << "#\n" << std::flush;
+  }
+
+  CommBenchResult result;
+  const std::string hdr_place = fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "time", "algbw", "busbw",
+                                            "#wrong", "lat_min", "lat_p50", "lat_p99");
+  const std::string hdr_units = fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "(us)", "(GB/s)", "(GB/s)", "",
+                                            "(us)", "(us)", "(us)");
+  for (const Section& sec : sections) {
+    if (lead) {
+      out << fmt::format("# {}  algo {}\n", op_name(sec.op),
+                         sec.algo == Algo::kAuto ? std::string("auto (the backend's choice per size)")
+                                                 : std::string(algo_name(sec.algo)));
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}  {:<59}  {:<59}\n", "", "", "", "", "", "",
+                         "------------------ out-of-place -------------------",
+                         "-------------------- in-place ---------------------");
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", "size", "count", "type", "redop", "root", "algo",
+                         hdr_place, hdr_place);
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", "(B)", "(elements)", "", "", "", "", hdr_units,
+                         hdr_units)
+          << std::flush;
+    }
+    for (size_t c : sec.counts) {
+      const CollArgs args = sample_args(sec.op, c, o);
+      const Algo chosen = pg.choose_algorithm(args, sec.algo);
+      CallOptions co;
+      co.algo = sec.algo;
+      const size_t size = c * size_multiplier(sec.op, n) * es;
+      BenchRecord recs[2];  // out-of-place, in-place
+      bool ran[2] = {false, false};
+      for (int place = 0; place < 2; ++place) {
+        const bool inplace = place == 1;
+        if (sec.op == OpKind::kBarrier) {
+          if (inplace == o.outofplace) continue;  // barrier has no buffers: one run, in the first enabled column
+        } else {
+          if (inplace ? !o.inplace : !o.outofplace) continue;
+          if (!inplace && !has_out_of_place(sec.op)) continue;
+        }
+        Case cs{sec.op, inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
+                sendbuf.data(), recvbuf.data()};
+        // Warm-up calls (iterations -1, -2, ...) are checked too; the timed ones are 1..iters.
+        uint64_t wrong = 0;
+        if (!o.check) cs.prepare(0);
+        pg.barrier();
+        for (int w = 0; w < o.warmup; ++w) {
+          if (o.check) {
+            cs.prepare(-1 - w);
+            pg.barrier();
+          }
+          cs.call(pg, co);
+          if (o.check) wrong += cs.verify(-1 - w);
+        }
+        pg.barrier();
+        std::vector<double> lat(o.iters);
+        for (int it = 0; it < o.iters; ++it) {
+          if (o.check) {
+            cs.prepare(it + 1);
+            pg.barrier();
+          }
+          const auto t0 = Clock::now();
+          cs.call(pg, co);
+          const auto t1 = Clock::now();
+          lat[it] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+          if (o.check) wrong += cs.verify(it + 1);
+        }
+        double mean = 0;
+        for (double x : lat) mean += x;
+        mean /= o.iters;
+        std::sort(lat.begin(), lat.end());
+        double stats[4] = {mean, lat.front(), percentile(lat, 0.50), percentile(lat, 0.99)};
+        int64_t wrong_all = static_cast<int64_t>(wrong);
+        if (n > 1) {
+          pg.all_reduce(stats, 4, DType::kFloat64, ReduceOp::kMax);
+          pg.all_reduce(&wrong_all, 1, DType::kInt64, ReduceOp::kSum);
+        }
+        BenchRecord& rec = recs[place];
+        rec.op = sec.op;
+        rec.algo = chosen;
+        rec.algo_forced = sec.algo != Algo::kAuto;
+        rec.inplace = inplace;
+        rec.size = size;
+        rec.count = size / es;
+        rec.count_per_rank = sec.op == OpKind::kBarrier ? 0 : c;
+        if (sec.op == OpKind::kBarrier) rec.count = 0;
+        rec.dtype = o.dtype;
+        rec.has_dtype = sec.op != OpKind::kBarrier;
+        rec.redop = o.redop;
+        rec.has_redop = op_reduces(sec.op);
+        rec.root = op_rooted(sec.op) ? o.root : -1;
+        rec.time_us = stats[0];
+        rec.algbw = stats[0] > 0 ? static_cast<double>(size) / (stats[0] * 1e-6) / 1e9 : 0;
+        rec.busbw = rec.algbw * busbw_factor(sec.op, n);
+        if (o.check) rec.wrong = static_cast<uint64_t>(wrong_all);
+        rec.lat_min_us = stats[1];
+        rec.lat_p50_us = stats[2];
+        rec.lat_p99_us = stats[3];
+        rec.world_size = n;
+        rec.transport = transport;
+        rec.transport_requested = o.transport;
+        ran[place] = true;
+        result.wrong += static_cast<uint64_t>(wrong_all);
+      }
+      for (int place = 0; place < 2; ++place)
+        if (ran[place]) result.records.push_back(recs[place]);
+      if (lead) {
+        const BenchRecord& any = ran[0] ? recs[0] : recs[1];
+        std::string algo_cell = sec.algo == Algo::kAuto ? fmt::format("auto:{}", algo_name(chosen)) : algo_name(chosen);
+        out << fmt::format(" {:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", size, any.count,
+                           any.has_dtype ? dtype_name(o.dtype) : "none",
+                           any.has_redop ? reduce_op_name(o.redop) : "none", any.root, algo_cell,
+                           placement_cells(ran[0] ? &recs[0] : nullptr, o.check),
+                           placement_cells(ran[1] ? &recs[1] : nullptr, o.check))
+            << std::flush;
+      }
+    }
+  }
+
+  double sum = 0;
+  int rows = 0;
+  for (const auto& r : result.records)
+    if (r.op != OpKind::kBarrier) sum += r.busbw, ++rows;
+  result.avg_busbw = rows ? sum / rows : 0;
+  if (lead) {
+    if (o.check) out << fmt::format("# Out of bounds values : {} {}\n", result.wrong, result.wrong ? "FAILED" : "OK");
+    else out << "# Out of bounds values : N/A (not checked; run with --check to verify every element)\n";
+    out << fmt::format("# Avg bus bandwidth    : {:.4f} GB/s\n", result.avg_busbw);
+    out << "#\n" << std::flush;
+    if (!o.json_path.empty()) write_json(o.json_path, result.records);
+  }
+  return result;
+}
+
+}  // namespace trident::bench

@@ -1,0 +1,285 @@
+// safetensors format, checkpoint save/load, corruption detection, and atomicity under injected failures.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <span>
+
+#include "trident/core/error.h"
+#include "trident/data/file_io.h"
+#include "trident/nn/models.h"
+#include "trident/train/checkpoint.h"
+
+using namespace trident;
+using namespace trident::train;
+namespace fs = std::filesystem;
+
+namespace {
+#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / fmt::format("trident-ckpt-test-{}-{}", ::getpid(), n++);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::unique_ptr<nn::Model> tiny_gpt(uint64_t seed = 1) {
+  return nn::make_model({{"kind", "gpt"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 8},
+                         {"vocab_size", 11}, {"bias", true}, {"seed", seed}});
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const std::string& path, std::streamoff from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-from_end, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-from_end, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+CheckpointMeta meta_for(nn::Model& m, int64_t step) {
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.model_config = m.config();
+  meta.tokenizer = {{"kind", "byte"}, {"vocab_size", 256}};
+  meta.sampler = {{"kind", "random"}, {"next_step", step}};
+  meta.optimizer_step = step;
+  meta.has_optimizer = true;
+  return meta;
+}
+}  // namespace
+
+TEST(Safetensors, WritesTheDocumentedLayoutAndReadsBack) {
+  TempDir d;
+  std::string p = (d.path / "t.safetensors").string();
+  std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 1e-20f, -7.0f};
+  std::vector<float> b = {42.0f};
+  write_safetensors(p, {{"a.weight", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"format", "pt"}});
+  // Independent parse of the format: u64 little-endian header size, JSON header, raw F32 data.
+  std::string raw = io::read_file(p);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(raw[i])) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  auto h = nlohmann::json::parse(raw.substr(8, n));
+  EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  EXPECT_EQ(h["a.weight"]["dtype"], "F32");
+  EXPECT_EQ(h["a.weight"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(h["a.weight"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(h["b"]["data_offsets"], nlohmann::json({24, 28}));
+  EXPECT_EQ(raw.size(), 8 + n + 28);
+  float f;
+  std::memcpy(&f, raw.data() + 8 + n + 8, 4);
+  EXPECT_EQ(f, 3.25f);
+
+  std::map<std::string, std::string> md;
+  auto t = read_safetensors(p, &md);
+  EXPECT_EQ(md.at("format"), "pt");
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t["a.weight"].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t["a.weight"].data, a);
+  EXPECT_EQ(t["b"].data, b);
+}
+
+TEST(Safetensors, PythonReaderAgrees) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 numpy";
+  TempDir d;
+  std::string p = (d.path / "m.safetensors").string();
+  std::vector<float> a = {0.5f, 1.0f, -3.0f, 8.0f};
+  write_safetensors(p, {{"x", {2, 2}, a.data()}}, {});
+  // The reference reader of the safetensors format, in numpy (what safetensors.numpy.load_file does).
+  std::string script = (d.path / "r.py").string();
+  std::ofstream(script) << "import json, struct, sys, numpy as np\n"
+                           "b = open(sys.argv[1], 'rb').read()\n"
+                           "n = struct.unpack('<Q', b[:8])[0]\n"
+                           "h = json.loads(b[8:8+n])\n"
+                           "s, e = h['x']['data_offsets']\n"
+                           "x = np.frombuffer(b[8+n+s:8+n+e], dtype='<f4').reshape(h['x']['shape'])\n"
+                           "print(x.sum(), x[1,0], h['x']['dtype'])\n";
+  std::string out_file = (d.path / "out.txt").string();
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + script + " " + p + " > " + out_file).c_str()), 0);
+  EXPECT_EQ(io::read_file(out_file), "6.5 -3.0 F32\n");
+}
+
+TEST(Safetensors, RejectsTruncatedAndCorruptFiles) {
+  TempDir d;
+  std::string p = (d.path / "t.safetensors").string();
+  std::vector<float> a(64, 1.0f);
+  write_safetensors(p, {{"a", {8, 8}, a.data()}}, {});
+  auto size = fs::file_size(p);
+  std::string good = io::read_file(p);
+
+  fs::resize_file(p, size - 4);
+  std::string e = error_of([&] { read_safetensors(p); });
+  EXPECT_CONTAINS(e, p);
+  EXPECT_CONTAINS(e, "truncated");
+  EXPECT_CONTAINS(e, "data section has 252");
+
+  fs::resize_file(p, 5);
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "shorter than the 8-byte header length");
+
+  std::string bad = good;
+  bad[0] = '\xff';
+  bad[1] = '\xff';
+  std::ofstream(p, std::ios::binary) << bad;
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "exceeds the file size");
+
+  bad = good;
+  bad[9] = '#';  // JSON header
+  std::ofstream(p, std::ios::binary) << bad;
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "does not parse");
+
+  bad = good;
+  size_t pos = bad.find("F32");
+  bad.replace(pos, 3, "F16");
+  std::ofstream(p, std::ios::binary) << bad;
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "dtype F16");
+
+  std::ofstream(p, std::ios::binary) << good << "xxxx";  // trailing bytes: a hole in the data section
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "cover 256 bytes but the data section has 260");
+  EXPECT_THROW(read_safetensors((d.path / "missing").string()), IoError);
+}
+
+TEST(Checkpoint, SaveLoadRoundTripWithTiedHeadAndOptimizer) {
+  TempDir d;
+  auto m = tiny_gpt(3);
+  std::vector<float> ea(m->num_params()), es(m->num_params());
+  for (size_t i = 0; i < ea.size(); ++i) ea[i] = 0.001f * i, es[i] = 0.5f + i;
+  std::string out = d.path.string();
+  std::string dir = save_checkpoint(out, *m, meta_for(*m, 7), {&ea, &es});
+  EXPECT_EQ(fs::path(dir).filename(), "ckpt-00000007");
+  EXPECT_EQ(find_checkpoint(out), dir);
+  EXPECT_EQ(find_checkpoint(dir + "/checkpoint.json"), dir);
+
+  auto ck = load_checkpoint(dir);
+  EXPECT_EQ(ck.meta.step, 7);
+  EXPECT_EQ(ck.meta.optimizer_step, 7);
+  EXPECT_TRUE(ck.weights.count("lm_head.weight"));  // strict-loadable by nanoGPT's GPT
+  EXPECT_EQ(ck.weights["lm_head.weight"].data, ck.weights["transformer.wte.weight"].data);
+  EXPECT_EQ(ck.weights["transformer.h.0.attn.c_attn.weight"].shape, (std::vector<int64_t>{24, 8}));
+
+  auto m2 = tiny_gpt(99);  // different init
+  load_weights(*m2, ck.weights, dir);
+  for (const auto& p : m->parameters()) {
+    for (size_t i = 0; i < p.numel; ++i) ASSERT_EQ(m2->param_data()[p.offset + i], m->param_data()[p.offset + i]);
+  }
+  std::vector<float> ea2, es2;
+  load_optimizer_moments(*m2, ck.optimizer, ea2, es2, dir);
+  for (const auto& p : m->parameters()) {
+    for (size_t i = 0; i < p.numel; ++i) {
+      ASSERT_EQ(ea2[p.offset + i], ea[p.offset + i]);
+      ASSERT_EQ(es2[p.offset + i], es[p.offset + i]);
+    }
+  }
+  // A model of another shape is refused, naming the tensor.
+  auto other = nn::make_model({{"kind", "gpt"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 16}, {"block_size", 8},
+                               {"vocab_size", 11}, {"bias", true}});
+  EXPECT_CONTAINS(error_of([&] { load_weights(*other, ck.weights, dir); }), "transformer.wte.weight' has shape");
+  auto nobias = nn::make_model({{"kind", "gpt"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 8},
+                                {"vocab_size", 11}, {"bias", false}});
+  EXPECT_CONTAINS(error_of([&] { load_weights(*nobias, ck.weights, dir); }), "is not a parameter of this model");
+}
+
+TEST(Checkpoint, CorruptTruncatedOrMissingFilesAreNamed) {
+  TempDir d;
+  auto m = tiny_gpt();
+  std::vector<float> ea(m->num_params()), es(m->num_params());
+  std::string dir = save_checkpoint(d.path.string(), *m, meta_for(*m, 1), {&ea, &es});
+  std::string model = dir + "/model.safetensors", opt = dir + "/optimizer.safetensors";
+  std::string good = io::read_file(model);
+
+  flip_byte(model, 5);
+  std::string e = error_of([&] { load_checkpoint(dir); });
+  EXPECT_CONTAINS(e, model);
+  EXPECT_CONTAINS(e, "checksum");
+  std::ofstream(model, std::ios::binary) << good;
+  EXPECT_NO_THROW(load_checkpoint(dir));
+
+  fs::resize_file(opt, fs::file_size(opt) - 1);
+  e = error_of([&] { load_checkpoint(dir); });
+  EXPECT_CONTAINS(e, opt);
+  EXPECT_CONTAINS(e, "truncated");
+  EXPECT_NO_THROW(load_checkpoint(dir, /*with_optimizer=*/false));
+
+  fs::remove(model);
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir); }), "is missing");
+
+  std::ofstream(dir + "/checkpoint.json") << "{\"format\": \"trident-checkpoint\",";
+  e = error_of([&] { load_checkpoint(dir); });
+  EXPECT_CONTAINS(e, "checkpoint.json");
+  EXPECT_CONTAINS(e, "not valid JSON");
+  std::ofstream(dir + "/checkpoint.json") << R"({"format": "trident-checkpoint", "version": 9})";
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir); }), "version 9");
+  EXPECT_CONTAINS(error_of([&] { find_checkpoint((d.path / "nope").string()); }), "does not exist");
+  std::ofstream(d.path / "latest") << "ckpt-00000042\n";
+  EXPECT_CONTAINS(error_of([&] { find_checkpoint(d.path.string()); }), "not a complete checkpoint");
+}
+
+TEST(Checkpoint, AFailedSaveLeavesThePreviousCheckpointIntact) {
+  TempDir d;
+  auto m = tiny_gpt(5);
+  std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
+  std::string out = d.path.string();
+  std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
+  std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(first)) total += fs::file_size(e.path());
+
+  // Change the weights, then fail the next save at many points (inside each file, and at the `latest` update).
+  for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  int failures = 0;
+  for (uint64_t at : {uint64_t{0}, uint64_t{7}, uint64_t{100}, total / 2, total - 300, total - 20, total + 2}) {
+    io::testing::set_write_fault(static_cast<int64_t>(at), ENOSPC);
+    std::string e = error_of([&] { save_checkpoint(out, *m, meta_for(*m, 10), {&ea, &es}); });
+    io::testing::set_write_fault(-1, 0);
+    if (e.empty()) continue;  // the fault point fell beyond the last write
+    ++failures;
+    EXPECT_CONTAINS(e, "no space left on device");
+    EXPECT_CONTAINS(e, "the previous checkpoint " + first + " is intact");
+    std::string found = find_checkpoint(out);
+    auto ck = load_checkpoint(found);
+    if (found == first) {
+      auto m2 = tiny_gpt(9);
+      load_weights(*m2, ck.weights, found);
+      for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(m2->param_data()[i], saved[i]) << "fault at " << at;
+    }
+    for (const auto& ent : fs::directory_iterator(out)) {
+      EXPECT_EQ(ent.path().filename().string().find(".tmp."), std::string::npos) << ent.path();
+    }
+  }
+  EXPECT_GE(failures, 6);
+  // A failed rename (e.g. EIO) is reported too and the old checkpoint survives.
+  io::testing::set_rename_fault(EIO);
+  EXPECT_CONTAINS(error_of([&] { save_checkpoint(out, *m, meta_for(*m, 11), {&ea, &es}); }), "is intact");
+  EXPECT_NO_THROW(load_checkpoint(find_checkpoint(out)));
+}
+
+TEST(Checkpoint, RetentionKeepsTheNewest) {
+  TempDir d;
+  auto m = tiny_gpt();
+  std::vector<float> ea(m->num_params()), es(m->num_params());
+  for (int s : {1, 2, 3, 4}) save_checkpoint(d.path.string(), *m, meta_for(*m, s), {&ea, &es}, 2);
+  EXPECT_FALSE(fs::exists(d.path / "ckpt-00000001"));
+  EXPECT_FALSE(fs::exists(d.path / "ckpt-00000002"));
+  EXPECT_TRUE(fs::exists(d.path / "ckpt-00000003"));
+  EXPECT_TRUE(fs::exists(d.path / "ckpt-00000004"));
+  // Re-saving the same step replaces it.
+  save_checkpoint(d.path.string(), *m, meta_for(*m, 4), {&ea, &es}, 2);
+  EXPECT_EQ(load_checkpoint(find_checkpoint(d.path.string())).meta.step, 4);
+}

@@ -1,0 +1,175 @@
+// `trident train | eval | sample` end to end through the built binary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "trident/data/file_io.h"
+#include "trident/data/rng.h"
+#include "trident/train/checkpoint.h"
+#include "trident/train/trainer.h"
+
+using namespace trident;
+namespace fs = std::filesystem;
+
+namespace {
+#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
+
+struct Result {
+  int rc;
+  std::string out, err;
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("trident-cli-test-{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    data::Rng r(5, 0);
+    const char* words[] = {"to ", "be ", "or ", "not ", "that ", "is ", "the ", "question.\n"};
+    while (text.size() < 10000) text += words[r.next_below(8)];
+    std::ofstream(dir_ / "corpus.txt") << text;
+    // One small training run shared by the tests below.
+    Result t = run("train " + tiny_args() + " --out_dir " + (dir_ / "out").string() + " --json");
+    ASSERT_EQ(t.rc, 0) << t.err;
+    train_stdout_ = t.out;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string tiny_args() {
+    return "--data " + (dir_ / "corpus.txt").string() +
+           " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 --max-iters 12 --warmup-iters 2"
+           " --lr-decay-iters 12 --eval-interval 6 --eval-iters 2 --sample-tokens 20 --threads 1";
+  }
+
+  static Result run(const std::string& args) {
+    std::string err_file = (dir_ / "stderr.txt").string();
+    std::string cmd = std::string(TRIDENT_BIN) + " " + args + " 2>" + err_file;
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int status = ::pclose(p);
+    Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, io::read_file(err_file)};
+    return r;
+  }
+
+  static inline fs::path dir_;
+  static inline std::string train_stdout_;
+};
+}  // namespace
+
+TEST_F(Cli, TrainJsonStreamsRecordsAndEndsWithAFinalOne) {
+  std::istringstream in(train_stdout_);
+  std::string line;
+  int steps = 0, evals = 0;
+  nlohmann::json last;
+  while (std::getline(in, line)) {
+    last = nlohmann::json::parse(line);  // every line is JSON
+    steps += last["type"] == "step";
+    evals += last["type"] == "eval";
+  }
+  EXPECT_EQ(steps, 12);
+  EXPECT_EQ(evals, 3);
+  EXPECT_EQ(last["type"], "final");
+  EXPECT_TRUE(last["val_loss"].is_number());
+  EXPECT_GT(last["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(last["sample"].get<std::string>().size(), 20u);  // 20 single-byte characters
+}
+
+TEST_F(Cli, TrainPlainProgressWhenNotATerminal) {
+  Result r = run("train " + tiny_args() + " --out_dir=" + (dir_ / "plain").string() + " --log-interval 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "step 4/12 | loss ");
+  EXPECT_CONTAINS(r.out, "| lr ");
+  EXPECT_CONTAINS(r.out, "tok/s | ETA ");
+  EXPECT_EQ(r.out.find("step 3/12 |"), std::string::npos);  // only every log_interval steps
+  EXPECT_EQ(r.out.find('\r'), std::string::npos);
+  EXPECT_CONTAINS(r.out, "step 12: train loss");
+  EXPECT_CONTAINS(r.out, "done: 12 steps | val loss");
+  EXPECT_CONTAINS(r.out, "sample:\n");
+}
+
+TEST_F(Cli, TrainErrorsNameTheKey) {
+  Result r = run("train --n_layers 3");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_CONTAINS(r.err, "unknown config key 'n_layers' (did you mean 'n_layer'?)");
+  r = run("train --tokenizer=bpe");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_CONTAINS(r.err, "one of char|byte");
+  r = run("train --data " + (dir_ / "missing.txt").string() + " --out-dir " + (dir_ / "x").string());
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_CONTAINS(r.err, "does not exist");
+  r = run("train --resume --out-dir " + (dir_ / "never").string());
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_CONTAINS(r.err, "no checkpoint in out_dir");
+  r = run("train --help");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_CONTAINS(r.out, "--gradient_accumulation_steps");
+}
+
+TEST_F(Cli, EvalMatchesTheLibraryAndIsDeterministic) {
+  std::string ck = (dir_ / "out").string();
+  Result a = run("eval --checkpoint " + ck + " --split val --windows 5 --json");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  auto j = nlohmann::json::parse(a.out);
+  EXPECT_EQ(j["windows"], 5);
+  EXPECT_EQ(j["block_size"], 16);
+  EXPECT_EQ(j["step"], 12);
+  // Independent path: load the checkpoint in-process and evaluate the same windows.
+  auto loaded = train::load_checkpoint(train::find_checkpoint(ck), false);
+  auto model = train::model_from_checkpoint(loaded);
+  data::DatasetOptions o;
+  o.source = (dir_ / "corpus.txt").string();
+  o.tokenizer_override = data::Tokenizer::from_json(loaded.meta.tokenizer);
+  auto ds = data::TokenDataset::open(o);
+  EXPECT_EQ(j["loss"].get<double>(), train::evaluate_windows(*model, ds.span(data::Split::kVal), 16, 5));
+  Result b = run("eval --checkpoint " + ck + " --split val --windows 5 --json");
+  EXPECT_EQ(a.out, b.out);
+  Result plain = run("eval --checkpoint " + ck + " --data " + o.source + " --split train --windows 3");
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  EXPECT_CONTAINS(plain.out, "train loss ");
+
+  EXPECT_NE(run("eval --windows 3").rc, 0);  // --checkpoint is required
+  Result e = run("eval --checkpoint " + (dir_ / "nothing").string() + " --windows 3");
+  EXPECT_EQ(e.rc, 2);
+  EXPECT_CONTAINS(e.err, "does not exist");
+  e = run("eval --checkpoint " + ck + " --windows 100000");
+  EXPECT_EQ(e.rc, 2);
+  EXPECT_CONTAINS(e.err, "at most");
+}
+
+TEST_F(Cli, SampleIsSeededAndContinuesThePrompt) {
+  std::string ck = (dir_ / "out").string();
+  Result a = run("sample --checkpoint " + ck + " --prompt 'to be' --tokens 30 --seed 4 --temperature 1.0 --top-k 5");
+  Result b = run("sample --checkpoint " + ck + " --prompt 'to be' --tokens 30 --seed 4 --temperature 1.0 --top-k 5");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out.rfind("to be", 0), 0u);
+  EXPECT_EQ(a.out.size(), 5u + 30u + 1u);
+  Result e = run("sample --checkpoint " + ck + " --prompt 'XYZ' --tokens 3");
+  EXPECT_EQ(e.rc, 2);
+  EXPECT_CONTAINS(e.err, "'X'");
+  EXPECT_CONTAINS(e.err, "not in the tokenizer's vocabulary");
+}
+
+TEST_F(Cli, CorruptCheckpointIsReportedWithTheFile) {
+  fs::path copy = dir_ / "corrupt";
+  fs::copy(dir_ / "out", copy, fs::copy_options::recursive);
+  std::string dir = train::find_checkpoint(copy.string());
+  std::string model = dir + "/model.safetensors";
+  fs::resize_file(model, fs::file_size(model) - 8);
+  Result r = run("eval --checkpoint " + copy.string() + " --windows 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_CONTAINS(r.err, model);
+  EXPECT_CONTAINS(r.err, "truncated");
+}

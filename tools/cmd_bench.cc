@@ -1,0 +1,210 @@
+// `trident bench comm`: parses flags, then calls trident::bench::run_comm_bench (the logic lives in the
+// library). Runs as one rank of a job started by `trident launch` (or torchrun, mpirun, Slurm), or by
+// itself with --nproc N, when it starts N local copies of itself through the launcher library.
+//
+// Exit status: 0 when every row ran (and, with --check, every element was right); 1 when an element was
+// wrong or a collective failed; 2 for a bad flag; with --nproc, the launcher's status (the first failed
+// rank's).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "trident/bench/comm_bench.h"
+#include "trident/comm/process_group.h"
+#include "trident/core/env.h"
+#include "trident/core/error.h"
+#include "trident/launch/launcher.h"
+
+namespace {
+
+struct RawFlags {
+  std::string op = "all_reduce";
+  std::string minbytes = "8";
+  std::string maxbytes = "64M";
+  std::string stepfactor = "2";
+  int iters = 20;
+  int warmup = 5;
+  std::string dtype = "float32";
+  std::string redop = "sum";
+  int root = 0;
+  std::string algo = "auto";
+  std::string transport = "auto";
+  bool check = false;
+  std::string json;
+  bool inplace = false;
+  bool outofplace = false;
+  std::string timeout;
+  int nproc = 0;
+};
+
+using trident::InvalidArgument;
+
+trident::bench::CommBenchOptions to_options(const RawFlags& f) {
+  trident::bench::CommBenchOptions o;
+  o.ops = trident::bench::parse_ops(f.op, "--op");
+  o.min_bytes = trident::env::parse_size(f.minbytes, "-b/--minbytes");
+  o.max_bytes = trident::env::parse_size(f.maxbytes, "-e/--maxbytes");
+  {
+    char* end = nullptr;
+    long long v = std::strtoll(f.stepfactor.c_str(), &end, 10);
+    if (f.stepfactor.empty() || *end != '\0')
+      TRIDENT_THROW(InvalidArgument, "-f/--stepfactor '{}' is not an integer; give a factor >= 2 (e.g. -f 2)",
+                    f.stepfactor);
+    o.step_factor = v;
+  }
+  o.iters = f.iters;
+  o.warmup = f.warmup;
+  try {
+    o.dtype = trident::parse_dtype(f.dtype);
+  } catch (const InvalidArgument&) {
+    TRIDENT_THROW(InvalidArgument,
+                  "--dtype '{}' is not a dtype; use float32, float64, bfloat16, float16, int32, int64 or uint8",
+                  f.dtype);
+  }
+  try {
+    o.redop = trident::parse_reduce_op(f.redop);
+  } catch (const InvalidArgument&) {
+    TRIDENT_THROW(InvalidArgument, "--redop '{}' is not a reduce op; use sum, avg, max, min or prod", f.redop);
+  }
+  o.root = f.root;
+  o.algos = trident::bench::parse_algos(f.algo, &o.algo_all, "--algo");
+  o.transport = f.transport;
+  o.check = f.check;
+  o.json_path = f.json;
+  // Default: both placements, as nccl-tests prints both; either flag alone selects that one.
+  if (f.inplace || f.outofplace) {
+    o.inplace = f.inplace;
+    o.outofplace = f.outofplace;
+  }
+  if (!f.timeout.empty()) o.timeout_s = trident::env::parse_seconds(f.timeout, "--timeout");
+  return o;
+}
+
+// This process's arguments after "bench comm", without --nproc (for the copies --nproc starts).
+std::vector<std::string> child_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  std::string a;
+  while (std::getline(in, a, '\0')) argv.push_back(a);
+  size_t i = 1;
+  while (i < argv.size() && argv[i] != "bench") ++i;
+  while (i < argv.size() && argv[i] != "comm") ++i;
+  std::vector<std::string> out;
+  for (++i; i < argv.size(); ++i) {
+    if (argv[i] == "--nproc") {
+      ++i;  // and its value
+      continue;
+    }
+    if (argv[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(argv[i]);
+  }
+  return out;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t len = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) TRIDENT_THROW(trident::IoError, "bench comm --nproc: cannot find this program (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+int run(const RawFlags& f) {
+  trident::bench::CommBenchOptions o;
+  try {
+    o = to_options(f);
+    if (f.nproc < 0) TRIDENT_THROW(InvalidArgument, "--nproc must be at least 1, got {}", f.nproc);
+    if (f.nproc > 0) {
+      if (trident::env::get("RANK") || trident::env::get("OMPI_COMM_WORLD_RANK"))
+        TRIDENT_THROW(InvalidArgument,
+                      "--nproc {} starts its own ranks, but this process is already a rank of a launched job (RANK "
+                      "is set); drop --nproc under trident launch",
+                      f.nproc);
+      trident::bench::validate(o, f.nproc);
+    }
+  } catch (const trident::Error& e) {
+    std::fprintf(stderr, "trident bench comm: error: %s\n", e.what());
+    return 2;
+  }
+  if (f.nproc > 0) {
+    trident::launch::LaunchOptions lo;
+    lo.nproc_per_node = f.nproc;
+    lo.master_addr = "127.0.0.1";
+    lo.master_port = 0;
+    lo.command = {self_exe(), "bench", "comm"};
+    for (auto& a : child_arguments()) lo.command.push_back(a);
+    std::fflush(stdout);
+    return trident::launch::launch(lo);
+  }
+  try {
+    trident::GroupOptions g;
+    g.transport = o.transport;
+    if (o.timeout_s) g.timeout = trident::Seconds(*o.timeout_s);
+    auto pg = trident::init_process_group(g);
+    trident::bench::CommBenchResult r = trident::bench::run_comm_bench(*pg, o, std::cout);
+    std::cout.flush();
+    if (r.wrong > 0) {
+      std::fprintf(stderr, "trident bench comm: rank %d: %llu wrong elements (see #wrong)\n", pg->rank(),
+                   static_cast<unsigned long long>(r.wrong));
+      return 1;
+    }
+    return 0;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "trident bench comm: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trident bench comm: failed: %s\n", e.what());
+    return 1;
+  }
+}
+
+void setup(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: `bench comm` measures collectives (nccl-tests style)");
+  bench->require_subcommand(1);
+  auto f = std::make_shared<RawFlags>();
+  CLI::App* comm = bench->add_subcommand(
+      "comm",
+      "Collective benchmark in nccl-tests' terms: size, count, type, redop, root, then per out-of-place/in-place "
+      "run time (us), algbw and busbw (GB/s, 1 GB = 1e9 B), #wrong and latency min/p50/p99.\n"
+      "Run as: trident launch -n N -- trident bench comm [flags], or trident bench comm --nproc N [flags]");
+  comm->add_option("--op", f->op,
+                   "collective(s): broadcast, reduce, all_reduce, gather, scatter, all_gather, reduce_scatter, "
+                   "all_to_all, barrier, or all; comma-separated lists accepted")
+      ->capture_default_str();
+  comm->add_option("-b,--minbytes", f->minbytes, "smallest size (bytes; K/M/G suffixes, powers of 1024)")
+      ->capture_default_str();
+  comm->add_option("-e,--maxbytes", f->maxbytes, "largest size (bytes; K/M/G suffixes)")->capture_default_str();
+  comm->add_option("-f,--stepfactor", f->stepfactor, "multiply the size by this factor between rows (>= 2)")
+      ->capture_default_str();
+  comm->add_option("--iters,-n", f->iters, "timed iterations per row")->capture_default_str();
+  comm->add_option("--warmup,-w", f->warmup, "untimed iterations before each row")->capture_default_str();
+  comm->add_option("--dtype,-d", f->dtype, "float32, float64, bfloat16, float16, int32, int64, uint8")
+      ->capture_default_str();
+  comm->add_option("--redop,-o", f->redop, "sum, avg, max, min, prod")->capture_default_str();
+  comm->add_option("--root,-r", f->root, "root rank of broadcast, reduce, gather, scatter")->capture_default_str();
+  comm->add_option("--algo,-a", f->algo,
+                   "auto, ring, rd, direct, tree, dissemination, pairwise, rh, hier (comma list), or all: every "
+                   "algorithm of each op, then auto")
+      ->capture_default_str();
+  comm->add_option("--transport", f->transport, "auto, shm or tcp")->capture_default_str();
+  comm->add_flag("--check,-c", f->check,
+                 "verify every element of every iteration against an independently computed reference; exit 1 on "
+                 "any wrong element");
+  comm->add_option("--json", f->json, "write one JSON record per (row, placement) to FILE");
+  comm->add_flag("--inplace", f->inplace, "run only the in-place form (default: both)");
+  comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
+  comm->add_option("--timeout", f->timeout, "deadline of every collective (e.g. 30s, 2m; default TRIDENT_TIMEOUT)");
+  comm->add_option("--nproc", f->nproc, "start N local ranks of this benchmark (like trident launch -n N)");
+  comm->callback([f] { trident::cli::set_exit_code(run(*f)); });
+}
+
+trident::cli::CommandRegistration reg(40, setup);
+
+}  // namespace
