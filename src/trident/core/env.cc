@@ -21,6 +21,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
       {"TRIDENT_TUNING_FILE", "", "algorithm tuning file written by `trident bench comm --tune`"},
       {"TRIDENT_CHECK_MISMATCH", "1", "verify every message's collective fingerprint (0 disables)"},
+      {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
   };
   return params;
 }

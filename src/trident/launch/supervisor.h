@@ -18,7 +18,9 @@
 // Stopping: when a child fails (exits non-zero or dies on a signal) and stop_on_failure is set, or when
 // the supervising process receives SIGINT/SIGTERM/SIGHUP (forward_signals), every remaining child gets
 // SIGTERM (the received signal, when forwarding), then SIGKILL after grace_seconds. A second forwarded
-// signal escalates to SIGKILL at once. Nothing waits forever: timeout_seconds (when set) stops the run.
+// signal escalates to SIGKILL at once. Nothing waits forever: timeout_seconds (when set) stops the run, and
+// output still held open by a child's own subprocesses is read for at most 1 s after the last child ended.
+// on_tick (when set) runs on run()'s thread every turn of its loop and may call stop_all() for outside reasons.
 //
 // Thread-safety: none; one thread owns a Supervisor. Only one Supervisor at a time may forward signals
 // (it installs process-wide handlers for its lifetime and restores the previous ones afterwards).

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "trident/kernels/cpu/ops.h"
+
 namespace trident::optim {
 
 float lr_at(int it, int warmup_iters, int lr_decay_iters, float lr, float min_lr) {
@@ -15,9 +17,7 @@ float lr_at(int it, int warmup_iters, int lr_decay_iters, float lr, float min_lr
 }
 
 double grad_norm_squared(const float* grads, size_t n) {
-  double s = 0.0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(grads[i]) * grads[i];
-  return s;
+  return kernels::cpu::sum_squares(grads, n);
 }
 
 float clip_grad_norm(float* grads, size_t n, float max_norm) {
@@ -25,8 +25,7 @@ float clip_grad_norm(float* grads, size_t n, float max_norm) {
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
   const double coef_d = max_norm > 0 ? static_cast<double>(max_norm) / (norm + 1e-6) : 1.0;
   if (coef_d < 1.0) {
-    const float coef = static_cast<float>(coef_d);
-    for (size_t i = 0; i < n; ++i) grads[i] *= coef;
+    kernels::cpu::scale_inplace(grads, static_cast<float>(coef_d), n);
   }
   return static_cast<float>(norm);
 }

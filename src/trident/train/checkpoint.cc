@@ -227,17 +227,16 @@ std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const 
     throw;
   }
 
-  // Retention: keep the newest `keep` complete checkpoints (never the one just written).
-  std::vector<std::pair<int64_t, fs::path>> all;
+  // Retention: keep the one just written and the newest keep-1 others (by step); older ones, including
+  // those of an earlier run in the same out_dir, are removed.
+  std::vector<std::pair<int64_t, fs::path>> others;
   for (const auto& e : fs::directory_iterator(out_dir, ec)) {
     int64_t s = parse_ckpt_name(e.path().filename().string());
-    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+    if (s >= 0 && e.is_directory() && e.path().filename() != final_dir.filename()) others.emplace_back(s, e.path());
   }
-  std::sort(all.begin(), all.end());
-  int excess = static_cast<int>(all.size()) - std::max(keep, 1);
-  for (int i = 0; i < excess; ++i) {
-    if (all[static_cast<size_t>(i)].second != final_dir) fs::remove_all(all[static_cast<size_t>(i)].second, ec);
-  }
+  std::sort(others.begin(), others.end());
+  int excess = static_cast<int>(others.size()) - (std::max(keep, 1) - 1);
+  for (int i = 0; i < excess; ++i) fs::remove_all(others[static_cast<size_t>(i)].second, ec);
   return final_dir.string();
 }
 

@@ -168,6 +168,10 @@ void Trainer::progress(int64_t step, double loss, double lr, double tps, double 
   std::string text = fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}", step + 1,
                                  cfg_.max_iters, loss, lr, fmt_rate(tps), fmt_duration(eta_s));
   if (tty_) {
+    // Redraw at most ~20 times a second (and always on the last step).
+    auto now = Clock::now();
+    if (line_open_ && step + 1 != cfg_.max_iters && now - last_draw_ < std::chrono::milliseconds(50)) return;
+    last_draw_ = now;
     std::fprintf(hooks_.out, "\r%s\x1b[K", text.c_str());
     line_open_ = true;
   } else if ((step + 1) % cfg_.log_interval == 0 || step + 1 == cfg_.max_iters) {

@@ -24,6 +24,7 @@
 // calling thread until max_iters. Thread-safety: none (one trainer per process). No timeouts of its own.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,6 +105,7 @@ class Trainer {
   std::FILE* metrics_ = nullptr;
   bool tty_ = false;
   bool line_open_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};
 };
 
 // `trident eval`: mean loss over the first K non-overlapping windows of a split (window i: inputs

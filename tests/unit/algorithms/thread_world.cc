@@ -165,8 +165,8 @@ class ThreadContext final : public AlgoContext {
       w_.waiting[rank_] = what;
       w_.waiting_ops[rank_] = &ops;
       ++w_.blocked;
-      w_.check_deadlock();
-      const bool timed_out = w_.cvs[rank_].wait_until(lock, deadline) == std::cv_status::timeout;
+      w_.check_deadlock();  // may abort the run; then do not sleep
+      const bool timed_out = !w_.abort && w_.cvs[rank_].wait_until(lock, deadline) == std::cv_status::timeout;
       --w_.blocked;
       w_.waiting[rank_].clear();
       w_.waiting_ops[rank_] = nullptr;

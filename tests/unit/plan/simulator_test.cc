@@ -33,8 +33,12 @@ TEST(Schedule, EveryMicrobatchOnceForwardBeforeBackward) {
           --inflight;
         }
       }
-      if (s == Schedule::kGPipe) EXPECT_EQ(peak, m);
-      if (s == Schedule::k1F1B) EXPECT_EQ(peak, pp - stage);  // the first stage holds P microbatches
+      if (s == Schedule::kGPipe) {
+        EXPECT_EQ(peak, m);
+      }
+      if (s == Schedule::k1F1B) {
+        EXPECT_EQ(peak, pp - stage);  // the first stage holds P microbatches
+      }
     }
   }
 }
@@ -189,6 +193,30 @@ TEST(Simulator, ChromeTraceSamplesRanks) {
   EXPECT_TRUE(pids.count(5));  // the straggler is always traced
   EXPECT_GT(complete, 0);
   std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace trident::plan
+
+namespace trident::plan {
+namespace {
+
+// Links are shared: GPipe's stage 0 emits all 8 activations at once (compute is free here), so they
+// cross one 1 GB/s link together and the last arrives after 8 x 1 MB / 1 GB/s = 8 ms (work conservation),
+// not after 1 ms; the gradients come back the same way: the step takes about 16 ms.
+TEST(Simulator, ConcurrentTransfersShareALink) {
+  SimOptions o;
+  o.train.model.layers = 4, o.train.model.hidden = 1024, o.train.model.heads = 16, o.train.model.vocab = 8;
+  o.train.model.seq = 512;  // one activation: 512 x 1024 x 2 bytes = 1 MiB
+  o.train.global_batch = 8;
+  o.cluster.gpus = 2, o.cluster.gpus_per_node = 1, o.cluster.nics_per_node = 1;
+  o.cluster.peak_flops = 1e21, o.cluster.hbm_Bps = 1e21;
+  o.cluster.intra = {"slow", 1e9, 0};
+  o.cluster.nic = {"slow", 1e9, 0};
+  o.layout = Layout{1, 2, 1, 0, 1, 8, Recompute::kNone, Schedule::kGPipe};
+  SimResult r = simulate(o);
+  const double one = 512.0 * 1024 * 2 / 1e9;
+  EXPECT_NEAR(r.step_time_s, 16 * one, 0.01 * 16 * one);
 }
 
 }  // namespace

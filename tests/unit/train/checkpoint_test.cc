@@ -282,4 +282,14 @@ TEST(Checkpoint, RetentionKeepsTheNewest) {
   // Re-saving the same step replaces it.
   save_checkpoint(d.path.string(), *m, meta_for(*m, 4), {&ea, &es}, 2);
   EXPECT_EQ(load_checkpoint(find_checkpoint(d.path.string())).meta.step, 4);
+  EXPECT_TRUE(fs::exists(d.path / "ckpt-00000003"));
+  // A new run in the same out_dir (step 2 < 4) keeps its own checkpoint and the newest other one.
+  save_checkpoint(d.path.string(), *m, meta_for(*m, 2), {&ea, &es}, 2);
+  EXPECT_EQ(load_checkpoint(find_checkpoint(d.path.string())).meta.step, 2);
+  EXPECT_FALSE(fs::exists(d.path / "ckpt-00000003"));
+  EXPECT_TRUE(fs::exists(d.path / "ckpt-00000004"));
+  save_checkpoint(d.path.string(), *m, meta_for(*m, 1), {&ea, &es}, 1);
+  EXPECT_FALSE(fs::exists(d.path / "ckpt-00000004"));
+  EXPECT_FALSE(fs::exists(d.path / "ckpt-00000002"));
+  EXPECT_EQ(find_checkpoint(d.path.string()), (d.path / "ckpt-00000001").string());
 }

@@ -160,6 +160,26 @@ TEST(Trainer, KillAndResumeReproducesTheLossSequenceBitForBit) {
   }
 }
 
+TEST(Trainer, EpochSamplerResumesExactly) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig cfg = tiny(data, (d.path / "full").string());
+  cfg.sampler = "epoch";
+  cfg.max_iters = 16;
+  cfg.lr_decay_iters = 16;
+  cfg.batch_size = 16;  // ~42 windows per epoch of the train split: 16 steps span several epochs
+  TrainResult full = Trainer(cfg, quiet()).run();
+  cfg.out_dir = (d.path / "part").string();
+  cfg.max_iters = 7;  // stop early (the lr schedule depends on lr_decay_iters, not max_iters)
+  Trainer(cfg, quiet()).run();
+  cfg.max_iters = 16;
+  cfg.resume = true;
+  TrainResult rest = Trainer(cfg, quiet()).run();
+  ASSERT_EQ(rest.losses.size(), 9u);
+  for (size_t i = 0; i < 9; ++i) ASSERT_EQ(rest.losses[i], full.losses[7 + i]) << "step " << 7 + i;
+  EXPECT_EQ(rest.val_loss, full.val_loss);
+}
+
 TEST(Trainer, ResumeErrors) {
   TempDir d;
   std::string data = make_corpus(d.path);

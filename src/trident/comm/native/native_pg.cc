@@ -9,6 +9,7 @@
 
 #include <fmt/ranges.h>
 
+#include "trident/comm/backends/mpi_pg.h"
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm.h"
@@ -299,6 +300,9 @@ std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, in
                                                 const GroupOptions& options) {
   if (options.backend == "native" || options.backend.empty())
     return std::make_shared<NativeProcessGroup>(std::move(store), rank, size, options, std::vector<int>{});
+#ifdef TRIDENT_HAVE_MPI
+  if (options.backend == "mpi") return new_mpi_process_group(rank, size, options);  // rank and size from MPI
+#endif
   if (options.backend == "mpi" || options.backend == "nccl")
     TRIDENT_THROW(Unsupported, "backend '{}' is not built into this trident yet; use --backend native", options.backend);
   TRIDENT_THROW(InvalidArgument, "unknown backend '{}'; use native, mpi or nccl", options.backend);

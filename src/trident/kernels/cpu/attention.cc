@@ -152,6 +152,48 @@ __attribute__((always_inline)) static inline void weighted_row_sum(float* out, c
   }
 }
 
+typedef int32_t Int16 __attribute__((vector_size(64)));
+
+__attribute__((always_inline)) static inline Vec16 splat(float x) { return Vec16{} + x; }
+
+// Lane indices base + 0..15.
+__attribute__((always_inline)) static inline Int16 lanes(int base) {
+  return Int16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + base;
+}
+
+// detail::fast_exp on 16 lanes (same operations, same results).
+__attribute__((always_inline)) static inline Vec16 fast_exp16(Vec16 x) {
+  x = x < splat(-87.3f) ? splat(-87.3f) : x;
+  x = x > splat(88.7f) ? splat(88.7f) : x;
+  const float kShift = 12582912.0f;
+  Vec16 t = x * 1.44269504088896341f + kShift;
+  Vec16 n = t - kShift;
+  Vec16 r = x - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723e-06f;
+  Vec16 p = splat(1.0f / 720.0f);
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  Int16 e = (__builtin_convertvector(n, Int16) + 127) << 23;
+  Vec16 scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+__attribute__((always_inline)) static inline float hmax(Vec16 v) {
+  float m = v[0];
+  for (int k = 1; k < kW; ++k) m = v[k] > m ? v[k] : m;
+  return m;
+}
+__attribute__((always_inline)) static inline float hsum(Vec16 v) {
+  float s = 0.0f;
+  for (int k = 0; k < kW; ++k) s += v[k];
+  return s;
+}
+
 __attribute__((always_inline)) static inline int round_up(int n) { return (n + kW - 1) / kW * kW; }
 
 TRIDENT_CLONES
@@ -163,18 +205,27 @@ static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C
   float* row = sc.s.data();
   for (int i = 0; i < T; ++i) {
     const int n = i + 1;
-    row_times_matrix(row, qkv + i * ld, kt, tp, hd, round_up(n), scale);
-    float mx = row[0];
-    for (int j = 1; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; ++j) {
-      const float e = fast_exp(row[j] - mx);
-      row[j] = e;
-      sum += e;
+    const int n16 = round_up(n);
+    row_times_matrix(row, qkv + i * ld, kt, tp, hd, n16, scale);
+    // Softmax over the padded row: lanes j >= n are masked to -inf-like before, and 0 after, the exp.
+    Vec16 vmax = splat(-3.0e38f);
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 x = load16(row + jb);
+      x = lanes(jb) < n ? x : splat(-3.0e38f);
+      store16(row + jb, x);
+      vmax = x > vmax ? x : vmax;
     }
+    const float mx = hmax(vmax);
+    Vec16 vsum = {};
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 e = fast_exp16(load16(row + jb) - mx);
+      e = lanes(jb) < n ? e : Vec16{};
+      store16(row + jb, e);
+      vsum += e;
+    }
+    const float sum = hsum(vsum);
     const float inv = 1.0f / sum;
-    for (int j = 0; j < n; ++j) row[j] *= inv;
+    for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
     weighted_row_sum(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
     lse[i] = mx + std::log(sum);
   }
@@ -216,12 +267,13 @@ static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, cons
     row_times_matrix(ds, go, vt, tp, hd, n16, 1.0f);
     float D = 0.0f;
     for (int d = 0; d < hd; ++d) D += go[d] * o[d];
-    for (int j = 0; j < n; ++j) {
-      const float pj = fast_exp(p[j] - l);
-      p[j] = pj;
-      ds[j] = pj * (ds[j] - D) * scale;
+    for (int jb = 0; jb < n16; jb += kW) {
+      const auto valid = lanes(jb) < n;
+      Vec16 pj = fast_exp16(load16(p + jb) - l);
+      pj = valid ? pj : Vec16{};
+      store16(p + jb, pj);
+      store16(ds + jb, pj * (load16(ds + jb) - D) * scale);
     }
-    for (int j = n; j < n16; ++j) p[j] = 0.0f, ds[j] = 0.0f;
     // dQ_i = sum_j dS_ij k_j.
     weighted_row_sum(dqkv + i * ld, ds, 1, k, ld, 0, n, hd);
   }

@@ -36,8 +36,10 @@ TRIDENT_CLONES
 static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
-    float cdf = 0.5f * (1.0f + fast_erf(x * kInvSqrt2));
-    float pdf = kInvSqrt2Pi * fast_exp(-0.5f * x * x);
+    // One exp serves both: erf(x/sqrt2) needs exp(-x^2/2), as does the pdf.
+    const float e = fast_exp(-0.5f * x * x);
+    float cdf = 0.5f * (1.0f + detail::erf_with_exp(x * kInvSqrt2, e));
+    float pdf = kInvSqrt2Pi * e;
     dinp[i] = dout[i] * (cdf + x * pdf);
   }
 }
@@ -208,7 +210,7 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
 }
 
 TRIDENT_CLONES
-static void adamw_loop(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+static void adamw_loop(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, size_t n, float lr, float beta1,
                        float beta2, float eps, float decay, float bc1, float bc2_sqrt_inv) {
   const float step_size = lr / bc1;
   for (size_t i = 0; i < n; ++i) {
@@ -229,6 +231,19 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), static_cast<double>(t)));
   const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), static_cast<double>(t)));
   adamw_loop(param, grad, m, v, n, lr, beta1, beta2, eps, 1.0f - lr * weight_decay, bc1, 1.0f / std::sqrt(bc2));
+}
+
+TRIDENT_CLONES
+double sum_squares(const float* x, size_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+TRIDENT_CLONES
+void scale_inplace(float* x, float a, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] *= a;
 }
 
 }  // namespace trident::kernels::cpu

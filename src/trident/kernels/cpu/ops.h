@@ -82,6 +82,10 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t t);
 
+// Sum of squares in double (gradient norms); x *= a.
+double sum_squares(const float* x, size_t n);
+void scale_inplace(float* x, float a, size_t n);
+
 // Float32 <-> bfloat16 (round-to-nearest-even).
 void to_bf16(uint16_t* out, const float* in, size_t n);
 void from_bf16(float* out, const uint16_t* in, size_t n);

@@ -43,8 +43,8 @@ inline float fast_exp(float x) {
   return p * bits_to_float(e);
 }
 
-// erf(x), Abramowitz & Stegun 7.1.26: absolute error <= 1.5e-7. Vectorizes.
-inline float fast_erf(float x) {
+// erf(x) given e = exp(-x*x), Abramowitz & Stegun 7.1.26: absolute error <= 1.5e-7. Vectorizes.
+inline float erf_with_exp(float x, float e) {
   float ax = x < 0 ? -x : x;
   float t = 1.0f / (1.0f + 0.3275911f * ax);
   float y = 1.061405429f;
@@ -52,9 +52,10 @@ inline float fast_erf(float x) {
   y = y * t + 1.421413741f;
   y = y * t - 0.284496736f;
   y = y * t + 0.254829592f;
-  y = 1.0f - y * t * fast_exp(-ax * ax);
+  y = 1.0f - y * t * e;
   return x < 0 ? -y : y;
 }
+inline float fast_erf(float x) { return erf_with_exp(x, fast_exp(-x * x)); }
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1).
 inline float fast_tanh(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }

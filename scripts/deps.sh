@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what trident needs from Debian's packages, only where something is missing.
+# Usage: scripts/deps.sh [build|main|peers]   (build: compile and test; main: also the default corpus)
+set -euo pipefail
+what=${1:-build}
+pkgs=(cmake g++ make pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+      nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3)
+case "$what" in
+  main) pkgs+=(fortunes) ;;
+  peers) pkgs+=(fortunes libgloo-dev python3-torch python3-numpy python3-matplotlib) ;;
+esac
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
