@@ -104,7 +104,7 @@ void run_simulate(const PlanCommon& o, const SimCli& s) {
                 opt.layout.str().c_str());
     std::printf("step time %.4f s (planner's closed form: %.4f s), %.0f tokens/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n",
                 r.step_time_s, predicted.step_time_s, r.tokens_per_s, r.tflops_per_gpu, 100 * r.mfu);
-    std::printf("busiest rank: compute %.4f s, comm stream %.4f s per step; last to finish: rank %d\n", r.compute_busy_s,
+    std::printf("busiest rank: compute %.4f s, comm stream occupied %.4f s per step (including waits for peers); last to finish: rank %d\n", r.compute_busy_s,
                 r.comm_busy_s, r.slowest_rank);
     std::printf("simulated %d ranks%s, %ld events in %.3f s\n", r.simulated_ranks,
                 r.used_symmetry ? " (one representative per pipeline stage; the rest are symmetric)" : "", r.events, wall);

@@ -519,12 +519,12 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
       out << fmt::format("# {}  algo {}\n", op_name(sec.op),
                          sec.algo == Algo::kAuto ? std::string("auto (the backend's choice per size)")
                                                  : std::string(algo_name(sec.algo)));
-      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}  {:<59}  {:<59}\n", "", "", "", "", "", "",
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}  {:<59}  {:<59}\n", "", "", "", "", "", "",
                          "------------------ out-of-place -------------------",
                          "-------------------- in-place ---------------------");
-      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", "size", "count", "type", "redop", "root", "algo",
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}{}{}\n", "size", "count", "type", "redop", "root", "algo",
                          hdr_place, hdr_place);
-      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", "(B)", "(elements)", "", "", "", "", hdr_units,
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}{}{}\n", "(B)", "(elements)", "", "", "", "", hdr_units,
                          hdr_units)
           << std::flush;
     }
@@ -613,7 +613,7 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
       if (lead) {
         const BenchRecord& any = ran[0] ? recs[0] : recs[1];
         std::string algo_cell = sec.algo == Algo::kAuto ? fmt::format("auto:{}", algo_name(chosen)) : algo_name(chosen);
-        out << fmt::format(" {:>11} {:>12} {:>8} {:>6} {:>5} {:>12}{}{}\n", size, any.count,
+        out << fmt::format(" {:>11} {:>12} {:>8} {:>6} {:>5} {:>18}{}{}\n", size, any.count,
                            any.has_dtype ? dtype_name(o.dtype) : "none",
                            any.has_redop ? reduce_op_name(o.redop) : "none", any.root, algo_cell,
                            placement_cells(ran[0] ? &recs[0] : nullptr, o.check),

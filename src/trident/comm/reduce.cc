@@ -42,7 +42,7 @@ struct Min {
   static TRIDENT_INLINE T f(T a, T b) { return a < b ? a : b; }
 };
 
-// Operand forms. The restrict-qualified pointers never alias: the callers below route dst == a and
+// Operand forms (the pattern of run_form works for any element "type" whose Op::f combines two elements). The restrict-qualified pointers never alias: the callers below route dst == a and
 // dst == b to the two-operand forms, which keep the operand order of `a op b`.
 template <class T, class Op>
 TRIDENT_INLINE void loop3(T* __restrict__ d, const T* __restrict__ a, const T* __restrict__ b, size_t n) {
@@ -104,28 +104,19 @@ TRIDENT_INLINE uint16_t bf16_round(float f) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+// The bfloat16 combine of one element, as a "type" for run_form: widen, combine in float, round once.
 template <class Op>
-TRIDENT_INLINE void bf16_loop(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n) {
-  // No restrict: d may equal a or b; each element is read before it is written in the same iteration,
-  // and blocking into a local array lets the vectorizer work on non-aliasing memory.
-  constexpr size_t kBlock = 512;
-  alignas(64) uint16_t tmp[kBlock];
-  for (size_t base = 0; base < n; base += kBlock) {
-    const size_t m = std::min(kBlock, n - base);
-    const uint16_t* __restrict__ pa = a + base;
-    const uint16_t* __restrict__ pb = b + base;
-    for (size_t i = 0; i < m; ++i) tmp[i] = bf16_round(Op::f(bf16_widen(pa[i]), bf16_widen(pb[i])));
-    std::copy(tmp, tmp + m, d + base);
-  }
-}
+struct Bf16 {
+  static TRIDENT_INLINE uint16_t f(uint16_t a, uint16_t b) { return bf16_round(Op::f(bf16_widen(a), bf16_widen(b))); }
+};
 
-TRIDENT_CLONES void reduce_bf16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
+TRIDENT_CLONES void reduce_bf16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op, Form form) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return bf16_loop<Sum>(d, a, b, n);
-    case ReduceOp::kProd: return bf16_loop<Prod>(d, a, b, n);
-    case ReduceOp::kMax: return bf16_loop<Max>(d, a, b, n);
-    case ReduceOp::kMin: return bf16_loop<Min>(d, a, b, n);
+    case ReduceOp::kAvg: return run_form<uint16_t, Bf16<Sum>>(d, a, b, n, form);
+    case ReduceOp::kProd: return run_form<uint16_t, Bf16<Prod>>(d, a, b, n, form);
+    case ReduceOp::kMax: return run_form<uint16_t, Bf16<Max>>(d, a, b, n, form);
+    case ReduceOp::kMin: return run_form<uint16_t, Bf16<Min>>(d, a, b, n, form);
   }
 }
 
@@ -154,6 +145,9 @@ __attribute__((target("arch=x86-64-v3"))) void fp16_avx2(uint16_t* d, const uint
   }
 }
 
+// GCC 12 warns inside avx512fintrin.h about the deliberately undefined source of _mm512_cvtph_ps.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <class Op>
 __attribute__((target("arch=x86-64-v4"))) void fp16_avx512(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n) {
   size_t i = 0;
@@ -169,6 +163,7 @@ __attribute__((target("arch=x86-64-v4"))) void fp16_avx512(uint16_t* d, const ui
   }
   if (i < n) fp16_avx2<Op>(d + i, a + i, b + i, n - i);
 }
+#pragma GCC diagnostic pop
 
 using Fp16Kernel = void (*)(uint16_t*, const uint16_t*, const uint16_t*, size_t);
 template <class Op>
@@ -221,8 +216,7 @@ void reduce_into3(void* dst, const void* a, const void* b, size_t n, DType dtype
     case DType::kFloat64: return dispatch<double>(&reduce_f64, dst, a, b, n, op);
     case DType::kInt32: return dispatch<int32_t>(&reduce_i32, dst, a, b, n, op);
     case DType::kInt64: return dispatch<int64_t>(&reduce_i64, dst, a, b, n, op);
-    case DType::kBFloat16:
-      return reduce_bf16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op);
+    case DType::kBFloat16: return dispatch<uint16_t>(&reduce_bf16, dst, a, b, n, op);
     case DType::kFloat16:
       return reduce_fp16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op);
     case DType::kUInt8:

@@ -27,8 +27,8 @@ struct ClusterSpec {
   int gpus = 8;
   int gpus_per_node = 8;
   int nics_per_node = 8;
-  LinkSpec intra;  // within a node (NVLink/NVSwitch domain, shm)
-  LinkSpec nic;    // one NIC, per direction
+  LinkSpec intra{"nvswitch-h100", 450e9, 3e-6};  // within a node (NVLink/NVSwitch domain, shm)
+  LinkSpec nic{"ib-ndr", 50e9, 5e-6};            // one NIC, per direction
   double memory_headroom = 0.10;  // fraction of device memory kept free (allocator, workspaces, comm buffers)
 
   int nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }

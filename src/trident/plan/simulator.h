@@ -68,7 +68,7 @@ struct SimResult {
   bool used_symmetry = false;
   long events = 0;
   double compute_busy_s = 0;  // per step, busiest simulated rank
-  double comm_busy_s = 0;     // per step, that rank's communication-stream busy time
+  double comm_busy_s = 0;     // per step, that rank's communication stream occupied (transfers + waits for peers)
   int slowest_rank = 0;
   nlohmann::json to_json() const;
 };

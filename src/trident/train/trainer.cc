@@ -234,7 +234,7 @@ TrainResult Trainer::run() {
 
   for (;;) {
     bool eval_now = it % cfg_.eval_interval == 0 || it >= cfg_.max_iters || cfg_.eval_only;
-    if (eval_now && evaluated_at_ != it) {
+    if (eval_now && (evaluated_at_ != it || cfg_.eval_only)) {
       double tl = estimate_loss(data::Split::kTrain, it);
       double vl = estimate_loss(data::Split::kVal, it);
       evaluated_at_ = it;

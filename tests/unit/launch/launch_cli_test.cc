@@ -44,6 +44,7 @@ struct Outcome {
 };
 
 std::vector<std::string> launch_argv(const std::vector<std::string>& args) {
+  if (::access(TRIDENT_BIN, X_OK) != 0) ADD_FAILURE() << "the CLI is not built at " << TRIDENT_BIN;
   std::vector<std::string> argv = {TRIDENT_BIN, "launch"};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;

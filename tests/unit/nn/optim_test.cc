@@ -42,7 +42,9 @@ TEST(AdamW, KernelMatchesHandComputedSteps) {
       EXPECT_NEAR(vf[i], v[i], 1e-8);
     }
     // The first step moves each element with a nonzero gradient by lr against the gradient's sign.
-    if (t == 1) EXPECT_NEAR(pf[0], 0.5 * (1 - lr * wd) - lr, 1e-6);
+    if (t == 1) {
+      EXPECT_NEAR(pf[0], 0.5 * (1 - lr * wd) - lr, 1e-6);
+    }
   }
 }
 

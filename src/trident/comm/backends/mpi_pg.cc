@@ -129,12 +129,18 @@ void finalize_at_exit() {
   if (finalized) return;
   size_t still_pending = 0;
   {
+    // Give requests whose peers joined late a moment to complete (up to 1 s), then decide.
     std::lock_guard<std::mutex> lock(rt->abandoned_mu);
-    for (MPI_Request* req : rt->abandoned) {
-      int flag = 0;
-      if (*req != MPI_REQUEST_NULL && (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag))
-        ++still_pending;
-    }
+    const auto deadline = Clock::now() + std::chrono::seconds(1);
+    do {
+      still_pending = 0;
+      for (MPI_Request* req : rt->abandoned) {
+        int flag = 0;
+        if (*req != MPI_REQUEST_NULL && (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag))
+          ++still_pending;
+      }
+      if (still_pending > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } while (still_pending > 0 && Clock::now() < deadline);
   }
   if (still_pending > 0) {
     // A collective that never completed is still posted; MPI_Finalize could wait for it forever.

@@ -91,10 +91,10 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 }
 
 TRIDENT_CLONES
-static void add_bias_rows(float* out, const float* bias, int N, int OC) {
+static void fill_bias_rows(float* out, const float* bias, int N, int OC) {
   for (int i = 0; i < N; ++i) {
     float* o = out + static_cast<size_t>(i) * OC;
-    for (int j = 0; j < OC; ++j) o[j] += bias[j];
+    for (int j = 0; j < OC; ++j) o[j] = bias[j];
   }
 }
 
@@ -108,8 +108,10 @@ static void column_sums_acc(float* dbias, const float* dout, int N, int OC) {
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     Precision p) {
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, p);
-  if (bias) add_bias_rows(out, bias, N, OC);
+  // With a bias, out starts as the bias rows and the GEMM accumulates (beta 1): this replaces BLAS's
+  // zeroing pass for beta 0 and a separate bias pass.
+  if (bias) fill_bias_rows(out, bias, N, OC);
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC, p);
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
