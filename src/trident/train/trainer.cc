@@ -194,6 +194,7 @@ double Trainer::estimate_loss(data::Split split, int64_t step) {
 }
 
 std::string Trainer::save(int64_t step) {
+  if (hooks_.before_save) hooks_.before_save();  // every rank (sharded state is gathered collectively)
   if (hooks_.rank != 0) return {};
   CheckpointMeta meta;
   meta.step = step;
@@ -221,6 +222,7 @@ TrainResult Trainer::run() {
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   int64_t it = start_step_;
   int64_t last_saved = cfg_.resume ? start_step_ : -1;
+  if (hooks_.on_ready) hooks_.on_ready(*model_);
   double ema_step = 0;
   run_seconds_ = 0;
   run_tokens_ = 0;
@@ -262,24 +264,31 @@ TrainResult Trainer::run() {
     model_->zero_grad();
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
+      if (hooks_.before_micro) hooks_.before_micro(micro, accum);
       sampler_->sample(it, micro, hooks_.rank * B, B, x.data(), y.data());
       loss_sum += model_->forward_backward(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
     }
     if (hooks_.after_backward) hooks_.after_backward(*model_);
-    if (cfg_.grad_clip > 0) optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
-    opt_->step(static_cast<float>(lr));
+    if (cfg_.grad_clip > 0) {
+      if (hooks_.clip) hooks_.clip(*model_, static_cast<float>(cfg_.grad_clip));
+      else optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
+    }
+    if (hooks_.step) hooks_.step(static_cast<float>(lr));
+    else opt_->step(static_cast<float>(lr));
     double loss = hooks_.average(loss_sum / accum);
     double dt = seconds_since(t0);
     run_seconds_ += dt;
     run_tokens_ += tokens_per_step;
     ema_step = ema_step == 0 ? dt : 0.9 * ema_step + 0.1 * dt;
     res.losses.push_back(loss);
-    emit({{"type", "step"},
-          {"step", it},
-          {"loss", loss},
-          {"lr", lr},
-          {"tokens_per_s", tokens_per_step / dt},
-          {"elapsed", seconds_since(t_start)}});
+    nlohmann::json rec = {{"type", "step"},
+                          {"step", it},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"tokens_per_s", tokens_per_step / dt},
+                          {"elapsed", seconds_since(t_start)}};
+    if (hooks_.annotate_step) hooks_.annotate_step(rec);
+    emit(rec);
     progress(it, loss, lr, tokens_per_step / ema_step, ema_step * static_cast<double>(cfg_.max_iters - it - 1));
     ++it;
     if (cfg_.checkpoint_interval > 0 && it % cfg_.checkpoint_interval == 0 && it < cfg_.max_iters) {

@@ -51,8 +51,21 @@ struct TrainerHooks {
   int world = 1;
   // Builds the model from its config (default nn::make_model); tests may inject another.
   std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)> make_model;
+  // After the model is built (and a checkpoint loaded), before training: data parallelism broadcasts
+  // rank 0's parameters and installs its gradient hooks here.
+  std::function<void(nn::Model&)> on_ready;
+  // Before each micro-step's forward+backward (data parallelism communicates only on the last: no_sync).
+  std::function<void(int micro, int accum)> before_micro;
   // After the last micro-step's backward, before clipping and the optimizer step.
   std::function<void(nn::Model&)> after_backward;
+  // Replace global-norm clipping (returns the pre-clip norm) and the optimizer step (ZeRO shards both).
+  std::function<double(nn::Model&, float max_norm)> clip;
+  std::function<void(float lr)> step;
+  // Before a checkpoint is written, on every rank (ZeRO gathers its sharded optimizer state into the
+  // trainer's optimizer here).
+  std::function<void()> before_save;
+  // After each optimizer step: extra fields for the step's metrics record (communication, memory).
+  std::function<void(nlohmann::json&)> annotate_step;
   // Mean of a scalar over ranks (losses for logs and evaluation). Default: identity.
   std::function<double(double)> average;
   // Where progress lines and JSON records go (default stdout). For tests.
