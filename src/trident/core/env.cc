@@ -19,8 +19,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
-      {"TRIDENT_TUNING_FILE", "", "algorithm tuning file written by `trident bench comm --tune`"},
-      {"TRIDENT_CHECK_MISMATCH", "1", "verify every message's collective fingerprint (0 disables)"},
+      {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
   };
   return params;
@@ -135,7 +134,5 @@ bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
 int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
 int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
-std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
-bool check_mismatch() { return get_bool("TRIDENT_CHECK_MISMATCH", true); }
 
 }  // namespace trident::env

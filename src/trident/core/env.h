@@ -42,7 +42,5 @@ bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts th
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
-std::string tuning_file();        // TRIDENT_TUNING_FILE
-bool check_mismatch();            // TRIDENT_CHECK_MISMATCH
 
 }  // namespace trident::env

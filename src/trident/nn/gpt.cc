@@ -79,6 +79,7 @@ class Gpt final : public FlatModel {
     int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, mproj_w = -1, mproj_b = -1;
   };
   struct Acts {
+    // fch holds gelu'(c_fc output) after the forward (the pre-activation itself is not needed).
     kernels::AlignedFloats ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
 
@@ -129,7 +130,9 @@ class Gpt final : public FlatModel {
     kc::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(lp.ln2_w),
                           P(lp.ln2_b), N, C);
     kc::linear_forward(a.fch.data(), a.ln2.data(), P(lp.fc_w), P(lp.fc_b), N, C, 4 * C, prec);
-    kc::gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C, cfg_.gelu_kind());
+    // fch becomes gelu'(pre-activation): all the backward needs of it.
+    kc::gelu_forward_and_grad(a.fch_gelu.data(), a.fch.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C,
+                              cfg_.gelu_kind());
     kc::linear_forward(out, a.fch_gelu.data(), P(lp.mproj_w), P(lp.mproj_b), N, 4 * C, C, prec);
     kc::add_inplace(out, a.res2.data(), static_cast<size_t>(N) * C);
   }
@@ -145,7 +148,7 @@ class Gpt final : public FlatModel {
                         0.0f, prec);
     fire(lp.mproj_b);
     fire(lp.mproj_w);
-    kc::gelu_backward(dfch, a.fch.data(), dfch, static_cast<size_t>(N) * 4 * C, cfg_.gelu_kind());
+    kc::mul(dfch, dfch, a.fch.data(), static_cast<size_t>(N) * 4 * C);
     kc::linear_backward(dc, G(lp.fc_w), G(lp.fc_b), dfch, a.ln2.data(), P(lp.fc_w), N, C, 4 * C, 0.0f, prec);
     fire(lp.fc_b);
     fire(lp.fc_w);

@@ -5,6 +5,18 @@
 // forward_backward() is single-threaded from the caller's view (kernels may use the BLAS thread pool).
 // The grad-ready hook fires during backward the moment a parameter's gradient is final for this
 // micro-step (in reverse order of production), so communication can start early.
+//
+// Notes from the nn/ implementation (interface unchanged):
+// - Build models with make_model(json) from trident/nn/models.h (keys listed there; model_config_keys()
+//   names them so a trainer can pick them out of its own config). Optimizer: trident/optim/adamw.h,
+//   schedule and clipping: trident/optim/schedule.h.
+// - parameters() is in nanoGPT's named_parameters() order; hooks fire exactly once per parameter per
+//   backward, in strictly DESCENDING index order (so flat-buffer offsets are produced high to low).
+//   The tied wte is last (its gradient is final only after the embedding backward).
+// - forward_backward returns the UNSCALED mean loss; gradients are those of loss * loss_scale.
+// - Padding elements of the flat buffers (between 64-byte-aligned tensors) stay 0 in values and grads.
+// - Kernels use the BLAS thread pool: call trident::kernels::cpu::set_num_threads(n) (kernels/cpu/ops.h)
+//   once per process (1 per rank when ranks share a host).
 #pragma once
 
 #include <cstdint>

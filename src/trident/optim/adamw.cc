@@ -16,9 +16,15 @@ AdamW::AdamW(nn::Model& model, AdamWConfig config)
   TRIDENT_CHECK(config.eps > 0, InvalidArgument, "AdamW: eps {} must be > 0", config.eps);
   TRIDENT_CHECK(config.weight_decay >= 0, InvalidArgument, "AdamW: weight_decay {} must be >= 0",
                 config.weight_decay);
-  decay_mask_.assign(model.num_params(), 0);
+  std::vector<uint8_t> mask(model.num_params(), 0);
   for (const auto& p : model.parameters())
-    if (p.weight_decay) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 1);
+    if (p.weight_decay) std::fill(mask.begin() + p.offset, mask.begin() + p.offset + p.numel, 1);
+  for (size_t i = 0; i < mask.size();) {
+    size_t j = i;
+    while (j < mask.size() && mask[j] == mask[i]) ++j;
+    segments_.push_back({i, j, mask[i] != 0});
+    i = j;
+  }
 }
 
 void AdamW::step(float lr) { step_range(lr, 0, model_.num_params()); }
@@ -29,15 +35,12 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
   ++step_;
   float* p = model_.param_data();
   const float* g = model_.grad_data();
-  // Runs of equal decay flag become one kernel call each.
-  size_t i = begin;
-  while (i < end) {
-    size_t j = i;
-    const uint8_t flag = decay_mask_[i];
-    while (j < end && decay_mask_[j] == flag) ++j;
+  // Each run of equal decay flag, clipped to [begin, end), is one kernel call.
+  for (const auto& s : segments_) {
+    const size_t i = std::max(s.begin, begin), j = std::min(s.end, end);
+    if (i >= j) continue;
     kernels::cpu::adamw_update(p + i, g + i, exp_avg_.data() + i, exp_avg_sq_.data() + i, j - i, lr, config_.beta1,
-                               config_.beta2, config_.eps, flag ? config_.weight_decay : 0.0f, step_);
-    i = j;
+                               config_.beta2, config_.eps, s.decay ? config_.weight_decay : 0.0f, step_);
   }
 }
 

@@ -53,7 +53,11 @@ class AdamW {
   AdamWConfig config_;
   std::vector<float> exp_avg_;
   std::vector<float> exp_avg_sq_;
-  std::vector<uint8_t> decay_mask_;  // per element: 1 = apply weight decay (padding: 0)
+  struct Segment {
+    size_t begin, end;
+    bool decay;
+  };
+  std::vector<Segment> segments_;  // the flat buffer as runs of equal decay flag (padding: no decay)
   int64_t step_ = 0;
 };
 

@@ -26,15 +26,15 @@ namespace {
 
 using nlohmann::json;
 
-struct Run {
+struct CliRun {
   int rc = -1;
   std::string out;  // stdout and stderr together
 };
 
 // Runs `args` (a shell command line after the trident binary) and captures its output and exit status.
-Run run_trident(const std::string& args) {
+CliRun run_trident(const std::string& args) {
   std::string cmd = std::string(TRIDENT_BIN) + " " + args + " 2>&1";
-  Run r;
+  CliRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -118,7 +118,7 @@ const std::set<std::string> kAllOps = {"broadcast",  "reduce",         "all_redu
 
 void all_ops_checked(int nproc) {
   const std::string path = temp_path("all" + std::to_string(nproc));
-  Run r = run_trident(fmt::format("bench comm --nproc {} --op all --check -b 8 -e 64K -f 8 --iters 3 --warmup 1 "
+  CliRun r = run_trident(fmt::format("bench comm --nproc {} --op all --check -b 8 -e 64K -f 8 --iters 3 --warmup 1 "
                                   "--json {}",
                                   nproc, path));
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -140,7 +140,7 @@ TEST(BenchCommCli, AllOpsCheckedOnThreeRanks) { all_ops_checked(3); }
 
 TEST(BenchCommCli, AlgoAllRunsEveryAlgorithmAndAuto) {
   const std::string path = temp_path("algo_all");
-  Run r = run_trident(fmt::format("bench comm --nproc 2 --op all_reduce,all_gather,broadcast,reduce_scatter --algo all "
+  CliRun r = run_trident(fmt::format("bench comm --nproc 2 --op all_reduce,all_gather,broadcast,reduce_scatter --algo all "
                                   "--check -b 8 -e 4K -f 8 --iters 2 --warmup 1 --json {}",
                                   path));
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -164,7 +164,7 @@ TEST(BenchCommCli, AlgoAllRunsEveryAlgorithmAndAuto) {
 
 TEST(BenchCommCli, RunsUnderTridentLaunch) {
   const std::string path = temp_path("launch");
-  Run r = run_trident(fmt::format("launch -n 2 --master-port 0 -- {} bench comm --op all_reduce,all_to_all --check "
+  CliRun r = run_trident(fmt::format("launch -n 2 --master-port 0 -- {} bench comm --op all_reduce,all_to_all --check "
                                   "-b 1K -e 8K -f 8 --iters 2 --warmup 1 --transport tcp --json {}",
                                   TRIDENT_BIN, path));
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -202,7 +202,7 @@ TEST(BenchCommCli, BadFlagsNameTheFlagAndTheAllowedValues) {
            {"--dtype uint8 --op all_reduce", "--dtype uint8", "data movement"},
        }) {
     SCOPED_TRACE(c.args);
-    Run r = run_trident("bench comm --nproc 2 " + c.args);
+    CliRun r = run_trident("bench comm --nproc 2 " + c.args);
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_NE(r.out.find(c.flag), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(c.allowed), std::string::npos) << r.out;

@@ -100,6 +100,15 @@ TEST(Kernels, GeluExactAndTanhForwardBackward) {
     EXPECT_LT(rel_err(dx, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5)
         << "tanh " << tanh_approx;
   }
+  // Forward with the derivative kept in place of the input: backward is a multiply.
+  for (bool tanh_approx : {false, true}) {
+    const auto kind = tanh_approx ? kc::GeluKind::kTanh : kc::GeluKind::kExact;
+    std::vector<float> g = xf, out(n), d(n);
+    kc::gelu_forward_and_grad(out.data(), g.data(), g.data(), n, kind);
+    EXPECT_LT(rel_err(out, ref::gelu(x, tanh_approx)), 1e-6);
+    kc::mul(d.data(), rf.data(), g.data(), n);
+    EXPECT_LT(rel_err(d, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5);
+  }
   // In place (dinp aliases dout).
   std::vector<float> d = rf;
   kc::gelu_backward(d.data(), xf.data(), d.data(), n, kc::GeluKind::kExact);

@@ -571,7 +571,7 @@ class MpiProcessGroup final : public ProcessGroup {
     if (op.copy_after)
       std::memmove(a.recv, static_cast<const uint8_t*>(a.send) + static_cast<size_t>(rank()) * a.count * es,
                    a.count * es);
-    if (a.redop == ReduceOp::kAvg && size() > 1 && a.count > 0) {
+    if (a.redop == ReduceOp::kAvg && size() > 2 && a.count > 0) {
       if (a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter) scale_divide(a.recv, a.count, a.dtype, size());
       else if (a.op == OpKind::kReduce && rank() == a.root) scale_divide(a.recv, a.count, a.dtype, size());
     }

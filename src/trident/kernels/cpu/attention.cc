@@ -40,11 +40,13 @@ thread_local Scratch g_scratch;
 // Xt[d][j] = X[j][d] for j < T (X rows at stride ld); columns T..tp-1 are zero.
 TRIDENT_CLONES
 static void transpose_head(float* xt, size_t tp, const float* x, size_t ld, int T, int hd) {
-  for (int d = 0; d < hd; ++d) {
-    float* row = xt + d * tp;
-    for (int j = 0; j < T; ++j) row[j] = x[j * ld + d];
-    for (size_t j = T; j < tp; ++j) row[j] = 0.0f;
+  // Rows of x are read contiguously; the hd destination rows (hd x tp floats) stay in L1.
+  for (int j = 0; j < T; ++j) {
+    const float* src = x + j * ld;
+    for (int d = 0; d < hd; ++d) xt[d * tp + j] = src[d];
   }
+  for (int d = 0; d < hd; ++d)
+    for (size_t j = T; j < tp; ++j) xt[d * tp + j] = 0.0f;
 }
 
 // Vector width of the register blocks: one AVX-512 register (two AVX2 ones, four SSE ones; GCC's

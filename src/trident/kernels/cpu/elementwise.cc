@@ -55,6 +55,38 @@ static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size
   }
 }
 
+TRIDENT_CLONES
+static void gelu_exact_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float e = fast_exp(-0.5f * x * x);
+    const float cdf = 0.5f * (1.0f + detail::erf_with_exp(x * kInvSqrt2, e));
+    out[i] = x * cdf;
+    grad[i] = cdf + x * (kInvSqrt2Pi * e);
+  }
+}
+TRIDENT_CLONES
+static void gelu_tanh_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    const float th = fast_tanh(u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+    out[i] = 0.5f * x * (1.0f + th);
+    grad[i] = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+  }
+}
+
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind) {
+  if (kind == GeluKind::kExact) gelu_exact_fwd_grad(out, grad, inp, n);
+  else gelu_tanh_fwd_grad(out, grad, inp, n);
+}
+
+TRIDENT_CLONES
+void mul(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind) {
   if (kind == GeluKind::kExact) gelu_exact_fwd(out, inp, n);
   else gelu_tanh_fwd(out, inp, n);

@@ -40,6 +40,11 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 // out = gelu(inp); exact = 0.5 x (1 + erf(x/sqrt2)) (nn.GELU()), tanh = GPT-2's approximation.
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind);
+// out = gelu(inp) and grad = gelu'(inp) in one pass (grad may alias inp): a layer can keep gelu'(x) in
+// place of x, and its backward becomes mul(dinp, dout, grad).
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind);
+// out = a * b elementwise (out may alias a or b).
+void mul(float* out, const float* a, const float* b, size_t n);
 // dinp = dout * gelu'(inp); dinp may alias dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind);
 

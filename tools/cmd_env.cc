@@ -1,0 +1,25 @@
+// `trident env`: every TRIDENT_* environment variable, its default, its current value and its meaning.
+#include <cstdio>
+
+#include "command.h"
+#include "trident/core/env.h"
+
+namespace trident::cli {
+namespace {
+
+void setup(CLI::App& app) {
+  auto* sub = app.add_subcommand("env", "list the TRIDENT_* environment variables, their defaults and current values");
+  sub->callback([] {
+    for (const auto& p : env::all_params()) {
+      auto cur = env::get(p.name);
+      std::printf("%-24s default %-8s %s%s\n    %s\n", p.name, *p.default_value ? p.default_value : "\"\"",
+                  cur ? "now " : "", cur ? cur->c_str() : "", p.help);
+    }
+    set_exit_code(0);
+  });
+}
+
+CommandRegistration reg(90, setup);
+
+}  // namespace
+}  // namespace trident::cli
