@@ -10,6 +10,11 @@
 #include "trident/train/config.h"
 #include "trident/train/generate.h"
 #include "trident/train/trainer.h"
+#include "trident/train/distributed.h"
+#include "trident/launch/launcher.h"
+
+#include <unistd.h>
+#include <cstdlib>
 
 namespace trident::cli {
 namespace {
@@ -27,16 +32,89 @@ void guarded(F&& body) {
   }
 }
 
+struct ParallelFlags {
+  int nproc = 1;
+  train::DistributedOptions dist;
+};
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t len = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (len <= 0) TRIDENT_THROW(IoError, "train --nproc: cannot find this program (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+// Removes --nproc, --parallel, --bucket-mb and --no-overlap (with "--k v" or "--k=v") from args.
+ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
+  ParallelFlags pf;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], key = a, val;
+    auto eq = a.find('=');
+    if (eq != std::string::npos) key = a.substr(0, eq), val = a.substr(eq + 1);
+    for (auto& c : key) c = c == '_' ? '-' : c;
+    auto value = [&]() -> std::string {
+      if (eq != std::string::npos) return val;
+      if (i + 1 >= args.size()) TRIDENT_THROW(InvalidArgument, "{} needs a value", key);
+      return args[++i];
+    };
+    if (key == "--nproc" || key == "--nproc-per-node") {
+      std::string v = value();
+      try {
+        pf.nproc = std::stoi(v);
+      } catch (const std::exception&) {
+        pf.nproc = 0;
+      }
+      if (pf.nproc < 1) TRIDENT_THROW(InvalidArgument, "--nproc '{}': need a number of processes >= 1", v);
+    } else if (key == "--parallel") {
+      pf.dist.parallel = value();
+      if (pf.dist.parallel != "ddp" && pf.dist.parallel != "zero1" && pf.dist.parallel != "zero2")
+        TRIDENT_THROW(InvalidArgument, "--parallel '{}': use ddp, zero1 or zero2", pf.dist.parallel);
+    } else if (key == "--bucket-mb") {
+      std::string v = value();
+      try {
+        pf.dist.bucket_mb = std::stod(v);
+      } catch (const std::exception&) {
+        pf.dist.bucket_mb = -1;
+      }
+      if (pf.dist.bucket_mb <= 0) TRIDENT_THROW(InvalidArgument, "--bucket-mb '{}': need a positive size in MiB", v);
+    } else if (key == "--no-overlap") {
+      pf.dist.overlap = false;
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  args = rest;
+  return pf;
+}
+
 void setup_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a GPT or MLP on a text corpus (nanoGPT's train.py)");
   sub->allow_extras();
-  sub->footer(train::config_help());
+  sub->footer(train::config_help() +
+              "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2 (default ddp),\n"
+              "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward).\n"
+              "  Under trident launch / torchrun / mpirun / Slurm the rank comes from the environment.");
   sub->callback([sub] {
     guarded([&] {
       std::vector<std::string> args = sub->remaining();
-      train::TrainConfig cfg = train::parse_train_args(args);
-      train::Trainer trainer(cfg);
-      trainer.run();
+      // Parallelism flags (not config keys): --nproc N starts N local ranks of this same command through the
+      // launcher; --parallel picks the data-parallel strategy; --bucket-mb and --no-overlap tune DDP.
+      ParallelFlags pf = take_parallel_flags(args);
+      train::TrainConfig cfg = train::parse_train_args(args);  // validates everything before starting ranks
+      if (pf.nproc > 1 && !std::getenv("RANK")) {
+        launch::LaunchOptions lo;
+        lo.nproc_per_node = pf.nproc;
+        lo.master_port = 0;
+        lo.command = {self_exe(), "train"};
+        for (auto& a : args) lo.command.push_back(a);
+        lo.command.push_back("--parallel=" + pf.dist.parallel);
+        lo.command.push_back(fmt::format("--bucket-mb={}", pf.dist.bucket_mb));
+        if (!pf.dist.overlap) lo.command.push_back("--no-overlap");
+        set_exit_code(launch::launch(lo));
+        return;
+      }
+      train::train_distributed(cfg, pf.dist);
     });
   });
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -633,8 +634,19 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
     else out << "# Out of bounds values : N/A (not checked; run with --check to verify every element)\n";
     out << fmt::format("# Avg bus bandwidth    : {:.4f} GB/s\n", result.avg_busbw);
     out << "#\n" << std::flush;
-    if (!o.json_path.empty()) write_json(o.json_path, result.records);
   }
+  // Rank 0 writes the JSON, then every rank waits for it: a launcher stops the others as soon as one rank
+  // exits non-zero (wrong elements), which must not cut rank 0's output short.
+  std::exception_ptr write_error;
+  if (lead && !o.json_path.empty()) {
+    try {
+      write_json(o.json_path, result.records);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+  }
+  if (n > 1) pg.barrier();
+  if (write_error) std::rethrow_exception(write_error);
   return result;
 }
 

@@ -20,6 +20,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
+      {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
   };
   return params;

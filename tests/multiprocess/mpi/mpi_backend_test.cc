@@ -207,6 +207,20 @@ TEST(MpiWorker, DISABLED_Sweep) {
     check_in_place(*pg);
     check_async(*pg);
     check_subgroups(*pg);
+    // new_process_group with backend mpi: rank and size must be MPI's; then it is an MPI group too.
+    bool refused = false;
+    try {
+      new_process_group(nullptr, rank, pg->size() + 1, o);
+    } catch (const InvalidArgument&) {
+      refused = true;
+    }
+    WORKER_CHECK(refused, "new_process_group accepted a size that is not MPI's");
+    auto again = new_process_group(nullptr, rank, pg->size(), o);
+    WORKER_CHECK(again->backend_name() == "mpi" && again->rank() == rank, "new_process_group gave {} rank {}",
+                 again->backend_name(), again->rank());
+    int64_t one = 1, total = 0;
+    again->all_reduce(&one, &total, 1, DType::kInt64, ReduceOp::kSum);
+    WORKER_CHECK(total == pg->size(), "all_reduce of ones on the second world group: {}", total);
   } catch (const std::exception& e) {
     worker_fail(rank, e.what());
   }
@@ -235,6 +249,7 @@ TEST(MpiWorker, DISABLED_Timeout) {
       timed_out = m.find("barrier") != std::string::npos && m.find("seq") != std::string::npos &&
                   m.find(g->name()) != std::string::npos && m.find("cannot cancel") != std::string::npos;
       WORKER_CHECK(timed_out, "timeout message lacks op, seq, group or the failure note: {}", m);
+      std::printf("rank 0 got the expected TimeoutError: %s\n", m.c_str());
     }
     WORKER_CHECK(timed_out, "a barrier no other rank joined did not time out");
     bool failed_at_once = false;
@@ -337,9 +352,22 @@ TEST(MpiBackendTcp, CollectiveSweepOverTcpBtl) {
   bool skip;
   skip_unless_mpi(skip);
   if (skip) return;
-  RunResult r = run_workers(3, "Sweep", "--mca btl self,tcp");
+  RunResult r = run_workers(2, "Sweep", "--mca btl self,tcp");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+  EXPECT_EQ(count_ok(r.output), 2) << r.output;
+}
+
+// The path taken when MPI is not thread-multiple: every MPI call under one mutex (async calls included).
+TEST(MpiBackendSerialized, CollectiveSweepWithSerializedMpiCalls) {
+  if (is_worker()) GTEST_SKIP() << "driver test; not run inside a worker";
+  bool skip;
+  skip_unless_mpi(skip);
+  if (skip) return;
+  RunResult r = run_workers(3, "Sweep", "-x TRIDENT_MPI_SERIALIZE=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backend mpi (MPI calls serialized)"), std::string::npos) << r.output;
   EXPECT_EQ(count_ok(r.output), 3) << r.output;
 }
 

@@ -534,8 +534,8 @@ TEST(AlgorithmRegistry, CostsAreZeroAtWorldOneAndGrowWithSize) {
   }
 }
 
-// The cost model ranks the textbook choices: at 8 ranks, recursive doubling beats ring for 8 bytes, and
-// ring beats recursive doubling and tree for 64 MiB.
+// The cost model ranks the textbook choices: recursive doubling beats ring for 8 bytes, and ring beats
+// recursive doubling and tree for 64 MiB.
 TEST(AlgorithmRegistry, CostModelPrefersLatencyAlgorithmsSmallAndBandwidthAlgorithmsLarge) {
   const LinkCost link;
   auto t = [&](Algo algo, size_t bytes) { return find_algorithm(OpKind::kAllReduce, algo)->cost(bytes, 8).time(link); };
@@ -543,6 +543,10 @@ TEST(AlgorithmRegistry, CostModelPrefersLatencyAlgorithmsSmallAndBandwidthAlgori
   EXPECT_LT(t(Algo::kRing, 64 << 20), t(Algo::kRecursiveDoubling, 64 << 20));
   EXPECT_LT(t(Algo::kRing, 64 << 20), t(Algo::kTree, 64 << 20));
   EXPECT_LT(t(Algo::kRecursiveHalving, 64 << 20), t(Algo::kTree, 64 << 20));
+  // Two ranks: one exchange wins for tiny messages; the pipelined ring (reduction overlapped) for large.
+  auto t2 = [&](Algo algo, size_t bytes) { return find_algorithm(OpKind::kAllReduce, algo)->cost(bytes, 2).time(link); };
+  EXPECT_LT(t2(Algo::kRecursiveDoubling, 8), t2(Algo::kRing, 8));
+  EXPECT_LT(t2(Algo::kRing, 64 << 20), t2(Algo::kRecursiveDoubling, 64 << 20));
 }
 
 TEST(AlgorithmRegistry, PowerOfTwoOnlyAlgorithmsSayWhereTheyApply) {

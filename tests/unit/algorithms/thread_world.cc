@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -186,6 +187,10 @@ class ThreadContext final : public AlgoContext {
   }
 
   void* scratch(size_t nbytes, int slot) override {
+    // One call per slot per collective (a real context may move the buffer on a second call).
+    if (std::find(slots_.begin(), slots_.end(), slot) != slots_.end())
+      violation(fmt::format("rank {} asked for scratch slot {} twice in one collective", rank_, slot));
+    slots_.push_back(slot);
     // Fresh memory per call, filled with garbage: contents are undefined at entry.
     const size_t size = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, size);
@@ -256,6 +261,7 @@ class ThreadContext final : public AlgoContext {
   size_t chunk_;
   std::vector<std::unique_ptr<Op>> ops_;
   std::vector<void*> scratch_;
+  std::vector<int> slots_;
 };
 
 }  // namespace

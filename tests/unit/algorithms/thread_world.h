@@ -8,7 +8,8 @@
 //   - a send buffer must not change between isend() and the wait() that completes it;
 //   - at the end of a collective, every message sent was received, every receive was matched, and every
 //     request was waited on;
-//   - a rank never sends to itself; peers are in range; scratch contents are garbage at entry;
+//   - a rank never sends to itself; peers are in range; scratch contents are garbage at entry and each
+//     scratch slot is requested at most once per collective;
 //   - when every live rank is blocked in wait() and nothing can complete, that is a deadlock, reported at
 //     once with what each rank waits for (no timing involved).
 // Transfers happen under one global lock, on whichever thread posts the second half of a match, so a

@@ -145,5 +145,14 @@ TEST(ThreadWorld, ScratchIsAlignedAndDistinctPerSlot) {
   EXPECT_TRUE(res.ok()) << res.summary();
 }
 
+TEST(ThreadWorld, AskingForOneScratchSlotTwiceFails) {
+  ThreadWorld w(1);
+  auto res = w.run([&](AlgoContext& ctx) {
+    ctx.scratch(8, 0);
+    ctx.scratch(16, 0);
+  });
+  EXPECT_TRUE(mentions(res, "scratch slot 0 twice")) << res.summary();
+}
+
 }  // namespace
 }  // namespace trident::testing

@@ -43,7 +43,8 @@ class AlgoContext {
   void wait(const std::vector<Request>& reqs) { wait(std::span<const Request>(reqs.data(), reqs.size())); }
 
   // Reusable scratch memory, 64-byte aligned, already faulted in; `slot` distinguishes buffers used at
-  // the same time. Valid until the collective returns; contents undefined at entry.
+  // the same time. Valid until the collective returns; contents undefined at entry. Algorithms ask for
+  // each slot at most once per collective (a second call may move the first buffer).
   virtual void* scratch(size_t nbytes, int slot = 0) = 0;
 
   // Pipelining chunk of the bandwidth algorithms in bytes; 0 lets each algorithm choose by message size.

@@ -175,14 +175,16 @@ void init_runtime() {
   } else {
     MPI_Query_thread(&rt->provided);
   }
-  rt->multiple = rt->provided >= MPI_THREAD_MULTIPLE;
+  // TRIDENT_MPI_SERIALIZE=1 takes the serialized path even when MPI is thread-multiple (tests, debugging).
+  rt->multiple = rt->provided >= MPI_THREAD_MULTIPLE && !env::get_bool("TRIDENT_MPI_SERIALIZE", false);
   if (rt->provided < MPI_THREAD_SERIALIZED)
     log_warn("mpi backend: MPI provides only {}; trident calls MPI from its worker threads too (serialized "
              "through one mutex), which such an MPI does not promise to support",
              thread_level_name(rt->provided));
   log_debug("comm", "mpi backend: MPI {} by {}; thread level {}: {}", initialized ? "already initialised" : "initialised",
             initialized ? "the application" : "trident", thread_level_name(rt->provided),
-            rt->multiple ? "MPI calls run concurrently" : "every MPI call is serialized through one mutex");
+            rt->multiple ? "MPI calls run concurrently"
+                         : "every MPI call is serialized through one mutex (thread level, or TRIDENT_MPI_SERIALIZE=1)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 
   MPI_Type_contiguous(1, MPI_UINT16_T, &rt->bf16);
@@ -571,7 +573,7 @@ class MpiProcessGroup final : public ProcessGroup {
     if (op.copy_after)
       std::memmove(a.recv, static_cast<const uint8_t*>(a.send) + static_cast<size_t>(rank()) * a.count * es,
                    a.count * es);
-    if (a.redop == ReduceOp::kAvg && size() > 2 && a.count > 0) {
+    if (a.redop == ReduceOp::kAvg && size() > 1 && a.count > 0) {
       if (a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter) scale_divide(a.recv, a.count, a.dtype, size());
       else if (a.op == OpKind::kReduce && rank() == a.root) scale_divide(a.recv, a.count, a.dtype, size());
     }

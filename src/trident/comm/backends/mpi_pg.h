@@ -4,8 +4,8 @@
 // Ownership: groups are shared (std::shared_ptr); each owns its MPI communicator (a dup of
 // MPI_COMM_WORLD for the world group, MPI_Comm_create / MPI_Comm_split results for subgroups) and frees it
 // when destroyed. MPI is initialised once per process on first use (MPI_Init_thread asking for
-// MPI_THREAD_MULTIPLE; with less, every MPI call is serialized through one mutex; TRIDENT_DEBUG=comm logs
-// which) and finalized at exit only when trident initialised it.
+// MPI_THREAD_MULTIPLE; with less, or with TRIDENT_MPI_SERIALIZE=1, every MPI call is serialized through one
+// mutex; TRIDENT_DEBUG=comm logs which) and finalized at exit only when trident initialised it.
 // Blocking: every collective is posted at once as a non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...)
 // in issue order, which MPI preserves per communicator; a FIFO of pending requests is polled with MPI_Test
 // by the blocking caller or, for async calls, by the group's worker thread, and Works complete in issue

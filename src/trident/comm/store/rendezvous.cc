@@ -1,6 +1,7 @@
 #include "trident/comm/store/rendezvous.h"
 
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <optional>

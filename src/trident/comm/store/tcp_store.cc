@@ -12,7 +12,7 @@
 //   kCheck       keys                            -> OK u8 all present
 //   kDelete      str key                         -> OK u8 existed
 //   kNumKeys                                     -> OK i64
-// Reply payload: u8 status, then the fields above (OK) or a message (ERROR, TIMEOUT, FATAL).
+// Reply payload: u8 status (0 OK, 1 ERROR, 2 TIMEOUT, 3 FATAL), then the fields above (OK) or a message.
 // FATAL means the server closes the connection after sending it (wrong token, malformed or oversized frame,
 // unknown command); ERROR leaves the connection usable.
 #include "trident/comm/store/tcp_store.h"
@@ -275,7 +275,7 @@ struct TCPStoreServer::State {
     if (cit != conns.end()) cit->second.waiter = 0;
     waiters.erase(it);
   }
-  // Answers a waiter whose keys are all present; returns the fd to resume processing on.
+  // Answers a waiter whose keys are all present, then resumes the frames queued behind it on its connection.
   void answer_waiter(uint64_t id) {
     Waiter w = waiters.at(id);
     remove_waiter(id);
@@ -346,7 +346,8 @@ struct TCPStoreServer::State {
     for (uint32_t i = 0; i < n && r.ok; ++i) {
       keys.push_back(r.str());
       if (keys.back().size() > kMaxKeyBytes) {
-        fatal(c, fmt::format("key of {} bytes exceeds the {} key limit", keys.back().size(), format_bytes(kMaxKeyBytes)));
+        fatal(c, fmt::format("key of {} bytes exceeds the {} key limit", keys.back().size(),
+                             format_bytes(kMaxKeyBytes)));
         return false;
       }
     }
@@ -409,7 +410,8 @@ struct TCPStoreServer::State {
           if (cmd == kGet) put_bytes(f, data[keys.front()]);
           reply_ok(c, f);
         } else if (timeout_ms == 0) {
-          reply_msg(c, kTimeoutStatus, fmt::format("wait timed out after 0.0s; missing keys: {}", fmt::join(miss, ", ")));
+          reply_msg(c, kTimeoutStatus,
+                    fmt::format("wait timed out after 0.0s; missing keys: {}", fmt::join(miss, ", ")));
         } else {
           park(c, std::move(keys), cmd == kGet, timeout_ms);
         }
@@ -906,7 +908,8 @@ TCPStore::Reply TCPStore::request(const std::string& payload, Seconds deadline_a
   }
   reply.status = static_cast<uint8_t>(reply.body[0]);
   reply.body.erase(0, 1);
-  if (reply.status == kFatal || (reply.status != kOk && reply.status != kErrorStatus && reply.status != kTimeoutStatus)) {
+  bool known = reply.status == kOk || reply.status == kErrorStatus || reply.status == kTimeoutStatus;
+  if (reply.status == kFatal || !known) {
     // The server closes the connection after a fatal reply; this connection is gone, the others are fine.
     ::close(fd);
     if (reply.status == kFatal) TRIDENT_THROW(StoreError, "store at {} refused {}: {}", where(), what, reply.body);
