@@ -10,6 +10,6 @@ cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure --timeout 900 -j"$jobs")
 # Sanitizers over the layers where memory and concurrency bugs hide: store, transports, engine, algorithms.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRIDENT_SANITIZE=ON -DTRIDENT_BUILD_BENCH=OFF >/dev/null
-cmake --build build-asan -j"$jobs" --target test_unit_store test_unit_algorithms test_multiprocess_comm
+cmake --build build-asan -j"$jobs" --target test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-   ctest --output-on-failure --timeout 900 -j"$jobs" -R 'Store|Rendezvous|Algorithm|Smoke|Faults|w[1235]_')
+   ctest --output-on-failure --timeout 900 -j"$jobs" -L 'store|algorithms|comm' -E 'w8_')

@@ -277,9 +277,9 @@ struct Section {
 };
 
 std::string placement_cells(const BenchRecord* rec, bool checked) {
-  if (!rec) return fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A");
+  if (!rec) return fmt::format("  {:>10} {:>7} {:>7} {:>6} {:>10} {:>10} {:>10}", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A");
   std::string wrong = checked && rec->wrong ? fmt::format("{}", *rec->wrong) : std::string("N/A");
-  return fmt::format("  {:>9.2f} {:>7.2f} {:>7.2f} {:>6} {:>8.2f} {:>8.2f} {:>8.2f}", rec->time_us, rec->algbw, rec->busbw,
+  return fmt::format("  {:>10.2f} {:>7.2f} {:>7.2f} {:>6} {:>10.2f} {:>10.2f} {:>10.2f}", rec->time_us, rec->algbw, rec->busbw,
                      wrong, rec->lat_min_us, rec->lat_p50_us, rec->lat_p99_us);
 }
 
@@ -511,16 +511,16 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
   }
 
   CommBenchResult result;
-  const std::string hdr_place = fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "time", "algbw", "busbw",
+  const std::string hdr_place = fmt::format("  {:>10} {:>7} {:>7} {:>6} {:>10} {:>10} {:>10}", "time", "algbw", "busbw",
                                             "#wrong", "lat_min", "lat_p50", "lat_p99");
-  const std::string hdr_units = fmt::format("  {:>9} {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}", "(us)", "(GB/s)", "(GB/s)", "",
+  const std::string hdr_units = fmt::format("  {:>10} {:>7} {:>7} {:>6} {:>10} {:>10} {:>10}", "(us)", "(GB/s)", "(GB/s)", "",
                                             "(us)", "(us)", "(us)");
   for (const Section& sec : sections) {
     if (lead) {
       out << fmt::format("# {}  algo {}\n", op_name(sec.op),
                          sec.algo == Algo::kAuto ? std::string("auto (the backend's choice per size)")
                                                  : std::string(algo_name(sec.algo)));
-      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}  {:<59}  {:<59}\n", "", "", "", "", "", "",
+      out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}  {:<67}  {:<67}\n", "", "", "", "", "", "",
                          "------------------ out-of-place -------------------",
                          "-------------------- in-place ---------------------");
       out << fmt::format("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>18}{}{}\n", "size", "count", "type", "redop", "root", "algo",

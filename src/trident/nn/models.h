@@ -5,7 +5,10 @@
 //   kind "gpt" | "mlp" (default "gpt"); n_layer (6), n_head (6), n_embd (384), block_size (256),
 //   vocab_size (required), bias (true), dropout (0.0; > 0 is refused: not implemented),
 //   gelu "exact" | "tanh" (exact = nn.GELU()), activation_checkpointing (false), seed (1337),
-//   dtype "float32" | "bfloat16" (compute precision of the GEMMs; master weights stay float32),
+//   dtype "float32" | "bfloat16" (also "fp32", "bf16"): precision of the GEMM operands, float32
+//     accumulation; master weights, gradients and optimizer state stay float32. Uses cblas_sbgemm where
+//     OpenBLAS has it; Debian's OpenBLAS 0.3.21 lacks it, so there the operands are rounded to bfloat16
+//     and multiplied by sgemm: bfloat16 numerics, but no speed-up (about 15% slower than float32),
 //   tie_embeddings (true; mlp only: false gives it a separate lm_head.weight).
 // The returned model's config() holds every key with its resolved value, enough to rebuild it.
 // Ownership: the caller owns the model. Thread-safety: a model is used from one thread at a time.

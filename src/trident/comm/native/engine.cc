@@ -11,6 +11,7 @@
 
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 
@@ -89,6 +90,7 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   for (auto& p : peers_) local += p.same_host ? 1 : 0;
   spin_limit_ = static_cast<unsigned>(local) > cores ? 64 : 4000;
   reqs_.reserve(64);
+  chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
 }
 
 Engine::~Engine() = default;

@@ -76,6 +76,7 @@ class Engine final : public AlgoContext {
   Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) override;
   void wait(std::span<const Request> reqs) override;
   void* scratch(size_t nbytes, int slot) override;
+  size_t chunk_bytes() const override { return chunk_bytes_; }  // TRIDENT_CHUNK_BYTES (0: by size)
   using AlgoContext::wait;
 
   // Point-to-point with user tags (outside the collective sequence).
@@ -136,6 +137,7 @@ class Engine final : public AlgoContext {
   Clock::time_point deadline_;
   Clock::time_point next_check_;
   int spin_limit_ = 2000;
+  size_t chunk_bytes_ = 0;
 
   std::vector<std::vector<uint8_t>> scratch_;
   std::mutex fail_mu_;
