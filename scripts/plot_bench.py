@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plot `trident bench comm --json` output (and peer figures) as busbw-vs-size PNGs, one per collective.
 
 Usage:
@@ -27,7 +27,7 @@ def load(path):
 
 def series_key(label, rec):
     algo = rec.get("algo")
-    if algo is None:
+    if algo is None or algo == label:
         return label
     if "algo_forced" in rec and not rec["algo_forced"]:
         return f"{label} auto"

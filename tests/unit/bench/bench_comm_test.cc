@@ -70,21 +70,11 @@ size_t expected_size(const std::string& op, size_t count_per_rank, int n) {
   return count_per_rank * (whole ? n : 1) * 4;  // float32
 }
 
-// KNOWN COMM-LAYER BUG (reported to the lead, not ours to fix): in-place all_to_all (send == recv) returns
-// wrong elements at 3+ ranks with both algorithms (pairwise.cc says the process group copies for the in-place
-// form; ProcessGroup::submit does not). Reproduce:
-//   trident bench comm --nproc 3 --op all_to_all --inplace --check -b 8 -e 32K -f 8 --iters 3 --warmup 1
-// Those rows alone may be wrong (loudly reported); every other row must be exact. Once fixed, all are.
-bool known_comm_bug(const json& r) {
-  return r.at("op") == "all_to_all" && r.at("inplace").get<bool>() && r.at("world_size").get<int>() >= 3;
-}
-
-// Returns the number of wrong elements in rows excused by known_comm_bug().
-uint64_t check_records(const json& rows, int world, const std::set<std::string>& want_ops) {
-  uint64_t excused = 0;
+// Checks every row of a --check run: all exact, sizes and bandwidths as nccl-tests defines them.
+void check_records(const json& rows, int world, const std::set<std::string>& want_ops) {
   EXPECT_TRUE(rows.is_array());
   EXPECT_FALSE(rows.empty());
-  if (!rows.is_array() || rows.empty()) return 0;
+  if (!rows.is_array() || rows.empty()) return;
   std::set<std::string> ops;
   std::map<std::string, std::set<bool>> placements;
   for (const auto& r : rows) {
@@ -94,8 +84,7 @@ uint64_t check_records(const json& rows, int world, const std::set<std::string>&
     SCOPED_TRACE(r.dump());
     EXPECT_FALSE(r.at("wrong").is_null()) << "--check was given, so every row must carry a wrong count";
     if (r.at("wrong").is_null()) continue;
-    if (known_comm_bug(r) && r.at("wrong").get<uint64_t>() > 0) excused += r.at("wrong").get<uint64_t>();
-    else EXPECT_EQ(r.at("wrong").get<uint64_t>(), 0u);
+    EXPECT_EQ(r.at("wrong").get<uint64_t>(), 0u);
     EXPECT_EQ(r.at("world_size").get<int>(), world);
     EXPECT_EQ(r.at("transport").get<std::string>(), "shm");
     EXPECT_NE(r.at("algo").get<std::string>(), "auto") << "the algorithm that ran, not the request";
@@ -124,10 +113,6 @@ uint64_t check_records(const json& rows, int world, const std::set<std::string>&
     std::set<bool> want = op == "broadcast" ? std::set<bool>{true} : std::set<bool>{false, true};
     EXPECT_EQ(placements[op], want) << op << ": out-of-place and in-place (broadcast: in-place only)";
   }
-  if (excused > 0)
-    std::cerr << "KNOWN COMM BUG: in-place all_to_all at " << world << " ranks: " << excused
-              << " wrong elements (see known_comm_bug() in this file)\n";
-  return excused;
 }
 
 const std::set<std::string> kAllOps = {"broadcast",  "reduce",         "all_reduce", "gather",    "scatter",
@@ -140,15 +125,9 @@ void all_ops_checked(int nproc) {
                                   nproc, path));
   json rows = read_json(path);
   ASSERT_TRUE(rows.is_array()) << "no JSON array in " << path << "; output:\n" << r.out;
-  const uint64_t excused = check_records(rows, nproc, kAllOps);
-  if (excused == 0) {
-    EXPECT_EQ(r.rc, 0) << r.out;
-    EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
-  } else {
-    // The benchmark must still say so: exit status 1 and the total on the closing line.
-    EXPECT_EQ(r.rc, 1) << r.out;
-    EXPECT_NE(r.out.find(fmt::format("# Out of bounds values : {} FAILED", excused)), std::string::npos) << r.out;
-  }
+  check_records(rows, nproc, kAllOps);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("# Avg bus bandwidth"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(fmt::format("# world size {}", nproc)), std::string::npos) << r.out;
   // The sweep: 8, 64, 512, 4K, 32K bytes for all_reduce (every size once per placement).

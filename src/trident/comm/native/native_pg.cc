@@ -230,6 +230,16 @@ void NativeProcessGroup::execute(Item& it) {
     } else {
       CollArgs run = a;
       if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0) std::memmove(a.recv, a.send, a.count * es);
+      // All-to-all reads every block of send while writing recv: an in-place call works from a copy.
+      std::vector<uint8_t> a2a_copy;
+      if (a.op == OpKind::kAllToAll && a.count > 0) {
+        const size_t bytes = a.count * size() * es;
+        auto s0 = reinterpret_cast<uintptr_t>(a.send), r0 = reinterpret_cast<uintptr_t>(a.recv);
+        if (s0 < r0 + bytes && r0 < s0 + bytes) {
+          a2a_copy.assign(static_cast<const uint8_t*>(a.send), static_cast<const uint8_t*>(a.send) + bytes);
+          run.send = a2a_copy.data();
+        }
+      }
       if (run.redop == ReduceOp::kAvg) run.redop = ReduceOp::kSum;
       find_algorithm(a.op, it.algo)->run(*engine_, run);
       if (a.redop == ReduceOp::kAvg && size() > 1) {
