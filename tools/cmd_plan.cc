@@ -1,6 +1,6 @@
 // `trident plan`: memory, communication, bubble, step time and MFU of parallel layouts from the cost
 // model (src/trident/plan/), and a recommendation. Also holds the model/cluster options shared with
-// `trident simulate` (cmd_simulate.cc declares PlanCommon and its functions).
+// `trident simulate` (PlanCommon, declared in plan_cli.h).
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -8,29 +8,11 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "plan_cli.h"
 #include "trident/core/error.h"
 #include "trident/plan/planner.h"
 
 namespace trident::cli {
-
-// Options shared by `plan` and `simulate`.
-struct PlanCommon {
-  std::string model;
-  int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0, ffn = 0, kv_heads = 0;
-  std::string gpu = "h100-sxm";
-  int gpus = 0, gpus_per_node = 0, nodes = 0;
-  std::string node, intra_link, inter_link;
-  int global_batch = 512;
-  int micro_batch = 1;
-  std::string precision = "mixed";
-  bool sequence_parallel = false;
-  double headroom = 0.10;
-  std::string catalog;
-  // Layout (single-layout mode when any is set).
-  int tp = 0, pp = 0, dp = 0, zero = -1, microbatches = 0, interleave = 1;
-  std::string recompute, schedule;
-  bool json = false;
-};
 
 // The catalog directory compiled in: <source tree>/share/trident/hardware (entries there add to and
 // override the built-in ones, which are compiled into the binary).
