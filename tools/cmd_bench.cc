@@ -43,6 +43,10 @@ struct RawFlags {
   bool outofplace = false;
   std::string timeout;
   int nproc = 0;
+  std::string tune;
+  // Flags given on the command line (with --tune, the others take --tune's defaults).
+  bool given_op = false, given_minbytes = false, given_maxbytes = false, given_stepfactor = false,
+       given_iters = false, given_warmup = false, given_algo = false, given_placement = false;
 };
 
 using trident::InvalidArgument;
@@ -85,6 +89,21 @@ trident::bench::CommBenchOptions to_options(const RawFlags& f) {
     o.outofplace = f.outofplace;
   }
   if (!f.timeout.empty()) o.timeout_s = trident::env::parse_seconds(f.timeout, "--timeout");
+  if (!f.tune.empty()) {
+    // --tune: its own defaults (every op with a choice, every algorithm), then the flags the user gave.
+    trident::bench::CommBenchOptions t = o;
+    trident::bench::apply_tune_defaults(t);
+    if (f.given_op) t.ops = o.ops;
+    if (f.given_minbytes) t.min_bytes = o.min_bytes;
+    if (f.given_maxbytes) t.max_bytes = o.max_bytes;
+    if (f.given_stepfactor) t.step_factor = o.step_factor;
+    if (f.given_iters) t.iters = o.iters;
+    if (f.given_warmup) t.warmup = o.warmup;
+    if (f.given_algo) t.algos = o.algos, t.algo_all = o.algo_all;
+    if (f.given_placement) t.inplace = o.inplace, t.outofplace = o.outofplace;
+    t.tune_path = f.tune;
+    o = t;
+  }
   return o;
 }
 
@@ -202,7 +221,21 @@ void setup(CLI::App& app) {
   comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
   comm->add_option("--timeout", f->timeout, "deadline of every collective (e.g. 30s, 2m; default TRIDENT_TIMEOUT)");
   comm->add_option("--nproc", f->nproc, "start N local ranks of this benchmark (like trident launch -n N)");
-  comm->callback([f] { trident::cli::set_exit_code(run(*f)); });
+  comm->add_option("--tune", f->tune,
+                   "measure every algorithm of every collective that has a choice (8 B to 8 MiB by factors of 16, in "
+                   "place, p50 latency) and write the tuning file FILE that TRIDENT_TUNING_FILE=FILE makes the "
+                   "backend use; -b, -e, -f, -n, -w, --op, --algo override these defaults");
+  comm->callback([f, comm] {
+    f->given_op = comm->count("--op") > 0;
+    f->given_minbytes = comm->count("--minbytes") > 0;
+    f->given_maxbytes = comm->count("--maxbytes") > 0;
+    f->given_stepfactor = comm->count("--stepfactor") > 0;
+    f->given_iters = comm->count("--iters") > 0;
+    f->given_warmup = comm->count("--warmup") > 0;
+    f->given_algo = comm->count("--algo") > 0;
+    f->given_placement = comm->count("--inplace") > 0 || comm->count("--outofplace") > 0;
+    trident::cli::set_exit_code(run(*f));
+  });
 }
 
 trident::cli::CommandRegistration reg(40, setup);

@@ -385,6 +385,54 @@ void validate(const CommBenchOptions& o, int world) {
                       op_name(op));
   }
   if (o.algos.empty() && !o.algo_all) TRIDENT_THROW(InvalidArgument, "--algo: no algorithm given");
+  if (!o.tune_path.empty() && world < 2)
+    TRIDENT_THROW(InvalidArgument, "--tune measures collectives between ranks, but the world has {} rank; run it with "
+                  "--nproc 2 or more (or under trident launch)", world);
+}
+
+TuningTable tuning_from_records(const std::vector<BenchRecord>& records, const std::string& transport, int world) {
+  TuningTable t;
+  t.transport = transport;
+  t.world_size = world;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  t.host = host;
+  t.date = utc_now();
+  for (const BenchRecord& r : records) {
+    if (!r.algo_forced) continue;
+    t.dtype = r.has_dtype ? dtype_name(r.dtype) : t.dtype;
+    TuningEntry* e = nullptr;
+    for (auto& x : t.entries)
+      if (x.op == r.op && x.algo == r.algo) e = &x;
+    if (!e) {
+      t.entries.push_back({r.op, r.algo, {}});
+      e = &t.entries.back();
+    }
+    const double bytes = static_cast<double>(r.size);
+    // Records of one section come in ascending size, out-of-place before in-place: in-place replaces.
+    const double s = std::max(r.lat_p50_us, 1e-3) * 1e-6;
+    if (!e->points.empty() && e->points.back().bytes == bytes) {
+      if (r.inplace) e->points.back().seconds = s;
+    } else if (e->points.empty() || e->points.back().bytes < bytes) {
+      e->points.push_back({bytes, s});
+    }
+  }
+  return t;
+}
+
+void apply_tune_defaults(CommBenchOptions& o) {
+  o.ops.clear();
+  for (OpKind op : bench_ops())
+    if (algorithms_for(op).size() > 1) o.ops.push_back(op);
+  o.algos.clear();
+  o.algo_all = true;
+  o.min_bytes = 8;
+  o.max_bytes = 8ll << 20;
+  o.step_factor = 16;
+  o.iters = 10;
+  o.warmup = 3;
+  o.inplace = true;
+  o.outofplace = false;
 }
 
 void write_json(const std::string& path, const std::vector<BenchRecord>& records) {
@@ -638,9 +686,15 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
   // Rank 0 writes the JSON, then every rank waits for it: a launcher stops the others as soon as one rank
   // exits non-zero (wrong elements), which must not cut rank 0's output short.
   std::exception_ptr write_error;
-  if (lead && !o.json_path.empty()) {
+  if (lead && (!o.json_path.empty() || !o.tune_path.empty())) {
     try {
-      write_json(o.json_path, result.records);
+      if (!o.json_path.empty()) write_json(o.json_path, result.records);
+      if (!o.tune_path.empty()) {
+        save_tuning_file(o.tune_path, tuning_from_records(result.records, transport, n));
+        out << fmt::format("# tuning file written: {} (use it with TRIDENT_TUNING_FILE={})\n", o.tune_path,
+                           o.tune_path)
+            << std::flush;
+      }
     } catch (...) {
       write_error = std::current_exception();
     }

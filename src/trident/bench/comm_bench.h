@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/comm/tuning.h"
 #include "trident/comm/types.h"
 
 namespace trident {
@@ -54,6 +55,9 @@ struct CommBenchOptions {
   bool inplace = true;
   bool outofplace = true;
   std::optional<double> timeout_s;
+  // --tune FILE: rank 0 writes a tuning file (comm/tuning.h) from the p50 latency of every forced-algorithm
+  // record (in-place where both placements ran). "" = none.
+  std::string tune_path;
 };
 
 // One measured (row, placement).
@@ -101,6 +105,13 @@ void validate(const CommBenchOptions& o, int world);
 // Runs the benchmark on this rank. Rank 0 writes the table to `out` (other ranks write nothing) and the
 // JSON file when asked. Every rank returns the same result.
 CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std::ostream& out);
+
+// The tuning table (comm/tuning.h) that `records` measure: per (op, forced algorithm), the p50 latency at
+// each size (the in-place record where both placements ran). Auto records are left out.
+TuningTable tuning_from_records(const std::vector<BenchRecord>& records, const std::string& transport, int world);
+// Options of `bench comm --tune`: every collective with more than one algorithm, every algorithm, sizes
+// 8 B .. 8 MiB by factors of 16, in place, few iterations. The CLI applies them before the user's flags.
+void apply_tune_defaults(CommBenchOptions& o);
 
 // Writes `records` as a JSON array, one record per line (the --json format; scripts/plot_bench.py reads it).
 void write_json(const std::string& path, const std::vector<BenchRecord>& records);

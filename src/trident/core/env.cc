@@ -18,6 +18,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
+      {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
@@ -134,6 +135,7 @@ std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
 bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
 int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
 int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
+std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
 
 }  // namespace trident::env

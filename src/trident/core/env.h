@@ -41,6 +41,7 @@ std::string store_token();        // TRIDENT_STORE_TOKEN
 bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
+std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench comm --tune` ("" = cost model)
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
 
 }  // namespace trident::env

@@ -6,14 +6,93 @@
 #include "trident/comm/store/rendezvous.h"
 #include "trident/core/log.h"
 #include "trident/parallel/data_parallel.h"
+#include "trident/train/prediction.h"
 
 namespace trident::train {
+namespace {
+
+// Closing the loop (train/prediction.h): calibrate on the real model (and group), print and record the
+// prediction before training; print and record the measured figures beside it after.
+struct Loop {
+  bool enabled = false;
+  Prediction prediction;
+
+  void before(const TrainConfig& cfg, Trainer& t, nn::Model& model, ProcessGroup* pg, const DistributedOptions& opts,
+              std::FILE* out) {
+    enabled = cfg.model == "gpt" && !cfg.eval_only && t.start_step() < cfg.max_iters;
+    if (!enabled) return;
+    const int vocab = t.dataset().tokenizer().vocab_size();
+    PredictionInput in;
+    in.num_params = model.num_params();
+    in.world = pg != nullptr ? pg->size() : 1;
+    in.rank = pg != nullptr ? pg->rank() : 0;
+    in.strategy = parallel::parse_strategy(opts.parallel);
+    in.overlap = opts.overlap;
+    in.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
+    in.batch = cfg.batch_size;
+    in.block = cfg.block_size;
+    in.accum = cfg.gradient_accumulation_steps;
+    in.layers = cfg.n_layer;
+    in.hidden = cfg.n_embd;
+    in.heads = cfg.n_head;
+    in.vocab = vocab;
+    in.activation_checkpointing = cfg.activation_checkpointing;
+    in.cal = calibrate(model, cfg.batch_size, cfg.block_size, vocab, pg);
+    prediction = predict(in);
+    nlohmann::json rec = prediction.to_json();
+    rec["world"] = in.world;
+    rec["parallel"] = in.world > 1 ? opts.parallel : "single";
+    rec["calibration"] = in.cal.to_json();
+    t.emit_record(rec);
+    if (in.rank == 0 && !cfg.json) {
+      std::fprintf(out, "%s\n", prediction.summary().c_str());
+      std::fflush(out);
+    }
+  }
+
+  void after(const TrainConfig& cfg, Trainer& t, const TrainResult& res, int rank, int world,
+             std::map<std::string, double> memory, std::map<std::string, double> comm, std::FILE* out) {
+    if (!enabled || res.tokens_per_s <= 0) return;
+    Measured m;
+    m.step_s = static_cast<double>(cfg.batch_size) * cfg.block_size * cfg.gradient_accumulation_steps * world /
+               res.tokens_per_s;
+    m.memory_bytes = std::move(memory);
+    m.peak_rss = peak_rss_bytes();
+    m.comm_bytes = std::move(comm);
+    t.emit_record(measured_json(prediction, m));
+    if (rank == 0 && !cfg.json) {
+      std::fprintf(out, "%s\n", measured_summary(prediction, m).c_str());
+      std::fflush(out);
+    }
+  }
+};
+
+}  // namespace
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks) {
   RendezvousInfo info = rendezvous_from_env();
+  std::FILE* out = hooks.out != nullptr ? hooks.out : stdout;
+  Loop loop;
   if (info.world_size <= 1) {
+    Trainer* trainer = nullptr;
+    auto user_ready = hooks.on_ready;
+    hooks.on_ready = [&](nn::Model& model) {
+      if (user_ready) user_ready(model);
+      loop.before(cfg, *trainer, model, nullptr, opts, out);
+    };
     Trainer t(cfg, std::move(hooks));
-    return t.run();
+    trainer = &t;
+    TrainResult res = t.run();
+    const double n = static_cast<double>(t.model().num_params());
+    std::map<std::string, double> mem = {{"parameters", n * 4},
+                                         {"gradients", n * 4},
+                                         {"optimizer_state", static_cast<double>(t.optimizer().exp_avg().size() +
+                                                                                 t.optimizer().exp_avg_sq().size()) *
+                                                                 4},
+                                         {"master_weights", 0},
+                                         {"comm_buffers", 0}};
+    loop.after(cfg, t, res, 0, 1, mem, {}, out);
+    return res;
   }
   auto pg = init_process_group();
   parallel::DataParallelOptions dpo;
@@ -33,6 +112,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     return v;
   };
   hooks.on_ready = [&](nn::Model& model) {
+    loop.before(cfg, *trainer, model, pg.get(), opts, out);  // before DataParallel installs its hooks
     dpo.adamw.eps = trainer->optimizer().config().eps;
     dp = std::make_unique<parallel::DataParallel>(model, pg, dpo);
     dp->broadcast_parameters();
@@ -61,6 +141,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   Trainer t(cfg, hooks);
   trainer = &t;
   TrainResult res = t.run();
+  if (dp) loop.after(cfg, t, res, pg->rank(), pg->size(), dp->memory().bytes, dp->last_step_comm().bytes, out);
   if (pg->rank() == 0 && dp) {
     auto r = dp->report();
     std::printf("data parallel (%s, %d ranks): persistent bytes per rank:", r["strategy"].get<std::string>().c_str(),

@@ -96,6 +96,8 @@ class Trainer {
   // Mean loss over eval_iters random batches of a split at `step` (nanoGPT's estimate_loss).
   double estimate_loss(data::Split split, int64_t step);
   std::string save(int64_t step);
+  // Appends a record to the metrics file (and stdout with json=true); rank 0 only, like every record.
+  void emit_record(const nlohmann::json& rec) { emit(rec); }
 
  private:
   void emit(const nlohmann::json& rec);

@@ -51,6 +51,8 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
     for (int i = 0; i < size; ++i) global_ranks_.push_back(i);
   const double timeout_s = timeout().count();
   const Seconds t = timeout();
+  // A missing or corrupt TRIDENT_TUNING_FILE fails here, before this rank waits on any peer.
+  std::shared_ptr<const TuningTable> tuning_table = tuning_from_env();
 
   // A fresh namespace per creation of a group with this name (a job may rebuild its groups).
   int64_t ticket = base_store_->add("pg_gen/" + options.name, 1);
@@ -115,6 +117,15 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
                                      store_);
   if (engine_->uses_tcp()) link_ = LinkCost{25e-6, 1.0 / 2e9};
   else link_ = LinkCost{1.5e-6, 1.0 / 6e9};
+  // Measured choices, when TRIDENT_TUNING_FILE covers this group. The group's transport kind is derived
+  // from what every rank knows (hosts and the requested transport), so every rank decides alike.
+  if (const auto& table = tuning_table; table && size > 1) {
+    std::string kind = transport == "tcp" || hosts.size() == static_cast<size_t>(size) ? "tcp"
+                       : hosts.size() == 1                                                ? "shm"
+                                                                                          : "shm+tcp";
+    if (table->covers(kind, size)) tuning_ = table;
+    else warn_tuning_not_covered(*table, env::tuning_file(), kind, size);
+  }
   transport_summary_ = fmt::format("{} ranks on {} host(s); transport {}: {}", size, hosts.size(), transport,
                                    engine_->transport_summary());
   if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_summary_);
@@ -131,6 +142,12 @@ NativeProcessGroup::~NativeProcessGroup() {
 }
 
 Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced) const {
+  const char* source = nullptr;
+  return choose_algorithm(a, forced, &source);
+}
+
+Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const char** source) const {
+  *source = "forced";
   if (a.op == OpKind::kSend || a.op == OpKind::kRecv) return Algo::kAuto;
   auto candidates = algorithms_for(a.op);
   auto names = [&] {
@@ -153,8 +170,24 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced) const 
   if (!env_algo.empty()) {
     Algo e = parse_algo(env_algo);
     const AlgorithmInfo* info = find_algorithm(a.op, e);
+    *source = "TRIDENT_ALGO";
     if (info && (!info->applicable || info->applicable(a, size()))) return e;
   }
+  if (tuning_) {
+    const double tbytes = static_cast<double>(cost_bytes(a, size()));
+    const AlgorithmInfo* best = nullptr;
+    double best_t = 0;
+    for (auto* c : candidates) {
+      if (c->applicable && !c->applicable(a, size())) continue;
+      std::optional<double> t = tuning_->predict(a.op, c->algo, tbytes);
+      if (t && (!best || *t < best_t)) best = c, best_t = *t;
+    }
+    if (best) {
+      *source = "tuning";
+      return best->algo;
+    }
+  }
+  *source = "cost model";
   const size_t bytes = a.count * dtype_size(a.dtype);
   const AlgorithmInfo* best = nullptr;
   double best_t = 0;
@@ -174,12 +207,14 @@ std::shared_ptr<Work> NativeProcessGroup::post(const CollArgs& args, const CallO
     item->counts = *args.counts;
     item->args.counts = &item->counts;
   }
-  item->algo = choose_algorithm(args, opts.algo);
+  const char* source = nullptr;
+  item->algo = choose_algorithm(args, opts.algo, &source);
   Seconds t = opts.timeout.value_or(timeout());
   item->deadline = Engine::Clock::now() + std::chrono::duration_cast<Engine::Clock::duration>(t);
   item->work = std::make_shared<Work>(fmt::format("{} in group '{}'", describe(args), name()));
   if (log_debug_enabled("comm"))
-    log_debug("comm", "group '{}' rank {}: {} -> algorithm {}", name(), rank(), describe(args), algo_name(item->algo));
+    log_debug("comm", "group '{}' rank {}: {} -> algorithm {} ({})", name(), rank(), describe(args),
+              algo_name(item->algo), source);
   auto work = item->work;
   std::unique_lock<std::mutex> lock(mu_);
   const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;

@@ -14,6 +14,7 @@
 
 #include "trident/comm/native/engine.h"
 #include "trident/comm/process_group.h"
+#include "trident/comm/tuning.h"
 
 namespace trident {
 
@@ -31,6 +32,8 @@ class NativeProcessGroup : public ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   void abort(const std::string& reason) override;
   Algo choose_algorithm(const CollArgs& args, Algo forced) const override;
+  // As above; `source` is set to "forced", "TRIDENT_ALGO", "tuning" or "cost model".
+  Algo choose_algorithm(const CollArgs& args, Algo forced, const char** source) const;
   const std::string& transport_summary() const { return transport_summary_; }
 
  protected:
@@ -56,6 +59,7 @@ class NativeProcessGroup : public ProcessGroup {
   std::unique_ptr<Engine> engine_;
   std::string transport_summary_;
   LinkCost link_;
+  std::shared_ptr<const TuningTable> tuning_;  // TRIDENT_TUNING_FILE when it covers this group, else null
   int subgroup_counter_ = 0;
 
   std::mutex mu_;
