@@ -37,8 +37,12 @@ struct Loop {
     in.heads = cfg.n_head;
     in.vocab = vocab;
     in.activation_checkpointing = cfg.activation_checkpointing;
+    const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
     in.cal = calibrate(model, cfg.batch_size, cfg.block_size, vocab, pg);
     prediction = predict(in);
+    const auto& mb = prediction.memory_bytes;
+    prediction.peak_rss = rss0 + mb.at("activations") +
+                          (in.world > 1 ? mb.at("optimizer_state") + mb.at("comm_buffers") : 0.0);
     nlohmann::json rec = prediction.to_json();
     rec["world"] = in.world;
     rec["parallel"] = in.world > 1 ? opts.parallel : "single";
@@ -80,19 +84,20 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
       if (user_ready) user_ready(model);
       loop.before(cfg, *trainer, model, nullptr, opts, out);
     };
+    auto user_finished = hooks.on_finished;
+    hooks.on_finished = [&](const TrainResult& res) {
+      if (user_finished) user_finished(res);
+      Trainer& t = *trainer;
+      const double n = static_cast<double>(t.model().num_params());
+      const double moments = static_cast<double>(t.optimizer().exp_avg().size() + t.optimizer().exp_avg_sq().size());
+      std::map<std::string, double> mem = {{"parameters", n * 4},   {"gradients", n * 4},
+                                           {"optimizer_state", moments * 4}, {"master_weights", 0},
+                                           {"comm_buffers", 0}};
+      loop.after(cfg, t, res, 0, 1, mem, {}, out);
+    };
     Trainer t(cfg, std::move(hooks));
     trainer = &t;
-    TrainResult res = t.run();
-    const double n = static_cast<double>(t.model().num_params());
-    std::map<std::string, double> mem = {{"parameters", n * 4},
-                                         {"gradients", n * 4},
-                                         {"optimizer_state", static_cast<double>(t.optimizer().exp_avg().size() +
-                                                                                 t.optimizer().exp_avg_sq().size()) *
-                                                                 4},
-                                         {"master_weights", 0},
-                                         {"comm_buffers", 0}};
-    loop.after(cfg, t, res, 0, 1, mem, {}, out);
-    return res;
+    return t.run();
   }
   auto pg = init_process_group();
   parallel::DataParallelOptions dpo;
@@ -138,10 +143,18 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     }
     rec["comm_bytes_total"] = total;
   };
+  hooks.on_finished = [&](const TrainResult& r) {
+    if (dp) loop.after(cfg, *trainer, r, pg->rank(), pg->size(), dp->memory().bytes, dp->last_step_comm().bytes, out);
+  };
   Trainer t(cfg, hooks);
   trainer = &t;
+  // DataParallel unhooks the model when destroyed: it must go before the Trainer that owns the model
+  // (also when run() throws).
+  struct DestroyFirst {
+    std::unique_ptr<parallel::DataParallel>& dp;
+    ~DestroyFirst() { dp.reset(); }
+  } destroy_first{dp};
   TrainResult res = t.run();
-  if (dp) loop.after(cfg, t, res, pg->rank(), pg->size(), dp->memory().bytes, dp->last_step_comm().bytes, out);
   if (pg->rank() == 0 && dp) {
     auto r = dp->report();
     std::printf("data parallel (%s, %d ranks): persistent bytes per rank:", r["strategy"].get<std::string>().c_str(),

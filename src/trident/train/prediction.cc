@@ -123,7 +123,8 @@ nlohmann::json Prediction::to_json() const {
                       {"memory_bytes_total", memory_total()},
                       {"persistent_bytes", persistent_bytes()},
                       {"comm_bytes_total", comm_total()},
-                      {"model_flops_per_step", model_flops_per_step}};
+                      {"model_flops_per_step", model_flops_per_step},
+                      {"peak_rss_bytes", peak_rss}};
   for (auto& [k, v] : memory_bytes) j["memory_bytes"][k] = v;
   j["comm_bytes"] = nlohmann::json::object();
   for (auto& [k, v] : comm_bytes) j["comm_bytes"][k] = v;
@@ -134,11 +135,11 @@ std::string Prediction::summary() const {
   std::string s = fmt::format(
       "prediction: step {:.1f} ms (compute {:.1f}, comm {:.1f} exposed {:.1f}), memory per rank {:.2f} MB "
       "(parameters {:.2f}, gradients {:.2f}, optimizer {:.2f}, comm buffers {:.2f}, activations {:.2f}), "
-      "comm per step {:.2f} MB",
+      "comm per step {:.2f} MB, peak RSS {:.2f} MB",
       step_s * 1e3, compute_s * 1e3, comm_s * 1e3, exposed_comm_s * 1e3, memory_total() / 1e6,
       memory_bytes.at("parameters") / 1e6, memory_bytes.at("gradients") / 1e6,
       memory_bytes.at("optimizer_state") / 1e6, memory_bytes.at("comm_buffers") / 1e6,
-      memory_bytes.at("activations") / 1e6, comm_total() / 1e6);
+      memory_bytes.at("activations") / 1e6, comm_total() / 1e6, peak_rss / 1e6);
   return s;
 }
 
@@ -188,12 +189,13 @@ Calibration calibrate(nn::Model& model, int batch, int block, int vocab, Process
   return c;
 }
 
-double peak_rss_bytes() {
+namespace {
+double status_kb(const std::string& key) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      std::istringstream s(line.substr(6));
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream s(line.substr(key.size()));
       double kb = 0;
       s >> kb;
       return kb * 1024;
@@ -201,6 +203,10 @@ double peak_rss_bytes() {
   }
   return 0;
 }
+}  // namespace
+
+double peak_rss_bytes() { return status_kb("VmHWM:"); }
+double current_rss_bytes() { return status_kb("VmRSS:"); }
 
 nlohmann::json measured_json(const Prediction& p, const Measured& m) {
   nlohmann::json j = {{"type", "measured"},
@@ -211,7 +217,7 @@ nlohmann::json measured_json(const Prediction& p, const Measured& m) {
                       {"predicted_over_measured",
                        {{"step_s", ratio(p.step_s, m.step_s)},
                         {"persistent_bytes", ratio(p.persistent_bytes(), m.memory_total())},
-                        {"memory_total_vs_peak_rss", ratio(p.memory_total(), m.peak_rss)},
+                        {"peak_rss", ratio(p.peak_rss, m.peak_rss)},
                         {"comm_bytes", m.comm_total() > 0 ? ratio(p.comm_total(), m.comm_total())
                                                           : (p.comm_total() == 0 ? 1.0 : 0.0)}}}};
   for (auto& [k, v] : m.memory_bytes) j["memory_bytes"][k] = v;
@@ -223,11 +229,11 @@ nlohmann::json measured_json(const Prediction& p, const Measured& m) {
 std::string measured_summary(const Prediction& p, const Measured& m) {
   return fmt::format(
       "measured: step {:.1f} ms (predicted/measured {:.2f}), memory per rank {:.2f} MB persistent "
-      "(predicted/measured {:.2f}) + activations -> peak RSS {:.2f} MB (predicted total {:.2f} MB, ratio {:.2f}), "
-      "comm per step {:.2f} MB (predicted {:.2f} MB)",
+      "(predicted/measured {:.2f}), peak RSS {:.2f} MB (predicted {:.2f} MB, ratio {:.2f}), "
+      "comm per step {:.2f} MB (predicted/measured {:.2f})",
       m.step_s * 1e3, ratio(p.step_s, m.step_s), m.memory_total() / 1e6, ratio(p.persistent_bytes(), m.memory_total()),
-      m.peak_rss / 1e6, p.memory_total() / 1e6, ratio(p.memory_total(), m.peak_rss), m.comm_total() / 1e6,
-      p.comm_total() / 1e6);
+      m.peak_rss / 1e6, p.peak_rss / 1e6, ratio(p.peak_rss, m.peak_rss), m.comm_total() / 1e6,
+      m.comm_total() > 0 ? ratio(p.comm_total(), m.comm_total()) : (p.comm_total() == 0 ? 1.0 : 0.0));
 }
 
 }  // namespace trident::train

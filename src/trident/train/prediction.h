@@ -59,6 +59,10 @@ struct Prediction {
   std::map<std::string, double> comm_bytes;    // kind -> bytes sent by this rank per step
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0, step_s = 0;
   double model_flops_per_step = 0;             // per rank (6N + attention, planner's count)
+  // Peak resident memory of the process: the resident size measured when the model, data and the
+  // trainer's own AdamW exist (before calibration) + what the prediction adds to it (activations, and with
+  // data parallelism its optimizer shard and staging buffer). 0 when not set.
+  double peak_rss = 0;
   double persistent_bytes() const;             // all but activations (what DataParallel::memory() reports)
   double memory_total() const;
   double comm_total() const;
@@ -71,8 +75,9 @@ Prediction predict(const PredictionInput& in);
 // Times the real model (and the real group when pg is non-null and has more than one rank).
 Calibration calibrate(nn::Model& model, int batch, int block, int vocab, ProcessGroup* pg);
 
-// Peak resident set size of this process (VmHWM), bytes; 0 when unknown.
+// Peak (VmHWM) and current (VmRSS) resident set size of this process, bytes; 0 when unknown.
 double peak_rss_bytes();
+double current_rss_bytes();
 
 struct Measured {
   double step_s = 0;

@@ -318,6 +318,7 @@ TrainResult Trainer::run() {
     auto out = generate(*model_, cfg_.block_size, tok.vocab_size(), ctx, g);
     res.sample = tok.decode(out.data() + ctx.size(), out.size() - ctx.size());
   }
+  if (hooks_.on_finished) hooks_.on_finished(res);
   if (hooks_.rank == 0) {
     if (cfg_.json) {
       emit({{"type", "final"},

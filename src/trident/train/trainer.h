@@ -46,6 +46,8 @@
 
 namespace trident::train {
 
+struct TrainResult;
+
 struct TrainerHooks {
   int rank = 0;
   int world = 1;
@@ -66,6 +68,9 @@ struct TrainerHooks {
   std::function<void()> before_save;
   // After each optimizer step: extra fields for the step's metrics record (communication, memory).
   std::function<void(nlohmann::json&)> annotate_step;
+  // After training (and sampling), before the final record or "done" line, on every rank: the
+  // prediction-versus-measurement report goes here (train/prediction.h). Must not communicate.
+  std::function<void(const TrainResult&)> on_finished;
   // Mean of a scalar over ranks (losses for logs and evaluation). Default: identity.
   std::function<double(double)> average;
   // Where progress lines and JSON records go (default stdout). For tests.

@@ -1,5 +1,5 @@
 // Closing the loop (train/prediction.h): the predicted memory per rank and communication per step equal
-// what DataParallel actually accounts after a real step of a tiny GPT, at 1 and 2 ranks (threads) for ddp,
+// what DataParallel actually accounts after a real step of a tiny GPT, at 1, 2 and 3 ranks (threads) for ddp,
 // zero1 and zero2; the activation estimate is Korthikanti et al.'s formula (fp32) plus the logits; the
 // calibrated step time is positive and finite. No timed assertions.
 #include <gtest/gtest.h>
@@ -127,6 +127,11 @@ TEST(Prediction, DdpTwoRanksMatchesAccounting) {
 }
 TEST(Prediction, Zero1TwoRanksMatchesAccounting) { run("zero1", 2, true); }
 TEST(Prediction, Zero2TwoRanksMatchesAccounting) { run("zero2", 2, true); }
+// 3 ranks: the flat size is not a multiple of 3, so ZeRO pads (shards, all-gather, zero2's staging buffer).
+TEST(Prediction, ZeroThreeRanksWithPaddingMatchesAccounting) {
+  run("zero1", 3, true);
+  run("zero2", 3, true);
+}
 
 TEST(Prediction, ActivationsAreKorthikantiFp32PlusLogits) {
   PredictionInput in;
