@@ -1,5 +1,6 @@
 #include "trident/train/distributed.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "trident/comm/process_group.h"
@@ -43,6 +44,11 @@ struct Loop {
     const auto& mb = prediction.memory_bytes;
     prediction.peak_rss = rss0 + mb.at("activations") +
                           (in.world > 1 ? mb.at("optimizer_state") + mb.at("comm_buffers") : 0.0);
+    if (in.world > 1 && in.strategy != parallel::Strategy::kDdp) {
+      // ZeRO's step stages its shard and the gathered flat buffer (padded x (1 + 1/N) floats) each step.
+      const double padded = std::ceil(static_cast<double>(in.num_params) / in.world) * in.world;
+      prediction.peak_rss += (padded + padded / in.world) * 4;
+    }
     nlohmann::json rec = prediction.to_json();
     rec["world"] = in.world;
     rec["parallel"] = in.world > 1 ? opts.parallel : "single";
