@@ -119,6 +119,22 @@ void setup_train(CLI::App& app) {
   });
 }
 
+// eval and sample: sets the thread count, finds the checkpoint (folder, checkpoint.json or out_dir), loads it
+// without optimizer state and rebuilds its model.
+struct OpenedCheckpoint {
+  std::string dir;
+  train::LoadedCheckpoint ckpt;
+  std::unique_ptr<nn::Model> model;
+};
+OpenedCheckpoint open_checkpoint(const std::string& path, int threads) {
+  if (threads > 0) kernels::cpu::set_num_threads(threads);
+  std::string dir = train::find_checkpoint(path);
+  if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", path);
+  auto ckpt = train::load_checkpoint(dir, false);
+  auto model = train::model_from_checkpoint(ckpt);
+  return {dir, std::move(ckpt), std::move(model)};
+}
+
 struct EvalArgs {
   std::string checkpoint, data, split = "val";
   int64_t windows = 0;
@@ -138,11 +154,7 @@ void setup_eval(CLI::App& app) {
   sub->add_option("--threads", a->threads, "compute threads (0: default)");
   sub->callback([a] {
     guarded([&] {
-      if (a->threads > 0) kernels::cpu::set_num_threads(a->threads);
-      std::string dir = train::find_checkpoint(a->checkpoint);
-      if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", a->checkpoint);
-      auto ckpt = train::load_checkpoint(dir, false);
-      auto model = train::model_from_checkpoint(ckpt);
+      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads);
       std::string source = a->data;
       if (source.empty()) source = ckpt.meta.train_config.value("data", std::string());
       if (source.empty()) TRIDENT_THROW(InvalidArgument, "--data is required: the checkpoint does not name its data");
@@ -185,11 +197,7 @@ void setup_sample(CLI::App& app) {
   sub->add_option("--threads", a->threads, "compute threads (0: default)");
   sub->callback([a] {
     guarded([&] {
-      if (a->threads > 0) kernels::cpu::set_num_threads(a->threads);
-      std::string dir = train::find_checkpoint(a->checkpoint);
-      if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", a->checkpoint);
-      auto ckpt = train::load_checkpoint(dir, false);
-      auto model = train::model_from_checkpoint(ckpt);
+      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads);
       auto tok = data::Tokenizer::from_json(ckpt.meta.tokenizer);
       if (a->prompt.empty()) TRIDENT_THROW(InvalidArgument, "--prompt must not be empty");
       auto ctx = tok.encode(a->prompt);

@@ -1,5 +1,7 @@
 // safetensors format, checkpoint save/load, corruption detection, and atomicity under injected failures.
 #include <gtest/gtest.h>
+
+#include "harness/temp_dir.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,18 +20,8 @@ using namespace trident::train;
 namespace fs = std::filesystem;
 
 namespace {
-#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / fmt::format("trident-ckpt-test-{}-{}", ::getpid(), n++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = trident::testing::TempDir;
 
 std::unique_ptr<nn::Model> tiny_gpt(uint64_t seed = 1) {
   return nn::make_model({{"kind", "gpt"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 8},

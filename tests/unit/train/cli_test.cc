@@ -1,5 +1,7 @@
 // `trident train | eval | sample` end to end through the built binary.
 #include <gtest/gtest.h>
+
+#include "harness/temp_dir.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +21,6 @@ using namespace trident;
 namespace fs = std::filesystem;
 
 namespace {
-#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
 
 struct Result {
   int rc;

@@ -1,5 +1,7 @@
 // Config parsing: defaults, flag forms, JSON files, and every error path.
 #include <gtest/gtest.h>
+
+#include "harness/temp_dir.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -26,7 +28,6 @@ std::string write_tmp(const std::string& name, const std::string& text) {
   std::ofstream(p) << text;
   return p.string();
 }
-#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
 }  // namespace
 
 TEST(Config, DefaultsAreNanoGptShakespeareCharCpu) {

@@ -1,5 +1,7 @@
 // The training loop on a tiny GPT: determinism, bit-exact kill-and-resume, metrics, evaluation, sampling.
 #include <gtest/gtest.h>
+
+#include "harness/temp_dir.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -17,18 +19,8 @@ using namespace trident::train;
 namespace fs = std::filesystem;
 
 namespace {
-#define EXPECT_CONTAINS(hay, needle) EXPECT_NE(std::string(hay).find(needle), std::string::npos) << (hay)
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / fmt::format("trident-trainer-test-{}-{}", ::getpid(), n++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = trident::testing::TempDir;
 
 // A small text with some structure so the loss falls.
 std::string make_corpus(const fs::path& dir) {
