@@ -47,8 +47,9 @@ enum class Algo : uint8_t {
   kPairwise,           // "pairwise": all-to-all by pairwise exchange
   kRecursiveHalving,   // "rh": recursive halving reduce-scatter / Rabenseifner all-reduce
   kHierarchical,       // "hier": inside each host, across hosts, inside again
+  kShm,                // "shm": shared-memory window (one host): flags + slots, or staged direct reduction
 };
-inline constexpr int kNumAlgos = 9;
+inline constexpr int kNumAlgos = 10;
 const char* algo_name(Algo a);
 Algo parse_algo(std::string_view name);  // throws InvalidArgument listing the names
 

@@ -20,6 +20,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
+      {"TRIDENT_HOST_ID", "", "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
@@ -135,7 +136,9 @@ std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
 bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
 int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
 int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
+int64_t shm_window_bytes() { return get_int("TRIDENT_SHM_WINDOW_BYTES", 0, true); }
 std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
+std::string host_id() { return get_string("TRIDENT_HOST_ID", ""); }
 
 }  // namespace trident::env

@@ -41,7 +41,9 @@ std::string store_token();        // TRIDENT_STORE_TOKEN
 bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
+int64_t shm_window_bytes();       // TRIDENT_SHM_WINDOW_BYTES (0: by local ranks; shm fast path staging)
 std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench comm --tune` ("" = cost model)
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
+std::string host_id();            // TRIDENT_HOST_ID: host identity (wins over TRIDENT_HOSTNAME and the hostname)
 
 }  // namespace trident::env

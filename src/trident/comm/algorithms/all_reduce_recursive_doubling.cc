@@ -3,13 +3,15 @@
 
 namespace trident {
 
-// log2(p) exchanges of the whole buffer, each followed by a local reduction pass that does not overlap
-// the transfer (counted as a second pass over the bytes); the fold adds two steps of `bytes`.
+// log2(p) exchanges of the whole buffer (each rank sends `bytes` per exchange), each followed by a local
+// reduction pass that does not overlap the transfer (charged at the local gamma, not as link bytes: the
+// link carries each byte once); the fold adds two steps of `bytes` (its reduction is fused in the receive).
 Cost AllReduceRecursiveDoubling::cost(size_t bytes, int n) {
   if (n <= 1) return {};
   const int k = algo::ceil_log2(algo::floor_pow2(n));
   const double fold = algo::is_pow2(n) ? 0.0 : 2.0;
-  return {k + fold, (2.0 * k + fold) * static_cast<double>(bytes)};
+  const double b = static_cast<double>(bytes);
+  return {k + fold, (k + fold) * b, k * b};
 }
 
 // Survivors of the fold exchange whole buffers with partner newrank ^ 2^k, receiving into scratch and

@@ -2,6 +2,8 @@
 // drops when nothing references the object file). Order within an op is the tie-break for equal costs:
 // the bandwidth algorithm first.
 #include "trident/comm/algorithms/algorithms.h"
+#include "trident/comm/algorithms/hierarchical.h"
+#include "trident/comm/algorithms/shm_fast_path.h"  // shared-memory fast path
 
 namespace trident {
 
@@ -12,10 +14,14 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
       {OpKind::kAllReduce, Algo::kRecursiveHalving, &AllReduceRabenseifner::cost, &AllReduceRabenseifner::run},
       {OpKind::kAllReduce, Algo::kRecursiveDoubling, &AllReduceRecursiveDoubling::cost, &AllReduceRecursiveDoubling::run},
       {OpKind::kAllReduce, Algo::kTree, &AllReduceTree::cost, &AllReduceTree::run},
+      {OpKind::kAllReduce, Algo::kHierarchical, &AllReduceHierarchical::cost, &AllReduceHierarchical::run, nullptr,
+       &AllReduceHierarchical::topo_cost},
+      {OpKind::kAllReduce, Algo::kShm, &AllReduceShm::cost, &AllReduceShm::run, nullptr, &AllReduceShm::topo_cost},
 
       {OpKind::kBroadcast, Algo::kRing, &BroadcastRing::cost, &BroadcastRing::run},
       {OpKind::kBroadcast, Algo::kTree, &BroadcastTree::cost, &BroadcastTree::run},
       {OpKind::kBroadcast, Algo::kDirect, &BroadcastDirect::cost, &BroadcastDirect::run},
+      {OpKind::kBroadcast, Algo::kShm, &BroadcastShm::cost, &BroadcastShm::run, nullptr, &BroadcastShm::topo_cost},
 
       {OpKind::kReduce, Algo::kTree, &ReduceTree::cost, &ReduceTree::run},
       {OpKind::kReduce, Algo::kDirect, &ReduceDirect::cost, &ReduceDirect::run},
@@ -24,6 +30,8 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
       {OpKind::kAllGather, Algo::kDirect, &AllGatherDirect::cost, &AllGatherDirect::run},
       {OpKind::kAllGather, Algo::kRecursiveDoubling, &AllGatherRecursiveDoubling::cost,
        &AllGatherRecursiveDoubling::run, &AllGatherRecursiveDoubling::applicable},
+      {OpKind::kAllGather, Algo::kHierarchical, &AllGatherHierarchical::cost, &AllGatherHierarchical::run, nullptr,
+       &AllGatherHierarchical::topo_cost},
 
       {OpKind::kAllGatherV, Algo::kRing, &AllGatherVRing::cost, &AllGatherVRing::run},
       {OpKind::kAllGatherV, Algo::kDirect, &AllGatherVDirect::cost, &AllGatherVDirect::run},
@@ -32,6 +40,8 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
       {OpKind::kReduceScatter, Algo::kDirect, &ReduceScatterDirect::cost, &ReduceScatterDirect::run},
       {OpKind::kReduceScatter, Algo::kRecursiveHalving, &ReduceScatterRecursiveHalving::cost,
        &ReduceScatterRecursiveHalving::run, &ReduceScatterRecursiveHalving::applicable},
+      {OpKind::kReduceScatter, Algo::kHierarchical, &ReduceScatterHierarchical::cost, &ReduceScatterHierarchical::run,
+       nullptr, &ReduceScatterHierarchical::topo_cost},
 
       {OpKind::kGather, Algo::kDirect, &GatherDirect::cost, &GatherDirect::run},
       {OpKind::kGather, Algo::kTree, &GatherTree::cost, &GatherTree::run},

@@ -1,6 +1,9 @@
 #include "trident/comm/native/engine.h"
 
+#include <linux/futex.h>
 #include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -77,6 +80,12 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   peer_state_.resize(size_);
   closed_reason_.resize(size_);
   for (int i = 0; i < size_; ++i) {
+    int h = 0;
+    while (h < i && peers_[h].host != peers_[i].host) ++h;
+    host_index_.push_back(h == i ? (i == 0 ? 0 : 1 + *std::max_element(host_index_.begin(), host_index_.end()))
+                                 : host_index_[h]);
+  }
+  for (int i = 0; i < size_; ++i) {
     peer_state_[i] = std::make_unique<Peer>();
     if (i != rank_ && channels_[i]) {
       active_peers_.push_back(i);
@@ -88,6 +97,8 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int local = 0;
   for (auto& p : peers_) local += p.same_host ? 1 : 0;
+  // Emulated hosts (TRIDENT_HOST_ID: namespaces or fake hosts) are one machine: every rank shares its cores.
+  if (!env::host_id().empty()) local = size_;
   spin_limit_ = static_cast<unsigned>(local) > cores ? 64 : 4000;
   reqs_.reserve(64);
   chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
@@ -583,6 +594,22 @@ bool Engine::waiting_on(int p) const {
 
 void Engine::periodic_checks() {
   if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  // ---- shared-memory fast path: a peer inside a window collective at this sequence number ----
+  if (shm_ && shm_->window() && in_collective_) {
+    ShmWindow::Fingerprint theirs;
+    int p = shm_->window()->peer_at_seq(seq_, &theirs);
+    if (p >= 0 && !has_tcp_ && static_cast<uint8_t>(algo_) != theirs.algo) {
+      CollArgs shown = args_;
+      shown.count = fp_count_;
+      std::string msg = fmt::format(
+          "collective mismatch in group '{}' at sequence number {}: {} issued {} [algorithm {}] but {} issued {}; "
+          "every rank must issue the same collectives in the same order with the same count, dtype, op and root",
+          name_, seq_, who(rank_), describe(shown), algo_name(algo_), who(p), ShmWindow::describe(theirs));
+      abort('M', msg);
+      throw MismatchError(msg, rank_, p, op_name(args_.op), static_cast<long>(seq_));
+    }
+  }
+  // ---- end shared-memory fast path ----
   for (int p : active_peers_) {
     const PeerInfo& info = peers_[p];
     if (info.same_host && waiting_on(p) && !process_alive(info.pid, info.starttime)) {
@@ -593,6 +620,27 @@ void Engine::periodic_checks() {
     }
   }
 }
+
+// ---- shared-memory fast path (transport/shm.h ShmWindow, algorithms/all_reduce_shm.cc) ----
+ShmWindow* Engine::shm_window() {
+  if (!shm_ || has_tcp_ || !shm_->window() || shm_->local_size() != size_) return nullptr;
+  ShmWindow::Fingerprint fp;
+  fp.seq = seq_;
+  fp.count = fp_count_;
+  fp.op = static_cast<uint8_t>(args_.op);
+  fp.dtype = static_cast<uint8_t>(args_.dtype);
+  fp.redop = static_cast<uint8_t>(args_.redop);
+  fp.algo = static_cast<uint8_t>(algo_);
+  fp.root = args_.root;
+  if (!shm_->window()->has_identity()) {
+    std::vector<int> globals;
+    for (auto& p : peers_) globals.push_back(p.global_rank);
+    shm_->window()->set_identity(name_, std::move(globals));
+  }
+  shm_->window()->begin(fp, deadline_, [this] { progress_all(); });
+  return shm_->window();
+}
+// ---- end shared-memory fast path ----
 
 [[noreturn]] void Engine::raise_timeout(std::span<const Request> reqs) {
   std::vector<int> missing, stuck;
@@ -617,6 +665,37 @@ void Engine::block_once(Clock::time_point deadline) {
   auto now = Clock::now();
   int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count());
   ms = std::clamp(ms, 0, 50);
+  // Shared memory and TCP peers both (ranks on several hosts): sleep on what the waited requests need.
+  // Only TCP peers: poll their sockets; only shared-memory peers: sleep on the doorbell; both: a
+  // non-blocking poll, then the doorbell for at most kMixedSleepUs (no one wakes a poll for a
+  // shared-memory message, nor the doorbell for a TCP one).
+  if (has_tcp_ && has_shm_ && wait_kinds_ != 0) {
+    constexpr long kMixedSleepUs = 100;
+    const bool need_tcp = (wait_kinds_ & 1) != 0, need_shm = (wait_kinds_ & 2) != 0;
+    if (need_tcp || !need_shm) {
+      std::vector<pollfd> fds;
+      fds.reserve(active_peers_.size());
+      for (int p : active_peers_) {
+        int fd = channels_[p]->fd();
+        if (fd < 0) continue;
+        short ev = POLLIN;
+        if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
+        fds.push_back({fd, ev, 0});
+      }
+      if (poll(fds.data(), fds.size(), need_shm ? 0 : ms) != 0 || !need_shm) return;
+    }
+    int me = local_index_[rank_];
+    uint32_t seen = shm_->bell(me).load(std::memory_order_acquire);
+    shm_->sleeping(me).store(1, std::memory_order_seq_cst);
+    bool moved = progress_all();
+    if (!moved && !(shm_->aborted())) {
+      const long us = need_tcp ? kMixedSleepUs : static_cast<long>(ms) * 1000;
+      timespec ts{us / 1000000, (us % 1000000) * 1000L};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&shm_->bell(me)), FUTEX_WAIT, seen, &ts, nullptr, 0);
+    }
+    shm_->sleeping(me).store(0, std::memory_order_relaxed);
+    return;
+  }
   if (has_tcp_) {
     std::vector<pollfd> fds;
     fds.reserve(active_peers_.size());
@@ -658,6 +737,11 @@ void Engine::wait(std::span<const Request> reqs) {
     if (++idle < spin_limit_) {
       cpu_relax();
       continue;
+    }
+    wait_kinds_ = 0;
+    for (auto& q : reqs) {
+      const Req& rq = reqs_[q.id];
+      if (!rq.done && rq.peer >= 0 && channels_[rq.peer]) wait_kinds_ |= channels_[rq.peer]->is_shm() ? 2 : 1;
     }
     block_once(deadline_);
     if (all_done()) return;

@@ -77,6 +77,8 @@ class Engine final : public AlgoContext {
   void wait(std::span<const Request> reqs) override;
   void* scratch(size_t nbytes, int slot) override;
   size_t chunk_bytes() const override { return chunk_bytes_; }  // TRIDENT_CHUNK_BYTES (0: by size)
+  int host_of(int r) const override { return host_index_[r]; }  // from the peers' host identities
+  ShmWindow* shm_window() override;  // shared-memory fast path (transport/shm.h), defined in engine.cc
   using AlgoContext::wait;
 
   // Point-to-point with user tags (outside the collective sequence).
@@ -119,6 +121,7 @@ class Engine final : public AlgoContext {
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<ShmSegment> shm_;
   std::vector<int> local_index_;  // group rank -> index in the shm segment (-1: not local)
+  std::vector<int> host_index_;   // group rank -> host number (by first appearance of its host identity)
   std::shared_ptr<Store> store_;
   bool has_tcp_ = false, has_shm_ = false;
   std::vector<int> active_peers_;
@@ -137,6 +140,7 @@ class Engine final : public AlgoContext {
   Clock::time_point deadline_;
   Clock::time_point next_check_;
   int spin_limit_ = 2000;
+  int wait_kinds_ = 0;  // of the requests being waited: 1 = some on a TCP peer, 2 = some on a shm peer
   size_t chunk_bytes_ = 0;
 
   std::vector<std::vector<uint8_t>> scratch_;

@@ -3,13 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <sstream>
 
 #include <fmt/ranges.h>
 
+#include "trident/comm/algorithms/hierarchical.h"
 #include "trident/comm/backends/mpi_pg.h"
+#include "trident/comm/backends/nccl_pg.h"
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm.h"
@@ -22,8 +25,12 @@ namespace trident {
 
 namespace {
 
+// TRIDENT_HOST_ID, else TRIDENT_HOSTNAME, else the hostname. Emulated hosts (network namespaces share
+// the hostname; tests fake hosts in one namespace) set TRIDENT_HOST_ID so each is a host of its own: its
+// ranks share memory, and ranks on other hosts are reached over TCP.
 std::string host_identity() {
-  std::string h = env::hostname_override();
+  std::string h = env::host_id();
+  if (h.empty()) h = env::hostname_override();
   if (!h.empty()) return h;
   char buf[256] = {};
   gethostname(buf, sizeof buf - 1);
@@ -115,8 +122,11 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
 
   engine_ = std::make_unique<Engine>(options.name, rank, size, peers, std::move(channels), std::move(seg), local_index,
                                      store_);
-  if (engine_->uses_tcp()) link_ = LinkCost{25e-6, 1.0 / 2e9};
-  else link_ = LinkCost{1.5e-6, 1.0 / 6e9};
+  // Cost-model links: inside a host shared memory (or TCP when TRIDENT_TRANSPORT=tcp), across hosts TCP.
+  const LinkCost shm_link{1.5e-6, 1.0 / 6e9, 1.0 / 10e9}, tcp_link{25e-6, 1.0 / 2e9, 1.0 / 10e9};
+  intra_link_ = transport == "tcp" ? tcp_link : shm_link;
+  inter_link_ = tcp_link;
+  layout_ = HostLayout::of(*engine_);
   // Measured choices, when TRIDENT_TUNING_FILE covers this group. The group's transport kind is derived
   // from what every rank knows (hosts and the requested transport), so every rank decides alike.
   if (const auto& table = tuning_table; table && size > 1) {
@@ -126,7 +136,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
     if (table->covers(kind, size)) tuning_ = table;
     else warn_tuning_not_covered(*table, env::tuning_file(), kind, size);
   }
-  transport_summary_ = fmt::format("{} ranks on {} host(s); transport {}: {}", size, hosts.size(), transport,
+  transport_summary_ = fmt::format("{} ranks on {}; transport {}: {}", size, layout_.describe(), transport,
                                    engine_->transport_summary());
   if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_summary_);
   else log_debug("comm", "process group '{}' rank {}: {}", options.name, rank, transport_summary_);
@@ -188,14 +198,23 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const 
     }
   }
   *source = "cost model";
-  const size_t bytes = a.count * dtype_size(a.dtype);
+  // Size as the algorithms' cost() counts it (cost_bytes: the whole gathered/scattered buffer).
+  const size_t bytes = cost_bytes(a, size());
   const AlgorithmInfo* best = nullptr;
   double best_t = 0;
+  std::string trace;
+  const bool debug = log_debug_enabled("comm");
   for (auto* c : candidates) {
     if (c->applicable && !c->applicable(a, size())) continue;
-    double t = c->cost(bytes, size()).time(link_);
+    double t = predict_seconds(*c, bytes, layout_, intra_link_, inter_link_);
+    if (debug)
+      trace += fmt::format("{}{} {}", trace.empty() ? "" : ", ", algo_name(c->algo),
+                           std::isfinite(t) ? fmt::format("{:.1f}us", t * 1e6) : std::string("n/a"));
     if (!best || t < best_t) best = c, best_t = t;
   }
+  if (debug && best)
+    log_debug("comm", "group '{}' rank {}: {} on {}: cost model predicts {} -> {}", name(), rank(), describe(a),
+              layout_.describe(), trace, algo_name(best->algo));
   if (!best) TRIDENT_THROW(Unsupported, "backend native: no algorithm can run {} on {} ranks", describe(a), size());
   return best->algo;
 }
@@ -208,10 +227,33 @@ std::shared_ptr<Work> NativeProcessGroup::post(const CollArgs& args, const CallO
     item->args.counts = &item->counts;
   }
   const char* source = nullptr;
-  item->algo = choose_algorithm(args, opts.algo, &source);
+  // ---- memo: the same call as last time (same op, count, dtype, op, root, forced algorithm) reuses its
+  // choice and description; the choice depends on nothing else that changes after construction ----
+  const bool memoizable = args.op != OpKind::kSend && args.op != OpKind::kRecv && args.op != OpKind::kAllGatherV;
+  std::string description;
+  {
+    std::lock_guard<std::mutex> memo_lock(memo_mu_);
+    const ChoiceMemo& m = memo_;
+    if (memoizable && m.valid && m.op == args.op && m.count == args.count && m.dtype == args.dtype &&
+        m.redop == args.redop && m.root == args.root && m.forced == opts.algo) {
+      item->algo = m.algo;
+      source = m.source;
+      description = m.description;
+    }
+  }
+  if (!source) {
+    item->algo = choose_algorithm(args, opts.algo, &source);
+    description = fmt::format("{} in group '{}'", describe(args), name());
+    if (memoizable) {
+      std::lock_guard<std::mutex> memo_lock(memo_mu_);
+      memo_ = ChoiceMemo{true, args.op, args.count, args.dtype, args.redop, args.root, opts.algo, item->algo, source,
+                         description};
+    }
+  }
+  // ---- end memo ----
   Seconds t = opts.timeout.value_or(timeout());
   item->deadline = Engine::Clock::now() + std::chrono::duration_cast<Engine::Clock::duration>(t);
-  item->work = std::make_shared<Work>(fmt::format("{} in group '{}'", describe(args), name()));
+  item->work = std::make_shared<Work>(std::move(description));
   if (log_debug_enabled("comm"))
     log_debug("comm", "group '{}' rank {}: {} -> algorithm {} ({})", name(), rank(), describe(args),
               algo_name(item->algo), source);
@@ -264,7 +306,9 @@ void NativeProcessGroup::execute(Item& it) {
       engine_->wait({engine_->irecv_tagged(a.peer, a.tag, a.recv, a.count * es)});
     } else {
       CollArgs run = a;
-      if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0) std::memmove(a.recv, a.send, a.count * es);
+      // (The shared-memory fast path reads `send` itself: one copy fewer out of place.)
+      if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0 && it.algo != Algo::kShm)
+        std::memmove(a.recv, a.send, a.count * es);
       // All-to-all reads every block of send while writing recv: an in-place call works from a copy.
       std::vector<uint8_t> a2a_copy;
       if (a.op == OpKind::kAllToAll && a.count > 0) {
@@ -348,6 +392,7 @@ std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, in
 #ifdef TRIDENT_HAVE_MPI
   if (options.backend == "mpi") return new_mpi_process_group(rank, size, options);  // rank and size from MPI
 #endif
+  if (options.backend == "nccl") return new_nccl_process_group(std::move(store), rank, size, options);
   if (options.backend == "mpi" || options.backend == "nccl")
     TRIDENT_THROW(Unsupported, "backend '{}' is not built into this trident yet; use --backend native", options.backend);
   TRIDENT_THROW(InvalidArgument, "unknown backend '{}'; use native, mpi or nccl", options.backend);

@@ -58,7 +58,8 @@ class NativeProcessGroup : public ProcessGroup {
   std::vector<int> global_ranks_;
   std::unique_ptr<Engine> engine_;
   std::string transport_summary_;
-  LinkCost link_;
+  LinkCost intra_link_, inter_link_;  // cost-model links inside a host and across hosts
+  HostLayout layout_;                 // which rank is on which host (every rank agrees)
   std::shared_ptr<const TuningTable> tuning_;  // TRIDENT_TUNING_FILE when it covers this group, else null
   int subgroup_counter_ = 0;
 
@@ -70,6 +71,24 @@ class NativeProcessGroup : public ProcessGroup {
   uint64_t next_seq_ = 1;
   std::thread worker_;
   std::mutex exec_mu_;
+
+  // ---- small-message latency: one-entry memo of the last call's algorithm choice and Work description
+  // (the cost model and the formatting cost more than a shared-memory all-reduce of a few bytes) ----
+  struct ChoiceMemo {
+    bool valid = false;
+    OpKind op = OpKind::kBarrier;
+    size_t count = 0;
+    DType dtype = DType::kFloat32;
+    ReduceOp redop = ReduceOp::kSum;
+    int root = 0;
+    Algo forced = Algo::kAuto;
+    Algo algo = Algo::kAuto;
+    const char* source = nullptr;
+    std::string description;
+  };
+  std::mutex memo_mu_;
+  ChoiceMemo memo_;
+  // ---- end memo ----
 };
 
 }  // namespace trident

@@ -1,0 +1,111 @@
+// Emulated hosts from network namespaces (scripts/netns_hosts.sh): 2 and 3 hosts x 2 ranks, each rank a
+// `trident bench comm --check` started by a `trident launch` per host under `ip netns exec`, TRIDENT_HOST_ID and MASTER_ADDR on the
+// namespaces' private subnet (10.77.0.0/24; nothing outside this machine). Ranks on one emulated host
+// talk over shared memory, across hosts over TCP through veth pairs and a bridge, links shaped by tc.
+// Passes when every launcher exits 0 (so did every rank; the bench verifies every element of every
+// iteration and exits 1 on a wrong one), rank 0 reports the expected host layout and transports, and the
+// hier rows ran.
+//
+// Skips (with the precise reason) without root, without `ip` or `tc`, or when namespaces cannot be
+// created (containers without CAP_SYS_ADMIN). The namespaces are removed at scope exit, failure included.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "harness/temp_dir.h"
+
+namespace trident {
+namespace {
+
+// Runs `cmd` with sh; returns (exit status, stdout+stderr).
+std::pair<int, std::string> sh(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string script() { return std::string(TRIDENT_SOURCE_DIR) + "/scripts/netns_hosts.sh"; }
+
+// Why this machine cannot run the test, or "" when it can.
+std::string skip_reason() {
+  if (::geteuid() != 0) return fmt::format("network namespaces need root; this test runs as uid {}", ::geteuid());
+  for (const char* tool : {"ip", "tc"})
+    if (sh(fmt::format("command -v {}", tool)).first != 0)
+      return fmt::format("'{}' not found (install iproute2)", tool);
+  const std::string probe = fmt::format("trprobe{}", ::getpid());
+  auto [rc, out] = sh("ip netns add " + probe);
+  sh("ip netns del " + probe);
+  if (rc != 0) return "cannot create a network namespace (`ip netns add` failed: " + out + ")";
+  return "";
+}
+
+// Hosts PREFIX-h0.. up for the scope; down at exit, whatever happened.
+struct Hosts {
+  std::string prefix;
+  std::string setup;  // the script's output (shaping line, addresses)
+  int rc = -1;
+  Hosts(int n, std::string p) : prefix(std::move(p)) {
+    std::tie(rc, setup) = sh(fmt::format("{} up {} --prefix {}", script(), n, prefix));
+  }
+  ~Hosts() { sh(fmt::format("{} down --prefix {}", script(), prefix)); }
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void run_layout(int hosts, int per_host) {
+  const std::string prefix = fmt::format("trt{}h{}", ::getpid(), hosts);
+  Hosts h(hosts, prefix);
+  ASSERT_EQ(h.rc, 0) << h.setup;
+  testing::TempDir dir("netns");
+  const int n = hosts * per_host;
+  // One shell job: a `trident launch` per emulated host (node), each starting that host's ranks in its
+  // namespace and bounded by `timeout`; node 0's launcher hosts the store until every node is done. The
+  // job's status is the worst node's.
+  std::string job = "rc=0; pids=;";
+  for (int host = 0; host < hosts; ++host) {
+    job += fmt::format(
+        " ip netns exec {p}-h{h} env TRIDENT_HOST_ID=emu{h} TRIDENT_STORE_TOKEN=netns-test timeout -k 5 50 {bin} "
+        "launch --nnodes {H} --node-rank {h} -n {l} --master-addr 10.77.0.10 --master-port 29400 -- {bin} bench comm "
+        "--op all_reduce,all_gather,reduce_scatter -b 1K -e 1M -f 32 --algo hier,ring,auto --check -n 2 -w 1 "
+        "--timeout 30s > {d}/host{h}.log 2>&1 & pids=\"$pids $!\";",
+        fmt::arg("p", prefix), fmt::arg("h", host), fmt::arg("H", hosts), fmt::arg("l", per_host),
+        fmt::arg("bin", TRIDENT_BIN), fmt::arg("d", dir.path.string()));
+  }
+  job += " for p in $pids; do wait $p || rc=1; done; exit $rc";
+  auto [rc, out] = sh("bash -c '" + job + "'");
+  std::string logs;
+  for (int host = 0; host < hosts; ++host)
+    logs += fmt::format("---- host {}:\n{}", host, slurp(dir.path / fmt::format("host{}.log", host)));
+  EXPECT_EQ(rc, 0) << h.setup << out << logs;
+  const std::string log0 = slurp(dir.path / "host0.log");
+  EXPECT_NE(log0.find(fmt::format("{} host(s) x {} rank(s)", hosts, per_host)), std::string::npos) << log0;
+  EXPECT_NE(log0.find(fmt::format("{} shm peers, {} tcp peers", per_host - 1, n - per_host)), std::string::npos) << log0;
+  EXPECT_NE(log0.find("in use shm+tcp"), std::string::npos) << log0;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
+    EXPECT_NE(log0.find(fmt::format("# {}  algo hier", op)), std::string::npos) << op << "\n" << log0;
+}
+
+TEST(NetnsHosts, TwoAndThreeHostsOfTwoRanks) {
+  const std::string why = skip_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  run_layout(2, 2);
+  run_layout(3, 2);
+}
+
+}  // namespace
+}  // namespace trident
