@@ -1,0 +1,315 @@
+// Host side of the CUDA kernels: argument checks, cuBLAS calls, stream-ordered scratch, error checks.
+#include "trident/cuda/ops.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <vector>
+
+#include "trident/cuda/check.h"
+#include "trident/cuda/launch.h"
+
+namespace trident::cuda {
+
+namespace {
+
+// One cuBLAS handle per host thread and device, created on first use and kept until exit (destroying it
+// from a thread_local destructor could run after the CUDA context is gone).
+cublasHandle_t handle_for(cudaStream_t stream) {
+  thread_local std::vector<cublasHandle_t> handles;
+  int dev = 0;
+  TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (static_cast<size_t>(dev) >= handles.size()) handles.resize(dev + 1, nullptr);
+  if (!handles[dev]) {
+    TRIDENT_CUBLAS_CHECK(cublasCreate(&handles[dev]));
+    // Float32 GEMMs stay float32 (no TF32), as the CPU reference.
+    TRIDENT_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
+  }
+  TRIDENT_CUBLAS_CHECK(cublasSetStream(handles[dev], stream));
+  return handles[dev];
+}
+
+// Stream-ordered scratch: allocated on `stream`, freed on it when the owner goes out of scope (the free
+// is ordered after every kernel already queued on the stream that uses it).
+template <typename T>
+class Scratch {
+ public:
+  Scratch(size_t n, cudaStream_t s) : s_(s) {
+    if (n) TRIDENT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, s_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  cudaStream_t s_;
+};
+
+void check_launch(const char* what) {
+  cudaError_t rc = cudaGetLastError();
+  if (rc != cudaSuccess)
+    detail::throw_cuda_error(rc, what, __FILE__, __LINE__);
+}
+
+void check_dims(const char* op, long a, long b = 0, long c = 0) {
+  TRIDENT_CHECK(a >= 0 && b >= 0 && c >= 0, InvalidArgument, "cuda {}: negative size ({}, {}, {})", op, a, b, c);
+}
+
+void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda, const void* B,
+             int ldb, float beta, float* C, int ldc, cudaDataType_t in_type, cudaStream_t stream) {
+  check_dims("gemm", M, N, K);
+  if (M == 0 || N == 0) return;
+  // Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T: swap the operands.
+  cublasHandle_t h = handle_for(stream);
+  const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (in_type == CUDA_R_32F) {
+    TRIDENT_CUBLAS_CHECK(cublasSgemm(h, ob, oa, N, M, K, &alpha, static_cast<const float*>(B), ldb,
+                                     static_cast<const float*>(A), lda, &beta, C, ldc));
+  } else {
+    TRIDENT_CUBLAS_CHECK(cublasGemmEx(h, ob, oa, N, M, K, &alpha, B, in_type, ldb, A, in_type, lda, &beta, C,
+                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc, Precision p, cudaStream_t stream) {
+  if (p == Precision::kFloat32) {
+    gemm_ex(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_32F, stream);
+    return;
+  }
+  check_dims("gemm", M, N, K);
+  if (M == 0 || N == 0) return;
+  // Stored rows of each operand (row-major, leading dimension ld).
+  const size_t a_elems = static_cast<size_t>(trans_a ? K : M) * lda;
+  const size_t b_elems = static_cast<size_t>(trans_b ? N : K) * ldb;
+  Scratch<uint16_t> a16(a_elems, stream), b16(b_elems, stream);
+  if (a_elems) launch::to_bf16(a16.get(), A, a_elems, stream);
+  if (b_elems) launch::to_bf16(b16.get(), B, b_elems, stream);
+  check_launch("to_bf16 (gemm operands)");
+  gemm_ex(trans_a, trans_b, M, N, K, alpha, a16.get(), lda, b16.get(), ldb, beta, C, ldc, CUDA_R_16BF, stream);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+               const uint16_t* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
+  gemm_ex(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_16BF, stream);
+}
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    Precision p, cudaStream_t stream) {
+  check_dims("linear_forward", N, C, OC);
+  if (N == 0 || OC == 0) return;
+  float beta = 0.0f;
+  if (bias) {
+    launch::fill_bias_rows(out, bias, N, OC, stream);
+    check_launch("fill_bias_rows");
+    beta = 1.0f;
+  }
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC, p, stream);
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, float dinp_beta, Precision p, cudaStream_t stream) {
+  check_dims("linear_backward", N, C, OC);
+  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C, p, stream);
+  if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p, stream);
+  if (dbias && N > 0 && OC > 0) {
+    const int chunks = launch::column_chunks(N);
+    Scratch<float> partial(static_cast<size_t>(chunks) * OC, stream);
+    launch::column_sums_partial(partial.get(), dout, N, OC, stream);
+    launch::column_sums_finish(dbias, partial.get(), chunks, OC, stream);
+    check_launch("column sums (linear dbias)");
+  }
+}
+
+#define TRIDENT_CUDA_ELEMENTWISE(what, n, ...) \
+  do {                                         \
+    if ((n) == 0) return;                      \
+    __VA_ARGS__;                               \
+    check_launch(what);                        \
+  } while (0)
+
+void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("gelu_forward", n, launch::gelu_forward(out, inp, n, kind == GeluKind::kTanh, s));
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("gelu_backward", n,
+                           launch::gelu_backward(dinp, inp, dout, n, kind == GeluKind::kTanh, s));
+}
+void add(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("add", n, launch::add(out, a, b, n, s));
+}
+void add_inplace(float* acc, const float* x, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("add_inplace", n, launch::add_inplace(acc, x, n, s));
+}
+void mul(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("mul", n, launch::mul(out, a, b, n, s));
+}
+void scale_inplace(float* x, float a, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("scale_inplace", n, launch::scale(x, a, n, s));
+}
+void copy(float* dst, const float* src, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("copy", n, launch::copy(dst, src, n, s));
+}
+void to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("to_bf16", n, launch::to_bf16(out, in, n, s));
+}
+void from_bf16(float* out, const uint16_t* in, size_t n, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("from_bf16", n, launch::from_bf16(out, in, n, s));
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps, cudaStream_t s) {
+  check_dims("layernorm_forward", N, C);
+  TRIDENT_CHECK(C > 0 || N == 0, InvalidArgument, "cuda layernorm_forward: C must be positive");
+  if (N == 0) return;
+  launch::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, s);
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
+  check_dims("layernorm_backward", N, C);
+  if (N == 0 || C == 0) return;
+  launch::layernorm_backward_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s);
+  const int chunks = launch::column_chunks(N);
+  Scratch<float> pw(static_cast<size_t>(chunks) * C, s), pb(dbias ? static_cast<size_t>(chunks) * C : 0, s);
+  launch::layernorm_backward_params_partial(pw.get(), dbias ? pb.get() : nullptr, dout, inp, mean, rstd, N, C, s);
+  launch::column_sums_finish(dweight, pw.get(), chunks, C, s);
+  if (dbias) launch::column_sums_finish(dbias, pb.get(), chunks, C, s);
+  check_launch("layernorm_backward");
+}
+
+void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t s) {
+  check_dims("softmax_forward", N, C);
+  if (N == 0 || C == 0) return;
+  launch::softmax_forward(out, inp, N, C, s);
+  check_launch("softmax_forward");
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cudaStream_t s) {
+  check_dims("attention_forward", B, T, C);
+  TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "cuda attention: n_embd {} must be divisible by n_head {}", C,
+                NH);
+  TRIDENT_CHECK(launch::attention_forward(out, lse, qkv, B, T, C, NH, s), Unsupported,
+                "cuda attention_forward: sequence length {} needs more shared memory than this device allows "
+                "(the simple kernel keeps one score row of T floats per block); use a shorter block_size",
+                T);
+  check_launch("attention_forward");
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int C, int NH, cudaStream_t s) {
+  check_dims("attention_backward", B, T, C);
+  TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "cuda attention: n_embd {} must be divisible by n_head {}", C,
+                NH);
+  Scratch<float> dbuf(static_cast<size_t>(B) * NH * T, s);
+  TRIDENT_CHECK(launch::attention_backward(dqkv, dbuf.get(), dout, qkv, out, lse, B, T, C, NH, s), Unsupported,
+                "cuda attention_backward: sequence length {} needs more shared memory than this device allows "
+                "(two score rows of T floats per block); use a shorter block_size",
+                T);
+  check_launch("attention_backward");
+}
+
+namespace {
+// A device int flag read back after a synchronize; 0 = all indices fine, else 1 + a bad row.
+int run_with_flag(cudaStream_t s, const char* what, auto&& launch_fn) {
+  Scratch<int> flag(1, s);
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int), s));
+  launch_fn(flag.get());
+  check_launch(what);
+  int host = 0;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, s));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host;
+}
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int V, cudaStream_t s) {
+  check_dims("embedding_forward", B, T, C);
+  if (static_cast<size_t>(B) * T * C == 0) return;
+  int bad = run_with_flag(s, "embedding_forward", [&](int* flag) {
+    launch::embedding_forward(out, tokens, wte, wpe, B, T, C, V, flag, s);
+  });
+  if (bad) {
+    const int row = bad - 1;
+    int32_t tok = 0;
+    TRIDENT_CUDA_CHECK(cudaMemcpy(&tok, tokens + row, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TRIDENT_THROW(InvalidArgument,
+                  "cuda embedding: token {} at (batch {}, position {}) is outside the vocabulary [0, {}); check the "
+                  "tokenizer and vocab_size",
+                  tok, row / T, row % T, V);
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        cudaStream_t s) {
+  check_dims("embedding_backward", B, T, C);
+  if (static_cast<size_t>(B) * T * C == 0) return;
+  if (dwte) launch::embedding_backward_wte(dwte, dout, tokens, B * T, C, s);
+  if (dwpe) launch::embedding_backward_wpe(dwpe, dout, B, T, C, s);
+  check_launch("embedding_backward");
+}
+
+void cross_entropy_rows(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                        float dscale, cudaStream_t s) {
+  check_dims("cross_entropy", N, V);
+  if (N == 0) return;
+  launch::cross_entropy(losses, dlogits, logits, targets, N, V, dscale, nullptr, s);
+  check_launch("cross_entropy");
+}
+
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                      float dscale, cudaStream_t s) {
+  check_dims("cross_entropy", N, V);
+  if (N == 0) return 0.0;
+  Scratch<float> losses(static_cast<size_t>(N), s);
+  int bad = run_with_flag(s, "cross_entropy", [&](int* flag) {
+    launch::cross_entropy(losses.get(), dlogits, logits, targets, N, V, dscale, flag, s);
+  });
+  if (bad) {
+    int32_t y = 0;
+    TRIDENT_CUDA_CHECK(cudaMemcpy(&y, targets + (bad - 1), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TRIDENT_THROW(InvalidArgument, "cuda cross_entropy: target {} at row {} is outside the vocabulary [0, {})", y,
+                  bad - 1, V);
+  }
+  std::vector<float> host(static_cast<size_t>(N));
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host.data(), losses.get(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  double total = 0.0;
+  for (float l : host) total += static_cast<double>(l);
+  return total;
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t, cudaStream_t s) {
+  TRIDENT_CHECK(t >= 1, InvalidArgument, "cuda adamw_update: step count t={} must be >= 1", t);
+  if (n == 0) return;
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), static_cast<double>(t)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), static_cast<double>(t)));
+  launch::adamw(param, grad, m, v, n, lr, beta1, beta2, eps, 1.0f - lr * weight_decay, bc1, 1.0f / std::sqrt(bc2), s);
+  check_launch("adamw_update");
+}
+
+double sum_squares(const float* x, size_t n, cudaStream_t s) {
+  if (n == 0) return 0.0;
+  Scratch<double> partial(launch::kSumSquaresBlocks + 1, s);
+  launch::sum_squares_partial(partial.get(), x, n, s);
+  launch::sum_squares_finish(partial.get() + launch::kSumSquaresBlocks, partial.get(), s);
+  check_launch("sum_squares");
+  double host = 0.0;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&host, partial.get() + launch::kSumSquaresBlocks, sizeof(double),
+                                     cudaMemcpyDeviceToHost, s));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host;
+}
+
+}  // namespace trident::cuda

@@ -1,0 +1,112 @@
+// CUDA kernels for training: the device twins of kernels/cpu/ops.h, with the same conventions.
+//
+// Call these as cuda::name(...): GeluKind and Precision live in kernels::cpu, so an unqualified call that
+// passes one is ambiguous with the CPU kernel by argument-dependent lookup.
+// Conventions (as the CPU kernels): row-major; a "row" is one of N = B*T positions; Linear weights in
+// PyTorch's layout W[out, in] (y = x W^T + b); gradient outputs named d<param> ACCUMULATE (+=),
+// activation gradients overwrite unless the argument says otherwise; "nullable" pointers may be null.
+// Every pointer is DEVICE memory (cudaMalloc) unless named host_*; tokens/targets are device int32.
+// Ownership: kernels own no memory beyond stream-ordered scratch (cudaMallocAsync) freed on the same
+// stream, and one cuBLAS handle per host thread and device (created on first use, reused).
+// Blocking: every call is asynchronous on `stream` (default: the legacy default stream) EXCEPT the calls
+// that return a host value or validate indices (cross_entropy_forward_backward, sum_squares,
+// embedding_forward): they synchronize `stream` and so block the caller.
+// Determinism: every kernel is run-to-run deterministic except embedding_backward's dwte, which adds rows
+// with atomicAdd (sort-free; the order of additions into one vocabulary row varies between runs).
+// dwpe, dweight/dbias of layernorm and linear, and attention's dk/dv use fixed-order reductions.
+// Thread-safety: calls on disjoint outputs may run concurrently from different threads. No timeouts.
+// Built only where nvcc is found (TRIDENT_HAVE_CUDA).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "trident/kernels/cpu/ops.h"
+
+namespace trident::cuda {
+
+using kernels::cpu::GeluKind;
+using kernels::cpu::Precision;
+
+// C[M,N] = alpha * op(A) op(B) + beta * C (row-major), through cuBLAS in float32 (no TF32). With
+// kBFloat16 the float32 operands are rounded to bfloat16 (round-to-nearest-even, as the CPU kernel) and
+// multiplied by cublasGemmEx with float32 accumulation and float32 output.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc, Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
+// The same on operands already in bfloat16 (uint16_t bit patterns); C stays float32.
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
+               const uint16_t* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream = nullptr);
+
+// out[N,OC] = inp[N,C] W[OC,C]^T + bias[OC] (bias nullable).
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
+// dinp[N,C] = dinp_beta * dinp + dout W (dinp nullable); dweight[OC,C] += dout^T inp; dbias[OC] += column
+// sums of dout (nullable; fixed-order two-stage sum).
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, float dinp_beta = 0.0f,
+                     Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
+
+void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind, cudaStream_t stream = nullptr);
+// dinp = dout * gelu'(inp); dinp may alias dout.
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind,
+                   cudaStream_t stream = nullptr);
+void add(float* out, const float* a, const float* b, size_t n, cudaStream_t stream = nullptr);
+void add_inplace(float* acc, const float* x, size_t n, cudaStream_t stream = nullptr);
+void mul(float* out, const float* a, const float* b, size_t n, cudaStream_t stream = nullptr);
+
+// LayerNorm over the last dim C: out = (x-mean)*rstd*w + b; mean/rstd [N] nullable; bias nullable.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps = 1e-5f, cudaStream_t stream = nullptr);
+// dinp += ...; dweight += ...; dbias += ... (nullable).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream = nullptr);
+
+void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t stream = nullptr);
+
+// Causal multi-head self-attention, same layout as the CPU kernel: qkv[B,T,3C] (q | k | v), out[B,T,C],
+// lse[B,NH,T] (natural log-sum-exp of the scaled scores). Simple kernels, no tiling: one block per
+// (b, h, query row) for the forward and dq, one per (b, h, key row) for dk/dv (no atomics, deterministic).
+// Head dims <= 128: warps cooperate on each score (lanes over head dims, online softmax per warp). Larger
+// heads: scores kept in shared memory, so T is limited by shared memory (two rows of T floats per block: about 28000 on an H100).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       cudaStream_t stream = nullptr);
+// dqkv[B,T,3C] (overwritten).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int C, int NH, cudaStream_t stream = nullptr);
+
+// out[B*T,C] = wte[tokens] + wpe[t] (wpe nullable). Out-of-range tokens throw InvalidArgument (this call
+// synchronizes `stream` to check).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int V, cudaStream_t stream = nullptr);
+// dwte[tok] += dout (atomicAdd: order of additions not deterministic); dwpe[t] += dout (deterministic).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        cudaStream_t stream = nullptr);
+
+// Fused softmax + cross-entropy over logits[N,V]. Returns the SUM of per-row losses (summed on the host in
+// double, after a synchronize). dlogits (nullable, may alias logits) = (softmax - onehot) * dscale.
+// Out-of-range targets throw InvalidArgument.
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                      float dscale, cudaStream_t stream = nullptr);
+// Asynchronous form: losses[N] (device) receives each row's loss; targets are not checked.
+void cross_entropy_rows(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                        float dscale, cudaStream_t stream = nullptr);
+
+// One AdamW step (PyTorch semantics, decoupled decay), t 1-based.
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t, cudaStream_t stream = nullptr);
+
+// Sum of squares accumulated in double, fixed-order (deterministic); synchronizes. x *= a.
+double sum_squares(const float* x, size_t n, cudaStream_t stream = nullptr);
+void scale_inplace(float* x, float a, size_t n, cudaStream_t stream = nullptr);
+
+// Float32 <-> bfloat16 (round-to-nearest-even).
+void to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream = nullptr);
+void from_bf16(float* out, const uint16_t* in, size_t n, cudaStream_t stream = nullptr);
+
+// Device-to-device copy kernel (bench: memory bandwidth of a plain kernel, not cudaMemcpy).
+void copy(float* dst, const float* src, size_t n, cudaStream_t stream = nullptr);
+
+}  // namespace trident::cuda
