@@ -1,5 +1,9 @@
 #include "trident/nn/flat_model.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -172,7 +176,62 @@ void FlatModel::init_constant(int idx, float value) {
   for (size_t i = 0; i < params_[idx].numel; ++i) p[i] = value;
 }
 
-void FlatModel::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void FlatModel::zero_grad() {
+  if (!release_on_zero_) {
+    std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+    return;
+  }
+  // Whole pages go back to the OS (they read back as zero); only the partial pages at the ends are written.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  char* b = reinterpret_cast<char*>(grads_.data());
+  char* e = b + grads_.size() * sizeof(float);
+  char* lo = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b) + page - 1) / page * page);
+  char* hi = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(e) / page * page);
+  if (lo >= hi) {
+    std::memset(b, 0, static_cast<size_t>(e - b));
+    return;
+  }
+  std::memset(b, 0, static_cast<size_t>(lo - b));
+  std::memset(hi, 0, static_cast<size_t>(e - hi));
+  release_pages(reinterpret_cast<float*>(b), grads_.size());
+}
+
+const char* block_event_name(Model::BlockEvent e) {
+  switch (e) {
+    case Model::BlockEvent::kBeforeForward: return "before_forward";
+    case Model::BlockEvent::kAfterForward: return "after_forward";
+    case Model::BlockEvent::kBeforeBackward: return "before_backward";
+    case Model::BlockEvent::kAfterBackward: return "after_backward";
+    case Model::BlockEvent::kBeforeRecompute: return "before_recompute";
+    case Model::BlockEvent::kAfterRecompute: return "after_recompute";
+  }
+  return "?";
+}
+
+size_t release_pages(float* p, size_t n) {
+  if (p == nullptr || n == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = b + n * sizeof(float);
+  const uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
+  if (lo >= hi) return 0;
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
+    TRIDENT_THROW(IoError, "madvise(MADV_DONTNEED) of {} bytes at {:#x} failed: {}", hi - lo, lo,
+                  std::strerror(errno));
+  return hi - lo;
+}
+
+size_t resident_bytes(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> vec((e - b) / page);
+  if (::mincore(reinterpret_cast<void*>(b), e - b, vec.data()) != 0)
+    TRIDENT_THROW(IoError, "mincore of {} bytes at {:#x} failed: {}", e - b, b, std::strerror(errno));
+  size_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n * page;
+}
 
 void FlatModel::check_batch(const int32_t* inputs, int B, int T) const {
   TRIDENT_CHECK(B > 0 && T > 0, InvalidArgument, "model: batch {} x {} tokens must be positive", B, T);

@@ -52,6 +52,8 @@ class FlatModel : public Model {
   void set_grad_ready_hook(GradReadyHook hook) override { hook_ = std::move(hook); }
   nlohmann::json config() const override { return cfg_.to_json(); }
   std::string kind() const override { return cfg_.kind; }
+  void set_block_hook(BlockHook hook) override { block_hook_ = std::move(hook); }
+  void set_zero_grad_releases_pages(bool release) override { release_on_zero_ = release; }
 
  protected:
   // Registers a parameter (shape in PyTorch layout) and returns its index.
@@ -68,14 +70,28 @@ class FlatModel : public Model {
     if (idx >= 0 && hook_) hook_(static_cast<size_t>(idx));
   }
   void check_batch(const int32_t* inputs, int B, int T) const;
+  void block_event(int block, BlockEvent e) {
+    if (block_hook_) block_hook_(block, e);
+  }
 
   ModelConfig cfg_;
   std::vector<Parameter> params_;
   kernels::AlignedFloats values_;
   kernels::AlignedFloats grads_;
   GradReadyHook hook_;
+  BlockHook block_hook_;
+  bool release_on_zero_ = false;
   std::mt19937_64 rng_;
 };
+
+// Page-level memory helpers (used by ZeRO to free and to measure memory honestly).
+// Hands the whole pages inside [p, p + n) back to the OS (madvise MADV_DONTNEED on private anonymous
+// memory: they read back as zero and stop counting in RSS); the partial pages at either end are left
+// untouched. Returns the bytes released. Throws IoError when madvise fails.
+size_t release_pages(float* p, size_t n);
+// Bytes of the pages touching [p, p + bytes) that are resident in RAM now (mincore), counting a partial
+// page at either end in full.
+size_t resident_bytes(const void* p, size_t bytes);
 
 // Resizes buf to at least n floats (never shrinks).
 inline float* ensure_size(kernels::AlignedFloats& buf, size_t n) {

@@ -73,6 +73,27 @@ class Gpt final : public FlatModel {
     std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
   }
 
+  // Block 0: embeddings (wte, wpe); blocks 1..n_layer: transformer.h.{l}; block n_layer+1: ln_f and the
+  // tied lm_head, which reads wte (so wte belongs to the first and the last block).
+  std::vector<Block> blocks() const override {
+    auto idx = [](std::initializer_list<int> ids) {
+      std::vector<size_t> v;
+      for (int i : ids)
+        if (i >= 0) v.push_back(static_cast<size_t>(i));
+      return v;
+    };
+    std::vector<Block> b;
+    b.push_back({"embedding", idx({wte_, wpe_})});
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& p = layers_[l];
+      b.push_back({"transformer.h." + std::to_string(l),
+                   idx({p.ln1_w, p.ln1_b, p.attn_w, p.attn_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc_w, p.fc_b,
+                        p.mproj_w, p.mproj_b})});
+    }
+    b.push_back({"head", idx({lnf_w_, lnf_b_, wte_})});
+    return b;
+  }
+
  private:
   struct LayerParams {
     int ln1_w = -1, ln1_b = -1, attn_w = -1, attn_b = -1, proj_w = -1, proj_b = -1;
@@ -173,10 +194,18 @@ class Gpt final : public FlatModel {
   void forward(const int32_t* inputs, int B, int T) {
     ensure(B, T);
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    block_event(0, BlockEvent::kBeforeForward);
     kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
-    for (int l = 0; l < L; ++l) block_forward(l, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T);
+    block_event(0, BlockEvent::kAfterForward);
+    for (int l = 0; l < L; ++l) {
+      block_event(l + 1, BlockEvent::kBeforeForward);
+      block_forward(l, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T);
+      block_event(l + 1, BlockEvent::kAfterForward);
+    }
+    block_event(L + 1, BlockEvent::kBeforeForward);
     kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
     kc::linear_forward(logits_.data(), lnf_.data(), P(wte_), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
+    block_event(L + 1, BlockEvent::kAfterForward);
   }
 
   // Expects logits_ to hold dloss/dlogits.
@@ -184,6 +213,7 @@ class Gpt final : public FlatModel {
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
     const auto prec = cfg_.precision();
     // lm_head (tied): d lnf = dlogits wte; d wte += dlogits^T lnf. wte is final only after the embedding.
+    block_event(L + 1, BlockEvent::kBeforeBackward);
     kc::linear_backward(dc_.data(), G(wte_), nullptr, logits_.data(), lnf_.data(), P(wte_), N, C, cfg_.vocab_size,
                         0.0f, prec);
     std::memset(dres_.data(), 0, sizeof(float) * static_cast<size_t>(N) * C);
@@ -191,15 +221,23 @@ class Gpt final : public FlatModel {
                            lnf_rstd_.data(), N, C);
     fire(lnf_b_);
     fire(lnf_w_);
+    block_event(L + 1, BlockEvent::kAfterBackward);
     for (int l = L - 1; l >= 0; --l) {
       // With checkpointing the scratch set already holds the last block's activations.
-      if (cfg_.activation_checkpointing && l != L - 1)
+      if (cfg_.activation_checkpointing && l != L - 1) {
+        block_event(l + 1, BlockEvent::kBeforeRecompute);
         block_forward(l, xs_[l].data(), acts(l), scratch_out_.data(), B, T);
+        block_event(l + 1, BlockEvent::kAfterRecompute);
+      }
+      block_event(l + 1, BlockEvent::kBeforeBackward);
       block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T);
+      block_event(l + 1, BlockEvent::kAfterBackward);
     }
+    block_event(0, BlockEvent::kBeforeBackward);
     kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
     fire(wpe_);
     fire(wte_);
+    block_event(0, BlockEvent::kAfterBackward);
   }
 
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;

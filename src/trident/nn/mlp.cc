@@ -59,6 +59,22 @@ class DeepMlp final : public FlatModel {
     std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
   }
 
+  // Block 0: wte, wpe; blocks 1..n_layer: layers.{l}; block n_layer+1: ln_f and the head (wte when tied).
+  std::vector<Block> blocks() const override {
+    std::vector<Block> b;
+    b.push_back({"embedding", {static_cast<size_t>(wte_), static_cast<size_t>(wpe_)}});
+    for (size_t l = 0; l < w_.size(); ++l) {
+      Block k{"layers." + std::to_string(l), {static_cast<size_t>(w_[l])}};
+      if (b_[l] >= 0) k.params.push_back(static_cast<size_t>(b_[l]));
+      b.push_back(std::move(k));
+    }
+    Block h{"head", {static_cast<size_t>(lnf_w_)}};
+    if (lnf_b_ >= 0) h.params.push_back(static_cast<size_t>(lnf_b_));
+    h.params.push_back(static_cast<size_t>(head()));
+    b.push_back(std::move(h));
+    return b;
+  }
+
  private:
   int head() const { return cfg_.tie_embeddings ? wte_ : head_; }
 
@@ -91,15 +107,24 @@ class DeepMlp final : public FlatModel {
   void forward(const int32_t* inputs, int B, int T) {
     ensure(B, T);
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    block_event(0, BlockEvent::kBeforeForward);
     kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
-    for (int l = 0; l < L; ++l) layer_forward(l, N, true);
+    block_event(0, BlockEvent::kAfterForward);
+    for (int l = 0; l < L; ++l) {
+      block_event(l + 1, BlockEvent::kBeforeForward);
+      layer_forward(l, N, true);
+      block_event(l + 1, BlockEvent::kAfterForward);
+    }
+    block_event(L + 1, BlockEvent::kBeforeForward);
     kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
     kc::linear_forward(logits_.data(), lnf_.data(), P(head()), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
+    block_event(L + 1, BlockEvent::kAfterForward);
   }
 
   void backward_pass(const int32_t* inputs, int B, int T) {
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
     const auto prec = cfg_.precision();
+    block_event(L + 1, BlockEvent::kBeforeBackward);
     kc::linear_backward(dh_.data(), G(head()), nullptr, logits_.data(), lnf_.data(), P(head()), N, C, cfg_.vocab_size,
                         0.0f, prec);
     fire(head_);  // untied head: final now (-1 when tied: no-op)
@@ -108,17 +133,26 @@ class DeepMlp final : public FlatModel {
                            lnf_rstd_.data(), N, C);
     fire(lnf_b_);
     fire(lnf_w_);
+    block_event(L + 1, BlockEvent::kAfterBackward);
     for (int l = L - 1; l >= 0; --l) {
-      if (cfg_.activation_checkpointing && l != L - 1) layer_forward(l, N, false);
+      if (cfg_.activation_checkpointing && l != L - 1) {
+        block_event(l + 1, BlockEvent::kBeforeRecompute);
+        layer_forward(l, N, false);
+        block_event(l + 1, BlockEvent::kAfterRecompute);
+      }
+      block_event(l + 1, BlockEvent::kBeforeBackward);
       kc::gelu_backward(dh_.data(), h(l), dres_.data(), static_cast<size_t>(N) * C, cfg_.gelu_kind());
       // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
       kc::linear_backward(dres_.data(), G(w_[l]), G(b_[l]), dh_.data(), xs_[l].data(), P(w_[l]), N, C, C, 1.0f, prec);
       fire(b_[l]);
       fire(w_[l]);
+      block_event(l + 1, BlockEvent::kAfterBackward);
     }
+    block_event(0, BlockEvent::kBeforeBackward);
     kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
     fire(wpe_);
     fire(wte_);
+    block_event(0, BlockEvent::kAfterBackward);
   }
 
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;

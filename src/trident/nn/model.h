@@ -17,6 +17,15 @@
 // - Padding elements of the flat buffers (between 64-byte-aligned tensors) stay 0 in values and grads.
 // - Kernels use the BLAS thread pool: call trident::kernels::cpu::set_num_threads(n) (kernels/cpu/ops.h)
 //   once per process (1 per rank when ranks share a host).
+// - Blocks (for ZeRO-3 / FSDP-style parameter sharding): blocks() lists the model's blocks in forward
+//   order, each with the parameters its forward and backward read (a parameter may appear in several
+//   blocks: the GPT's tied wte is read by the embedding block and the head block). The block hook fires
+//   on the calling thread before and after each block's forward and backward, and around the forward
+//   recomputed under activation checkpointing, so a wrapper can materialise a block's parameters just
+//   before they are read and free them after. Models without blocks return {} and never fire it.
+// - set_zero_grad_releases_pages(true) lets zero_grad() hand the gradient buffer's whole pages back to
+//   the OS (madvise MADV_DONTNEED: they read back as zero) instead of writing zeros, so gradient memory
+//   released by ZeRO-2/3 stays released; values are identical either way.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +69,26 @@ class Model {
 
   virtual nlohmann::json config() const = 0;  // enough to rebuild the model (saved with checkpoints)
   virtual std::string kind() const = 0;       // "gpt" | "mlp"
+
+  // ---- blocks (optional; defaults: no blocks, hook never fires) ----
+  struct Block {
+    std::string name;            // e.g. "embedding", "transformer.h.3", "head"
+    std::vector<size_t> params;  // indices into parameters() read by this block's forward and backward
+  };
+  enum class BlockEvent : uint8_t {
+    kBeforeForward,
+    kAfterForward,
+    kBeforeBackward,
+    kAfterBackward,
+    kBeforeRecompute,  // activation checkpointing: the block's forward again, inside the backward pass
+    kAfterRecompute,
+  };
+  virtual std::vector<Block> blocks() const { return {}; }
+  using BlockHook = std::function<void(int block, BlockEvent event)>;
+  virtual void set_block_hook(BlockHook hook) {}
+  virtual void set_zero_grad_releases_pages(bool release) {}
 };
+
+const char* block_event_name(Model::BlockEvent e);
 
 }  // namespace trident::nn

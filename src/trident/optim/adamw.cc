@@ -32,6 +32,10 @@ void AdamW::step(float lr) { step_range(lr, 0, model_.num_params()); }
 void AdamW::step_range(float lr, size_t begin, size_t end) {
   TRIDENT_CHECK(begin <= end && end <= model_.num_params(), InvalidArgument,
                 "AdamW::step_range: [{}, {}) is outside the {} parameters", begin, end, model_.num_params());
+  if (exp_avg_.size() != model_.num_params()) {  // after release_state()
+    exp_avg_.assign(model_.num_params(), 0.0f);
+    exp_avg_sq_.assign(model_.num_params(), 0.0f);
+  }
   ++step_;
   float* p = model_.param_data();
   const float* g = model_.grad_data();
@@ -53,6 +57,11 @@ void AdamW::load_state(const std::vector<float>& exp_avg, const std::vector<floa
   exp_avg_ = exp_avg;
   exp_avg_sq_ = exp_avg_sq;
   step_ = step;
+}
+
+void AdamW::release_state() {
+  std::vector<float>().swap(exp_avg_);
+  std::vector<float>().swap(exp_avg_sq_);
 }
 
 }  // namespace trident::optim

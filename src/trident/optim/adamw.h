@@ -47,6 +47,11 @@ class AdamW {
   void set_step_count(int64_t step) { step_ = step; }
   // Restores the state; throws InvalidArgument when the sizes do not match the model.
   void load_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step);
+  // Frees the moment buffers (for a trainer whose data-parallel wrapper keeps its own, sharded, state):
+  // exp_avg()/exp_avg_sq() are then empty until step()/step_range() re-creates them as zeros or
+  // load_state() refills them. The step count is kept.
+  void release_state();
+  bool has_state() const { return !exp_avg_.empty() || model_.num_params() == 0; }
 
  private:
   nn::Model& model_;

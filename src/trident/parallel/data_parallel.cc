@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/kernels/cpu/ops.h"
+#include "trident/nn/flat_model.h"
 
 namespace trident::parallel {
 
@@ -14,7 +16,8 @@ Strategy parse_strategy(const std::string& n) {
   if (n == "ddp") return Strategy::kDdp;
   if (n == "zero1") return Strategy::kZero1;
   if (n == "zero2") return Strategy::kZero2;
-  TRIDENT_THROW(InvalidArgument, "unknown data-parallel strategy '{}'; use ddp, zero1 or zero2", n);
+  if (n == "zero3") return Strategy::kZero3;
+  TRIDENT_THROW(InvalidArgument, "unknown data-parallel strategy '{}'; use ddp, zero1, zero2 or zero3", n);
 }
 
 const char* strategy_name(Strategy s) {
@@ -22,6 +25,7 @@ const char* strategy_name(Strategy s) {
     case Strategy::kDdp: return "ddp";
     case Strategy::kZero1: return "zero1";
     case Strategy::kZero2: return "zero2";
+    case Strategy::kZero3: return "zero3";
   }
   return "?";
 }
@@ -45,57 +49,198 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
   if (options_.strategy == Strategy::kDdp) {
     shard_begin_ = 0;
     shard_end_ = n;
-  } else {
+  } else if (options_.strategy == Strategy::kZero1) {
     size_t s = padded_ / world_;
     shard_begin_ = std::min(n, rank_ * s);
     shard_end_ = std::min(n, (rank_ + 1) * s);
   }
-  // Buckets in reverse parameter order (the order backward produces gradients). A bucket is a contiguous
-  // range of the flat buffer because parameters are laid out in order.
   const auto& params = model_.parameters();
   bucket_of_param_.assign(params.size(), -1);
-  const size_t cap = std::max<size_t>(1, options_.bucket_bytes / sizeof(float));
-  for (size_t k = params.size(); k-- > 0;) {
-    const auto& p = params[k];
-    size_t lo = p.offset, hi = p.offset + p.numel;
-    if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= cap) {
+  if (options_.strategy == Strategy::kZero3) {
+    build_zero3_units();
+  } else if (options_.strategy == Strategy::kZero2) {
+    // Fixed-size chunks of the flat buffer from the top, each a multiple of N elements, so only the lowest
+    // (partial) chunk has padding: the shard is padded/N elements and the volumes are exactly the
+    // textbook's. A chunk is ready when every parameter overlapping it is.
+    const size_t n = model_.num_params();
+    size_t C = std::max<size_t>(16, options_.bucket_bytes / sizeof(float));
+    C = (C + world_ - 1) / world_ * world_;
+    for (size_t hi = n; hi > 0;) {
+      const size_t lo = hi > C ? hi - C : 0;
       buckets_.push_back(Bucket{lo, hi, 0, 0, nullptr});
+      hi = lo;
     }
-    Bucket& b = buckets_.back();
-    b.begin = std::min(b.begin, lo);
-    b.end = std::max(b.end, hi);
-    b.params++;
-    bucket_of_param_[k] = static_cast<int>(buckets_.size() - 1);
-  }
-  // The first bucket also covers the alignment padding after the last parameter, and each bucket the
-  // padding between its parameters and the next bucket's, so buckets tile [0, n) exactly.
-  if (!buckets_.empty()) {
-    buckets_.front().end = n;
-    for (size_t i = 1; i < buckets_.size(); ++i) buckets_[i].end = buckets_[i - 1].begin;
-    buckets_.back().begin = 0;
+    param_buckets_.resize(params.size());
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto& p = params[k];
+      // Buckets are in descending order: bucket i covers [n - (i+1)C, n - iC) (the last one from 0).
+      auto index_of = [&](size_t e) { return static_cast<int>((n - 1 - e) / C); };
+      if (p.numel == 0) continue;
+      const int first = index_of(p.offset + p.numel - 1), last = index_of(p.offset);
+      param_buckets_[k] = {first, last};
+      for (int b = first; b <= last; ++b) buckets_[b].params++;
+      bucket_of_param_[k] = first;
+    }
+  } else {
+    // Buckets in reverse parameter order (the order backward produces gradients). A bucket is a contiguous
+    // range of the flat buffer because parameters are laid out in order.
+    const size_t cap = std::max<size_t>(1, options_.bucket_bytes / sizeof(float));
+    for (size_t k = params.size(); k-- > 0;) {
+      const auto& p = params[k];
+      size_t lo = p.offset, hi = p.offset + p.numel;
+      if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= cap) {
+        buckets_.push_back(Bucket{lo, hi, 0, 0, nullptr});
+      }
+      Bucket& b = buckets_.back();
+      b.begin = std::min(b.begin, lo);
+      b.end = std::max(b.end, hi);
+      b.params++;
+      bucket_of_param_[k] = static_cast<int>(buckets_.size() - 1);
+    }
+    // The first bucket also covers the alignment padding after the last parameter, and each bucket the
+    // padding between its parameters and the next bucket's, so buckets tile [0, n) exactly.
+    if (!buckets_.empty()) {
+      buckets_.front().end = n;
+      for (size_t i = 1; i < buckets_.size(); ++i) buckets_[i].end = buckets_[i - 1].begin;
+      buckets_.back().begin = 0;
+    }
   }
   for (auto& b : buckets_) b.pending = b.params;
+  if (sharded_grads()) build_units_from_buckets();
   model_.set_grad_ready_hook([this](size_t idx) { on_grad_ready(idx); });
 
   // Optimizer state for this rank's shard only.
-  exp_avg_.assign(shard_end_ - shard_begin_, 0.0f);
-  exp_avg_sq_.assign(shard_end_ - shard_begin_, 0.0f);
-  decay_mask_.assign(n, 0);
-  for (const auto& p : params)
-    if (p.weight_decay) std::fill(decay_mask_.begin() + p.offset, decay_mask_.begin() + p.offset + p.numel, 1);
-  if (options_.strategy == Strategy::kZero2 && padded_ != n) padded_grads_.assign(padded_, 0.0f);
+  const size_t opt_n = sharded_grads() ? shard_numel_ : shard_end_ - shard_begin_;
+  exp_avg_.assign(opt_n, 0.0f);
+  exp_avg_sq_.assign(opt_n, 0.0f);
+  {
+    std::vector<uint8_t> mask(n, 0);
+    for (const auto& p : params)
+      if (p.weight_decay) std::fill(mask.begin() + p.offset, mask.begin() + p.offset + p.numel, 1);
+    for (size_t i = 0; i < n;) {
+      size_t j = i;
+      while (j < n && mask[j] == mask[i]) ++j;
+      decay_segments_.push_back({i, j, mask[i] != 0});
+      i = j;
+    }
+  }
+  if (sharded_grads()) {
+    shard_grads_.assign(shard_numel_, 0.0f);
+    // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.
+    model_.set_zero_grad_releases_pages(true);
+  }
+  if (options_.strategy == Strategy::kZero3) {
+    shard_params_.assign(shard_numel_, 0.0f);
+    param_state_.assign(units_.size(), ParamState::kGathered);  // the model's buffer holds everything now
+    gather_work_.resize(units_.size());
+    model_.set_block_hook([this](int b, nn::Model::BlockEvent e) { on_block(b, e); });
+  }
   if (rank_ == 0)
     log_info("data parallel: {} on {} ranks, {} parameters ({} padded), {} gradient buckets of <= {} MiB",
-             strategy_name(options_.strategy), world_, n, padded_, buckets_.size(),
-             options_.bucket_bytes / double(1 << 20));
+             strategy_name(options_.strategy), world_, n, sharded_grads() ? shard_numel_ * world_ : padded_,
+             buckets_.size(), options_.bucket_bytes / double(1 << 20));
+}
+
+// zero3: one unit per run of parameters (in flat order) owned by the same block, a parameter being owned
+// by the first block that lists it. Buckets are the units, highest offset first (backward's order).
+void DataParallel::build_zero3_units() {
+  const auto& params = model_.parameters();
+  const auto blocks = model_.blocks();
+  TRIDENT_CHECK(!blocks.empty(), InvalidArgument,
+                "zero3: model kind '{}' does not describe its blocks (nn::Model::blocks()); use zero2, or implement "
+                "blocks() and set_block_hook() for it",
+                model_.kind());
+  const size_t n = model_.num_params();
+  std::vector<int> owner(params.size(), -1);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (size_t k : blocks[b].params) {
+      TRIDENT_CHECK(k < params.size(), InvalidArgument, "zero3: block {} lists parameter {} of {}", blocks[b].name, k,
+                    params.size());
+      if (owner[k] < 0) owner[k] = static_cast<int>(b);
+    }
+  for (size_t k = 0; k < params.size(); ++k)
+    TRIDENT_CHECK(owner[k] >= 0 || params[k].numel == 0, InvalidArgument,
+                  "zero3: parameter '{}' is in none of the model's blocks, so nothing would gather it before use; "
+                  "list it in the block that reads it (nn::Model::blocks())",
+                  params[k].name);
+  std::vector<size_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].offset < params[b].offset; });
+  // Ascending units first.
+  struct Run {
+    size_t begin;
+    int owner;
+    std::vector<size_t> params;
+  };
+  std::vector<Run> runs;
+  for (size_t k : order) {
+    if (runs.empty() || runs.back().owner != owner[k]) runs.push_back({params[k].offset, owner[k], {}});
+    runs.back().params.push_back(k);
+  }
+  const size_t U = runs.size();
+  buckets_.clear();
+  for (size_t i = U; i-- > 0;) {  // reverse: buckets_[0] is the highest range
+    Bucket b{i == 0 ? 0 : runs[i].begin, i + 1 == U ? n : runs[i + 1].begin, 0, static_cast<int>(runs[i].params.size()),
+             nullptr};
+    for (size_t k : runs[i].params) bucket_of_param_[k] = static_cast<int>(buckets_.size());
+    buckets_.push_back(b);
+  }
+  block_units_.assign(blocks.size(), {});
+  last_fwd_.assign(U, -1);
+  last_bwd_.assign(U, -1);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    auto& us = block_units_[b];
+    for (size_t k : blocks[b].params) us.push_back(static_cast<size_t>(bucket_of_param_[k]));
+    std::sort(us.begin(), us.end());
+    us.erase(std::unique(us.begin(), us.end()), us.end());
+    for (size_t u : us) {
+      last_fwd_[u] = std::max(last_fwd_[u], static_cast<int>(b));
+      if (last_bwd_[u] < 0) last_bwd_[u] = static_cast<int>(b);  // lowest block index reading u
+    }
+  }
+}
+
+void DataParallel::build_units_from_buckets() {
+  const size_t n = model_.num_params();
+  units_.resize(buckets_.size());
+  counts_.resize(buckets_.size());
+  size_t off = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    ShardUnit& u = units_[i];
+    u.begin = buckets_[i].begin;
+    u.end = buckets_[i].end;
+    const size_t L = u.end - u.begin;
+    u.piece = (L + world_ - 1) / world_;
+    u.shard_offset = off;
+    off += u.piece;
+    const size_t lo = std::min(L, rank_ * u.piece), hi = std::min(L, (rank_ + 1) * u.piece);
+    u.mine_begin = u.begin + lo;
+    u.mine_count = hi - lo;
+    counts_[i].resize(world_);
+    for (int r = 0; r < world_; ++r)
+      counts_[i][r] = std::min(L, (r + 1) * u.piece) - std::min(L, r * u.piece);
+    // The reduce-scatter reads world*piece elements from u.begin: past the unit's end this reads the next
+    // (higher, already reduced) unit's gradients into padding lanes; past the buffer it needs staging.
+    if (u.begin + world_ * u.piece > n) rs_stage_.resize(std::max(rs_stage_.size(), world_ * u.piece));
+  }
+  shard_numel_ = off;
 }
 
 DataParallel::~DataParallel() {
   model_.set_grad_ready_hook(nullptr);
+  if (options_.strategy == Strategy::kZero3) model_.set_block_hook(nullptr);
+  if (sharded_grads()) model_.set_zero_grad_releases_pages(false);
   for (auto& b : buckets_)
     if (b.work) {
       try {
         b.work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  for (auto& w : gather_work_)
+    if (w) {
+      try {
+        w->wait();
       } catch (const std::exception&) {
       }
     }
@@ -108,71 +253,97 @@ void DataParallel::account(const std::string& kind, double bytes) {
 
 void DataParallel::broadcast_parameters() {
   const size_t n = model_.num_params();
+  if (options_.strategy == Strategy::kZero3 && sharded_) {
+    // Parameters live in the shards: rank 0's full model is gathered first, then broadcast.
+    gather_full_parameters();
+  }
   pg_->broadcast(model_.param_data(), n, DType::kFloat32, 0);
   account("broadcast", rank_ == 0 ? static_cast<double>(n) * 4 : 0.0);
+  if (options_.strategy == Strategy::kZero3) {
+    sharded_ = false;  // re-take the shards from the broadcast values
+    materialized_ = false;
+    ensure_sharded();
+  }
 }
 
 void DataParallel::launch(Bucket& b) {
-  if (world_ == 1 || options_.strategy == Strategy::kZero2) return;  // zero2 reduce-scatters after backward
+  const size_t bi = static_cast<size_t>(&b - buckets_.data());
+  if (sharded_grads()) {
+    const ShardUnit& u = units_[bi];
+    const float* src = model_.grad_data() + u.begin;
+    if (u.begin + world_ * u.piece > model_.num_params()) {
+      std::memcpy(rs_stage_.data(), src, (u.end - u.begin) * sizeof(float));
+      std::fill(rs_stage_.begin() + static_cast<long>(u.end - u.begin), rs_stage_.begin() + static_cast<long>(world_ * u.piece),
+                0.0f);
+      src = rs_stage_.data();
+    }
+    b.work = pg_->reduce_scatter_async(src, shard_grads_.data() + u.shard_offset, u.piece, DType::kFloat32, ReduceOp::kAvg);
+    account("reduce_scatter", static_cast<double>(world_ - 1) * u.piece * 4);
+    return;
+  }
+  if (world_ == 1) return;
   float* g = model_.grad_data() + b.begin;
   const size_t count = b.end - b.begin;
   b.work = pg_->all_reduce_async(g, count, DType::kFloat32, ReduceOp::kAvg);
   account("all_reduce", 2.0 * (world_ - 1) / world_ * count * 4);
 }
 
+// zero2/3: hands back the full-gradient pages of every bucket whose reduce-scatter has finished (waiting
+// for all of them when `wait`).
+void DataParallel::release_finished_grads(bool wait) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.work || b.grads_released) continue;
+    if (wait) b.work->wait();
+    else if (!b.work->completed()) continue;
+    b.work->wait();  // rethrows a failure
+    nn::release_pages(model_.grad_data() + b.begin, b.end - b.begin);
+    b.grads_released = true;
+  }
+}
+
 void DataParallel::on_grad_ready(size_t idx) {
   if (!require_sync_) return;
-  int bi = bucket_of_param_[idx];
-  if (bi < 0) return;
-  Bucket& b = buckets_[bi];
-  if (--b.pending == 0 && options_.overlap) {
-    launch(b);
-    launched_any_ = true;
+  int first = bucket_of_param_[idx], last = first;
+  if (first < 0) return;
+  if (!param_buckets_.empty()) std::tie(first, last) = param_buckets_[idx];
+  for (int bi = first; bi <= last; ++bi) {
+    Bucket& b = buckets_[bi];
+    if (--b.pending == 0 && options_.overlap) {
+      launch(b);
+      launched_any_ = true;
+    }
   }
+  if (sharded_grads()) release_finished_grads(false);
 }
 
 void DataParallel::finish_gradient_sync() {
   if (!require_sync_) return;
-  const size_t n = model_.num_params();
   for (auto& b : buckets_)
-    if (!b.work && world_ > 1 && options_.strategy != Strategy::kZero2) launch(b);  // not overlapped
+    if (!b.work && (world_ > 1 || sharded_grads())) launch(b);  // not overlapped
+  if (sharded_grads()) release_finished_grads(true);
   for (auto& b : buckets_) {
     if (b.work) b.work->wait();
     b.work.reset();
+    b.grads_released = false;
     b.pending = b.params;
-  }
-  if (options_.strategy == Strategy::kZero2 && world_ > 1) {
-    // Each rank keeps only its shard of the averaged gradients.
-    const size_t s = padded_ / world_;
-    float* grads = model_.grad_data();
-    float* src = grads;
-    if (!padded_grads_.empty()) {
-      std::memcpy(padded_grads_.data(), grads, n * sizeof(float));
-      std::fill(padded_grads_.begin() + n, padded_grads_.end(), 0.0f);
-      src = padded_grads_.data();
-    }
-    std::vector<float> shard(s);
-    pg_->reduce_scatter(src, shard.data(), s, DType::kFloat32, ReduceOp::kAvg);
-    std::memcpy(grads + shard_begin_, shard.data(), (shard_end_ - shard_begin_) * sizeof(float));
-    account("reduce_scatter", static_cast<double>(world_ - 1) / world_ * padded_ * 4);
   }
 }
 
 double DataParallel::clip_grad_norm(float max_norm) {
-  const float* g = model_.grad_data();
   double sq = 0;
-  if (options_.strategy == Strategy::kZero2 && world_ > 1) {
-    sq = kernels::cpu::sum_squares(g + shard_begin_, shard_end_ - shard_begin_);
-    pg_->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
+  if (sharded_grads()) {
+    for (const auto& u : units_) sq += kernels::cpu::sum_squares(shard_grads_.data() + u.shard_offset, u.mine_count);
+    if (world_ > 1) pg_->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
   } else {
-    sq = kernels::cpu::sum_squares(g, model_.num_params());
+    sq = kernels::cpu::sum_squares(model_.grad_data(), model_.num_params());
   }
   double norm = std::sqrt(sq);
   if (max_norm > 0) {
     double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
-      if (options_.strategy == Strategy::kZero2)
-        kernels::cpu::scale_inplace(model_.grad_data() + shard_begin_, static_cast<float>(coef), shard_end_ - shard_begin_);
+      if (sharded_grads())
+        kernels::cpu::scale_inplace(shard_grads_.data(), static_cast<float>(coef), shard_grads_.size());
       else
         kernels::cpu::scale_inplace(model_.grad_data(), static_cast<float>(coef), model_.num_params());
     }
@@ -180,40 +351,195 @@ double DataParallel::clip_grad_norm(float max_norm) {
   return norm;
 }
 
+// AdamW over `count` elements whose flat indices start at flat_begin (decay flag per flat run).
+void DataParallel::adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count,
+                               float lr) {
+  const auto& c = options_.adamw;
+  const size_t flat_end = flat_begin + count;
+  auto it = std::upper_bound(decay_segments_.begin(), decay_segments_.end(), flat_begin,
+                             [](size_t x, const Segment& s) { return x < s.end; });
+  for (; it != decay_segments_.end() && it->begin < flat_end; ++it) {
+    const size_t i = std::max(it->begin, flat_begin), j = std::min(it->end, flat_end);
+    if (i >= j) continue;
+    const size_t o = i - flat_begin;
+    kernels::cpu::adamw_update(p + o, g + o, m + o, v + o, j - i, lr, c.beta1, c.beta2, c.eps,
+                               it->decay ? c.weight_decay : 0.0f, step_count_);
+  }
+}
+
 void DataParallel::step(float lr) {
   ++step_count_;
   float* p = model_.param_data();
-  const float* g = model_.grad_data();
-  const auto& c = options_.adamw;
-  // Runs of equal decay flag inside the shard.
-  for (size_t i = shard_begin_; i < shard_end_;) {
-    size_t j = i;
-    const uint8_t flag = decay_mask_[i];
-    while (j < shard_end_ && decay_mask_[j] == flag) ++j;
-    kernels::cpu::adamw_update(p + i, g + i, exp_avg_.data() + (i - shard_begin_), exp_avg_sq_.data() + (i - shard_begin_),
-                               j - i, lr, c.beta1, c.beta2, c.eps, flag ? c.weight_decay : 0.0f, step_count_);
-    i = j;
-  }
-  if (options_.strategy != Strategy::kDdp && world_ > 1) {
-    const size_t n = model_.num_params(), s = padded_ / world_;
-    std::vector<float> mine(s, 0.0f), all(padded_);
-    std::memcpy(mine.data(), p + shard_begin_, (shard_end_ - shard_begin_) * sizeof(float));
-    pg_->all_gather(mine.data(), all.data(), s, DType::kFloat32);
-    std::memcpy(p, all.data(), n * sizeof(float));
-    account("all_gather", static_cast<double>(world_ - 1) / world_ * padded_ * 4);
+  if (options_.strategy == Strategy::kZero3) {
+    ensure_sharded();
+    // Gathered copies are stale after the update.
+    release_all_units();
+    for (const auto& u : units_) {
+      const size_t o = u.shard_offset;
+      adamw_range(shard_params_.data() + o, shard_grads_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o,
+                  u.mine_begin, u.mine_count, lr);
+    }
+  } else if (options_.strategy == Strategy::kZero2) {
+    std::vector<float> mine(shard_numel_, 0.0f);
+    for (const auto& u : units_) {
+      const size_t o = u.shard_offset;
+      adamw_range(p + u.mine_begin, shard_grads_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, u.mine_begin,
+                  u.mine_count, lr);
+      std::memcpy(mine.data() + o, p + u.mine_begin, u.mine_count * sizeof(float));
+    }
+    if (world_ > 1) {
+      std::vector<std::shared_ptr<Work>> works;
+      for (size_t i = 0; i < units_.size(); ++i) {
+        const auto& u = units_[i];
+        works.push_back(pg_->all_gatherv_async(mine.data() + u.shard_offset, p + u.begin, counts_[i], DType::kFloat32));
+        account("all_gather", static_cast<double>(world_ - 1) * u.piece * 4);
+      }
+      for (auto& w : works) w->wait();
+    }
+  } else {
+    const float* g = model_.grad_data();
+    adamw_range(p + shard_begin_, g + shard_begin_, exp_avg_.data(), exp_avg_sq_.data(), shard_begin_,
+                shard_end_ - shard_begin_, lr);
+    if (options_.strategy != Strategy::kDdp && world_ > 1) {
+      const size_t n = model_.num_params(), s = padded_ / world_;
+      std::vector<float> mine(s, 0.0f), all(padded_);
+      std::memcpy(mine.data(), p + shard_begin_, (shard_end_ - shard_begin_) * sizeof(float));
+      pg_->all_gather(mine.data(), all.data(), s, DType::kFloat32);
+      std::memcpy(p, all.data(), n * sizeof(float));
+      account("all_gather", static_cast<double>(world_ - 1) / world_ * padded_ * 4);
+    }
   }
   last_stats_ = stats_;
   stats_ = CommStats{};
 }
 
+// ---- zero3: parameter shards and the block schedule ----
+
+void DataParallel::ensure_sharded() {
+  if (sharded_ || options_.strategy != Strategy::kZero3) return;
+  const float* p = model_.param_data();
+  for (const auto& u : units_) std::memcpy(shard_params_.data() + u.shard_offset, p + u.mine_begin, u.mine_count * sizeof(float));
+  sharded_ = true;
+  materialized_ = false;
+  for (auto& s : param_state_) s = ParamState::kGathered;
+  gathered_ = model_.num_params();
+  release_all_units();
+  peak_gathered_ = gathered_;
+}
+
+void DataParallel::gather_unit(size_t ui) {
+  if (param_state_[ui] != ParamState::kReleased) return;
+  const ShardUnit& u = units_[ui];
+  gather_work_[ui] = pg_->all_gatherv_async(shard_params_.data() + u.shard_offset, model_.param_data() + u.begin,
+                                            counts_[ui], DType::kFloat32);
+  param_state_[ui] = ParamState::kInFlight;
+  gathered_ += u.end - u.begin;
+  peak_gathered_ = std::max(peak_gathered_, gathered_);
+  account("all_gather", static_cast<double>(world_ - 1) * u.piece * 4);
+}
+
+void DataParallel::wait_unit(size_t ui) {
+  gather_unit(ui);
+  if (param_state_[ui] == ParamState::kInFlight) {
+    gather_work_[ui]->wait();
+    gather_work_[ui].reset();
+    param_state_[ui] = ParamState::kGathered;
+  }
+}
+
+void DataParallel::release_unit(size_t ui) {
+  if (param_state_[ui] == ParamState::kReleased) return;
+  if (param_state_[ui] == ParamState::kInFlight) wait_unit(ui);
+  const ShardUnit& u = units_[ui];
+  nn::release_pages(model_.param_data() + u.begin, u.end - u.begin);
+  param_state_[ui] = ParamState::kReleased;
+  gathered_ -= u.end - u.begin;
+}
+
+void DataParallel::release_all_units() {
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+  materialized_ = false;
+}
+
+void DataParallel::gather_full_parameters() {
+  if (options_.strategy != Strategy::kZero3) return;
+  ensure_sharded();
+  for (size_t u = 0; u < units_.size(); ++u) gather_unit(u);
+  for (size_t u = 0; u < units_.size(); ++u) wait_unit(u);
+  materialized_ = true;
+}
+
+void DataParallel::on_block(int b, nn::Model::BlockEvent e) {
+  using E = nn::Model::BlockEvent;
+  ensure_sharded();
+  const int K = static_cast<int>(block_units_.size());
+  if (b < 0 || b >= K) return;
+  const auto& mine = block_units_[b];
+  switch (e) {
+    case E::kBeforeForward:
+      if (materialized_) return;
+      for (size_t u : mine) wait_unit(u);
+      if (b + 1 < K)
+        for (size_t u : block_units_[b + 1]) gather_unit(u);  // prefetch
+      return;
+    case E::kAfterForward:
+      if (materialized_) return;
+      for (size_t u : mine)
+        if (last_fwd_[u] == b) release_unit(u);
+      return;
+    case E::kBeforeRecompute:
+    case E::kBeforeBackward:
+      if (materialized_) {
+        // A backward pass after a checkpoint's full gather: back to shards, keeping what this block reads.
+        materialized_ = false;
+        for (size_t u = 0; u < units_.size(); ++u)
+          if (std::find(mine.begin(), mine.end(), u) == mine.end()) release_unit(u);
+      }
+      for (size_t u : mine) wait_unit(u);
+      if (b > 0)
+        for (size_t u : block_units_[b - 1]) gather_unit(u);  // prefetch the next block of the backward pass
+      return;
+    case E::kAfterRecompute:
+      return;
+    case E::kAfterBackward:
+      if (materialized_) return;
+      for (size_t u : mine)
+        if (last_bwd_[u] == b) release_unit(u);
+      return;
+  }
+}
+
+// ---- accounting ----
+
 MemoryReport DataParallel::memory() const {
   MemoryReport m;
   const double n = static_cast<double>(model_.num_params());
-  m.bytes["parameters"] = n * 4;  // float32 parameters are also the master weights on CPU
-  m.bytes["gradients"] = n * 4;   // the model's flat gradient buffer (zero2: only the shard is meaningful)
+  if (options_.strategy == Strategy::kZero3) {
+    double gathered = 0;
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (!sharded_ || param_state_[u] != ParamState::kReleased) gathered += static_cast<double>(units_[u].end - units_[u].begin);
+    m.bytes["parameters"] = (static_cast<double>(shard_params_.size()) + gathered) * 4;
+  } else {
+    m.bytes["parameters"] = n * 4;  // float32 parameters are also the master weights on CPU
+  }
+  // zero2/3: the gradient shard (the model's full buffer is released bucket by bucket).
+  m.bytes["gradients"] = sharded_grads() ? static_cast<double>(shard_grads_.size()) * 4 : n * 4;
   m.bytes["optimizer_state"] = static_cast<double>(exp_avg_.size() + exp_avg_sq_.size()) * 4;
   m.bytes["master_weights"] = 0;
-  m.bytes["comm_buffers"] = static_cast<double>(padded_grads_.size()) * 4;
+  m.bytes["comm_buffers"] = static_cast<double>(rs_stage_.size()) * 4;
+  return m;
+}
+
+MemoryReport DataParallel::resident_memory() const {
+  MemoryReport m;
+  auto res = [](const std::vector<float>& v) { return static_cast<double>(nn::resident_bytes(v.data(), v.size() * 4)); };
+  const size_t n = model_.num_params();
+  auto& model = const_cast<nn::Model&>(model_);
+  m.bytes["parameters"] = static_cast<double>(nn::resident_bytes(model.param_data(), n * 4)) + res(shard_params_);
+  m.bytes["gradients"] = static_cast<double>(nn::resident_bytes(model.grad_data(), n * 4)) + res(shard_grads_);
+  m.bytes["optimizer_state"] = res(exp_avg_) + res(exp_avg_sq_);
+  m.bytes["master_weights"] = 0;
+  m.bytes["comm_buffers"] = res(rs_stage_);
   return m;
 }
 
@@ -223,17 +549,30 @@ nlohmann::json DataParallel::report() const {
   j["world"] = world_;
   j["buckets"] = buckets_.size();
   for (auto& [k, v] : memory().bytes) j["memory_bytes"][k] = v;
+  for (auto& [k, v] : resident_memory().bytes) j["resident_bytes"][k] = v;
   for (auto& [k, v] : last_stats_.bytes) j["comm_bytes_per_step"][k] = v;
   for (auto& [k, v] : last_stats_.calls) j["comm_calls_per_step"][k] = v;
   return j;
 }
 
+// ---- checkpoints ----
+
 void DataParallel::gather_optimizer_state(std::vector<float>* m, std::vector<float>* v, int64_t* step) {
   const size_t n = model_.num_params();
   *step = step_count_;
-  if (options_.strategy == Strategy::kDdp || world_ == 1) {
+  if (options_.strategy == Strategy::kDdp || (world_ == 1 && !sharded_grads())) {
     *m = exp_avg_;
     *v = exp_avg_sq_;
+    return;
+  }
+  if (sharded_grads()) {
+    for (auto [src, dst] : {std::pair{&exp_avg_, m}, std::pair{&exp_avg_sq_, v}}) {
+      dst->assign(n, 0.0f);
+      for (size_t i = 0; i < units_.size(); ++i)
+        pg_->all_gatherv(src->data() + units_[i].shard_offset, dst->data() + units_[i].begin, counts_[i],
+                         DType::kFloat32);
+    }
+    gather_full_parameters();  // zero3: the save that follows writes the whole model
     return;
   }
   const size_t s = padded_ / world_;
@@ -251,8 +590,18 @@ void DataParallel::load_optimizer_state(const std::vector<float>& m, const std::
   if (m.size() != n || v.size() != n)
     TRIDENT_THROW(InvalidArgument, "optimizer state has {} / {} elements; the model has {} parameters", m.size(),
                   v.size(), n);
-  exp_avg_.assign(m.begin() + static_cast<long>(shard_begin_), m.begin() + static_cast<long>(shard_end_));
-  exp_avg_sq_.assign(v.begin() + static_cast<long>(shard_begin_), v.begin() + static_cast<long>(shard_end_));
+  if (sharded_grads()) {
+    std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
+    std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);
+    for (const auto& u : units_) {
+      std::copy_n(m.begin() + static_cast<long>(u.mine_begin), u.mine_count, exp_avg_.begin() + static_cast<long>(u.shard_offset));
+      std::copy_n(v.begin() + static_cast<long>(u.mine_begin), u.mine_count,
+                  exp_avg_sq_.begin() + static_cast<long>(u.shard_offset));
+    }
+  } else {
+    exp_avg_.assign(m.begin() + static_cast<long>(shard_begin_), m.begin() + static_cast<long>(shard_end_));
+    exp_avg_sq_.assign(v.begin() + static_cast<long>(shard_begin_), v.begin() + static_cast<long>(shard_end_));
+  }
   step_count_ = step;
 }
 

@@ -1,27 +1,54 @@
-// Data parallelism: DDP and ZeRO stages 1 and 2 as one mechanism over a model's flat buffers.
+// Data parallelism: DDP and ZeRO stages 1, 2 and 3 as one mechanism over a model's flat buffers.
 //
-// Every rank holds the whole model and computes gradients on its shard of the global batch. Gradients are
-// grouped into buckets (contiguous ranges of the flat gradient buffer, filled in reverse parameter order as
-// backward produces them); the moment a bucket's last gradient is written (the model's grad-ready hook),
-// its collective starts asynchronously on the process group, in place on the gradient memory (no copy):
+// Every rank computes gradients on its shard of the global batch. Gradients are grouped into buckets
+// (contiguous ranges of the flat gradient buffer, filled in reverse parameter order as backward produces
+// them); the moment a bucket's last gradient is written (the model's grad-ready hook), its collective
+// starts asynchronously on the process group, reading the gradient memory in place (no copy):
 //   ddp    all-reduce (avg) of every bucket; every rank runs AdamW on all parameters.
 //   zero1  same all-reduce; AdamW state (moments) kept only for this rank's shard of the flat buffer; each
 //          rank updates its shard, then the updated parameters are all-gathered.
-//   zero2  reduce-scatter (avg) of every bucket, so a rank keeps only its shard of the reduced gradients;
-//          then as zero1. (Gradient memory stays allocated by the model here: see memory().)
-// Shards are equal slices of the flat buffer padded to a multiple of the world size; any size works.
+//   zero2  buckets are fixed-size chunks of the flat buffer (a multiple of N elements, counted from the
+//          top, so only the lowest chunk is padded: the shard is exactly padded/N elements), each ready
+//          once every parameter overlapping it is; reduce-scatter (avg) of every bucket into this rank's
+//          persistent gradient shard; the bucket's
+//          full-gradient pages are then handed back to the OS (madvise, they read back as zero, which is
+//          what zero_grad wants), so no rank keeps a full gradient; AdamW on the shard; all-gather params.
+//   zero3  as zero2, and parameters are sharded too: a bucket is a "unit" (the parameters one model block
+//          owns, Model::blocks()); each rank keeps only its piece of every unit (its master float32 copy)
+//          and the model's flat parameter buffer is a working buffer whose pages are released when not
+//          in use. The model's block hook gathers (all-gatherv) a block's units just before its forward,
+//          again before its backward (and its activation-checkpointing recompute), and releases each unit
+//          after the last block of the pass that reads it; the next block's gather is prefetched
+//          asynchronously while the current block computes. Per step: 2 all-gathers and 1 reduce-scatter
+//          of the (padded) parameter volume; gradient accumulation re-gathers parameters each micro-step
+//          but reduce-scatters gradients once (no_sync micro-steps accumulate the full local gradient).
+// Sharding: zero1 splits the whole flat buffer into N equal pieces (padded to a multiple of N); zero2 and
+// zero3 split each bucket/unit of L elements into N pieces of ceil(L/N) (the last ones shorter or empty),
+// and a rank's shard is the concatenation of its pieces. Any size works.
 // Gradient accumulation: set_require_sync(false) (or a NoSync scope) for all but the last micro-step;
-// only the last one communicates. finish_gradient_sync() waits for every bucket before clipping/stepping.
+// only the last one communicates gradients. finish_gradient_sync() waits for every bucket before
+// clipping/stepping.
+// Memory (float32, Psi = flat parameter count, per rank, persistent between steps): ddp 16 Psi (params 4,
+// grads 4, moments 8), zero1 8 Psi + 8 Psi/N, zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N, plus per-unit
+// padding and the partial pages at unit edges. memory() reports held sizes, resident_memory() measures
+// the buffers' resident pages with mincore().
+// Checkpoints under zero3: gather_optimizer_state() (the trainer's before_save path) also materialises the
+// full parameters in the model's buffer on every rank, so the existing save path writes the whole model;
+// they stay materialised (forward passes then gather nothing) until the next backward pass, which
+// releases them, or step().
 //
 // Ownership: borrows the model (must outlive this) and shares the process group. Thread-safety: one thread
-// (the training loop) calls it; collectives run on the group's worker. Errors from collectives (dead peer,
-// timeout) are rethrown by finish_gradient_sync() / step().
+// (the training loop) calls it and runs the model; collectives run on the group's worker. Blocking:
+// zero3's block hooks block in forward/backward until a block's gather arrives. Timeouts: the group's.
+// Errors from collectives (dead peer, timeout) are rethrown by the call that waits: finish_gradient_sync(),
+// step(), or (zero3) the model's forward/backward.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,8 +59,8 @@
 
 namespace trident::parallel {
 
-enum class Strategy { kDdp, kZero1, kZero2 };
-Strategy parse_strategy(const std::string& name);  // ddp | zero1 | zero2
+enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
+Strategy parse_strategy(const std::string& name);  // ddp | zero1 | zero2 | zero3
 const char* strategy_name(Strategy s);
 
 struct DataParallelOptions {
@@ -58,6 +85,16 @@ struct MemoryReport {
   double total() const;
 };
 
+// A contiguous range of the flat buffers sharded across ranks (zero2: a gradient bucket; zero3: the
+// parameters one block owns). Piece r is [begin + r*piece, begin + min(end - begin, (r+1)*piece)).
+struct ShardUnit {
+  size_t begin = 0, end = 0;
+  size_t piece = 0;         // ceil((end - begin) / N)
+  size_t shard_offset = 0;  // of this rank's piece in the shard buffers
+  size_t mine_begin = 0;    // this rank's piece in flat coordinates
+  size_t mine_count = 0;    // its valid elements (<= piece; 0 for an empty piece)
+};
+
 class DataParallel {
  public:
   DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, DataParallelOptions options);
@@ -72,19 +109,41 @@ class DataParallel {
   // Global gradient norm over all parameters (every rank agrees); scales the gradients by
   // min(1, max_norm / (norm + 1e-6)) like torch.nn.utils.clip_grad_norm_. Returns the pre-clip norm.
   double clip_grad_norm(float max_norm);
-  // One optimizer step with learning rate lr (ZeRO: on this rank's shard, then all-gather parameters).
+  // One optimizer step with learning rate lr (ZeRO: on this rank's shard; zero1/2 then all-gather the
+  // parameters, zero3 leaves them to the next forward's block gathers).
   void step(float lr);
 
   Strategy strategy() const { return options_.strategy; }
-  // The range [begin, end) of the flat buffers this rank owns (ddp: everything).
+  // The range [begin, end) of the flat buffers this rank owns (ddp: everything; zero1: one contiguous
+  // shard). zero2/zero3 own one piece of every unit instead (units()); both are 0 for them.
   size_t shard_begin() const { return shard_begin_; }
   size_t shard_end() const { return shard_end_; }
   size_t num_buckets() const { return buckets_.size(); }
   const CommStats& last_step_comm() const { return last_stats_; }
+  // Bytes held per category (buffer sizes; zero3 parameters: the shard plus the units gathered now).
   MemoryReport memory() const;
-  nlohmann::json report() const;  // memory + communication, for the end of training and metrics
+  // Bytes measured resident in RAM per category (mincore on each buffer's pages, a partial page at either
+  // end of a buffer counted in full): the model's flat parameter and gradient buffers, the shards, the
+  // moments and the persistent staging buffers.
+  MemoryReport resident_memory() const;
+  nlohmann::json report() const;  // memory (held and resident) + communication, for the end of training
+
+  // zero2/zero3: the units this rank's shard is made of (empty for ddp and zero1) and the shard's size
+  // (sum of the units' pieces, including padding).
+  const std::vector<ShardUnit>& units() const { return units_; }
+  size_t shard_numel() const { return shard_numel_; }
+  // zero3: the most flat-buffer elements gathered (in flight or resident) at once since construction or
+  // reset_peak_gathered(): the working set of the block schedule (current block + prefetched block + the
+  // units a later block of the same pass still reads, e.g. the tied embedding).
+  size_t peak_gathered_numel() const { return peak_gathered_; }
+  void reset_peak_gathered() { peak_gathered_ = gathered_; }
+  // zero3: gathers every unit into the model's flat parameter buffer (collective: every rank calls), so
+  // param_data() holds the whole model until the next backward pass or step(). No-op for other stages.
+  void gather_full_parameters();
 
   // Optimizer state for checkpoints: the full flat moments (gathered to every rank) and the step count.
+  // Collective. zero3: also gathers the full parameters (see gather_full_parameters()), so that a
+  // checkpoint written right after it (the trainer's before_save hook) has the whole model.
   void gather_optimizer_state(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq, int64_t* step);
   void load_optimizer_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step);
 
@@ -94,10 +153,24 @@ class DataParallel {
     int pending = 0;          // parameters not yet ready in this micro-step
     int params = 0;
     std::shared_ptr<Work> work;
+    bool grads_released = false;  // zero2/3: the full-gradient pages went back to the OS after the RS
   };
+  enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
   void account(const std::string& kind, double bytes);
+  bool sharded_grads() const { return strategy() == Strategy::kZero2 || strategy() == Strategy::kZero3; }
+  void build_units_from_buckets();
+  void build_zero3_units();
+  void release_finished_grads(bool wait);
+  void adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count, float lr);
+  // zero3
+  void ensure_sharded();
+  void on_block(int block, nn::Model::BlockEvent e);
+  void gather_unit(size_t u);  // starts the all-gather of unit u unless gathered or in flight
+  void wait_unit(size_t u);
+  void release_unit(size_t u);
+  void release_all_units();
 
   nn::Model& model_;
   std::shared_ptr<ProcessGroup> pg_;
@@ -107,14 +180,46 @@ class DataParallel {
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
+  std::vector<std::pair<int, int>> param_buckets_;  // zero2: the buckets [first, last] a parameter overlaps
   bool require_sync_ = true;
   bool launched_any_ = false;
-  std::vector<float> padded_grads_;   // zero2 bucket staging only when a bucket is not shard-aligned
-  // Optimizer (moments only for [shard_begin_, shard_end_)).
+  // zero2/zero3: units_[i] is buckets_[i] sharded; this rank's gradient shard (and zero3 parameter shard).
+  std::vector<ShardUnit> units_;
+  size_t shard_numel_ = 0;
+  std::vector<float> shard_grads_, shard_params_;
+  std::vector<float> rs_stage_;  // reduce-scatter staging for the last unit when it would run past the buffer
+  std::vector<std::vector<size_t>> counts_;  // per unit: all_gatherv counts
+  // zero3 block schedule: units each block reads; the last block of a forward pass (highest index) and
+  // of a backward pass (lowest index) that reads each unit.
+  std::vector<std::vector<size_t>> block_units_;
+  std::vector<int> last_fwd_, last_bwd_;
+  std::vector<ParamState> param_state_;
+  std::vector<std::shared_ptr<Work>> gather_work_;
+  bool sharded_ = false, materialized_ = false;
+  size_t gathered_ = 0, peak_gathered_ = 0;  // elements of units not released
+  // Optimizer (moments only for this rank's shard).
   std::vector<float> exp_avg_, exp_avg_sq_;
-  std::vector<uint8_t> decay_mask_;
+  struct Segment {
+    size_t begin, end;
+    bool decay;
+  };
+  std::vector<Segment> decay_segments_;  // the flat buffer as runs of equal decay flag
   int64_t step_count_ = 0;
   CommStats stats_, last_stats_;
+};
+
+// PyTorch's no_sync(): micro-steps inside the scope accumulate gradients locally and communicate nothing;
+// the previous setting comes back at the end of the scope.
+class NoSync {
+ public:
+  explicit NoSync(DataParallel& dp) : dp_(dp), was_(dp.require_sync()) { dp_.set_require_sync(false); }
+  ~NoSync() { dp_.set_require_sync(was_); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  DataParallel& dp_;
+  bool was_;
 };
 
 }  // namespace trident::parallel

@@ -1,4 +1,4 @@
-// Data parallelism against one process: DDP and ZeRO 1/2 at 2, 3 and 4 ranks give the loss sequence and
+// Data parallelism against one process: DDP and ZeRO 1/2/3 at 2, 3 and 4 ranks give the loss sequence and
 // final parameters of a single process training on the same global batch (float32, 1e-4 relative), with
 // and without overlap and gradient accumulation; communication volume and optimizer memory per rank
 // match the textbook formulas.
@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "harness/multiproc.h"
+#include "harness/synthetic_data.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
 #include "trident/nn/models.h"
@@ -28,17 +29,22 @@ nlohmann::json tiny_gpt() {
           {"vocab_size", kVocab}, {"bias", false}, {"seed", 7}};
 }
 
+// "gpt", "gpt_ckpt" (activation checkpointing), "mlp_untied" (deep MLP with its own lm_head).
+nlohmann::json model_json(const std::string& name) {
+  if (name == "gpt") return tiny_gpt();
+  if (name == "gpt_ckpt") {
+    auto j = tiny_gpt();
+    j["n_layer"] = 3;
+    j["activation_checkpointing"] = true;
+    return j;
+  }
+  return {{"kind", "mlp"}, {"n_layer", 3}, {"n_embd", 16}, {"block_size", kT}, {"vocab_size", kVocab},
+          {"bias", true}, {"tie_embeddings", false}, {"seed", 7}};
+}
+
 // The global batch of step s: rows 0..global_rows-1; row r is a deterministic token window.
 void batch_rows(int step, int first_row, int rows, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  x->resize(static_cast<size_t>(rows) * kT);
-  y->resize(static_cast<size_t>(rows) * kT);
-  for (int r = 0; r < rows; ++r)
-    for (int t = 0; t <= kT; ++t) {
-      uint32_t h = static_cast<uint32_t>((step * 131 + (first_row + r) * 31 + t * 7) * 2654435761u);
-      int32_t tok = static_cast<int32_t>((h >> 7) % kVocab);
-      if (t < kT) (*x)[r * kT + t] = tok;
-      if (t > 0) (*y)[r * kT + t - 1] = tok;
-    }
+  trident::testing::token_windows(step, first_row, rows, kT, kVocab, x, y);
 }
 
 struct RefRun {
@@ -49,8 +55,8 @@ struct RefRun {
 optim::AdamWConfig adamw_config() { return {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}; }
 
 // One process, global batch world*kB per step (accum micro-steps of world*kB/accum rows each).
-RefRun reference(int world, int accum) {
-  auto model = nn::make_model(tiny_gpt());
+RefRun reference(int world, int accum, const std::string& model_name = "gpt") {
+  auto model = nn::make_model(model_json(model_name));
   optim::AdamW opt(*model, adamw_config());
   RefRun out;
   std::vector<int32_t> x, y;
@@ -83,13 +89,14 @@ struct Case {
   int accum;
   bool overlap;
   size_t bucket_bytes;
+  std::string model = "gpt";
 };
 
 void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, const std::string& out_dir) {
   GroupOptions go;
   go.timeout = Seconds(120);
   auto pg = new_process_group(store, rank, size, go);
-  auto model = nn::make_model(tiny_gpt());
+  auto model = nn::make_model(model_json(c.model));
   // Start from different weights on purpose: broadcast_parameters must make them rank 0's.
   if (rank != 0) model->param_data()[0] += 1.0f;
   parallel::DataParallelOptions o;
@@ -106,8 +113,13 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
     model->zero_grad();
     double loss = 0;
     for (int m = 0; m < c.accum; ++m) {
-      dp.set_require_sync(m == c.accum - 1);
       batch_rows(s, rank * kB + m * per, per, &x, &y);
+      if (m + 1 < c.accum && c.strategy == "zero3") {
+        parallel::NoSync no_sync(dp);  // the scope form of set_require_sync(false)
+        loss += model->forward_backward(x.data(), y.data(), per, kT, true, 1.0f / c.accum);
+        continue;
+      }
+      dp.set_require_sync(m == c.accum - 1);
       loss += model->forward_backward(x.data(), y.data(), per, kT, true, 1.0f / c.accum);
     }
     dp.finish_gradient_sync();
@@ -130,13 +142,32 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
       } else if (c.strategy == "zero1") {
         TRIDENT_RANK_CHECK(std::abs(bytes("all_reduce") - ar) <= 1e-9 * ar, "zero1 all-reduce bytes {}", bytes("all_reduce"));
         TRIDENT_RANK_CHECK(bytes("all_gather") == (n - 1) / n * padded * 4, "zero1 all-gather bytes {}", bytes("all_gather"));
+      } else if (c.strategy == "zero3") {
+        // 2 all-gathers (forward, backward) per micro-step and 1 reduce-scatter per step of the parameter
+        // volume, (N-1)/N x size each; each unit of L elements is padded to N * ceil(L/N), so at most N-1
+        // elements per unit more (none when N divides every unit, as at N = 2 and 4 here).
+        const double units = static_cast<double>(dp.num_buckets());
+        const double pad = (n - 1) / n * units * (n - 1) * 4;
+        const double ag = 2 * c.accum * (n - 1) / n * psi * 4, rs = (n - 1) / n * psi * 4;
+        TRIDENT_RANK_CHECK(bytes("all_reduce") == 0, "zero3 must not all-reduce gradients: {}", bytes("all_reduce"));
+        TRIDENT_RANK_CHECK(bytes("all_gather") >= ag - 1e-6 && bytes("all_gather") <= ag + 2 * c.accum * pad + 1e-6,
+                           "zero3 AG bytes {} want {} (+ padding {})", bytes("all_gather"), ag, 2 * c.accum * pad);
+        TRIDENT_RANK_CHECK(bytes("reduce_scatter") >= rs - 1e-6 && bytes("reduce_scatter") <= rs + pad + 1e-6,
+                           "zero3 RS bytes {} want {} (+ padding {})", bytes("reduce_scatter"), rs, pad);
+        if (size == 2 || size == 4)
+          TRIDENT_RANK_CHECK(bytes("all_gather") == ag && bytes("reduce_scatter") == rs, "zero3 AG {} RS {}",
+                             bytes("all_gather"), bytes("reduce_scatter"));
+        // Gradients are communicated once per step: one reduce-scatter per unit, whatever the accumulation.
+        int calls = st.calls.count("reduce_scatter") ? st.calls.at("reduce_scatter") : 0;
+        TRIDENT_RANK_CHECK(calls == static_cast<int>(dp.num_buckets()), "{} reduce-scatters per step, {} units", calls,
+                           dp.num_buckets());
       } else {
         TRIDENT_RANK_CHECK(bytes("all_reduce") == 0, "zero2 must not all-reduce gradients: {}", bytes("all_reduce"));
         TRIDENT_RANK_CHECK(bytes("reduce_scatter") == (n - 1) / n * padded * 4, "zero2 RS bytes {}", bytes("reduce_scatter"));
         TRIDENT_RANK_CHECK(bytes("all_gather") == (n - 1) / n * padded * 4, "zero2 AG bytes {}", bytes("all_gather"));
       }
       // Accumulation communicates once per step, not once per micro-step.
-      if (c.strategy != "zero2") {
+      if (c.strategy == "ddp" || c.strategy == "zero1") {
         int calls = st.calls.count("all_reduce") ? st.calls.at("all_reduce") : 0;
         TRIDENT_RANK_CHECK(calls == static_cast<int>(dp.num_buckets()), "{} all-reduces per step with {} buckets",
                            calls, dp.num_buckets());
@@ -144,9 +175,11 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
       // Optimizer memory: 8 Psi (ddp) or 8 Psi / N (zero) bytes of AdamW moments, within the padding.
       double opt = dp.memory().bytes.at("optimizer_state");
       double want = c.strategy == "ddp" ? 8 * psi : 8 * psi / n;
-      TRIDENT_RANK_CHECK(std::abs(opt - want) <= 8 * n + 1e-9, "optimizer bytes {} want {}", opt, want);
+      const double slack = c.strategy == "zero3" ? 8.0 * dp.num_buckets() : 8 * n;  // per-unit padding
+      TRIDENT_RANK_CHECK(std::abs(opt - want) <= slack + 1e-9, "optimizer bytes {} want {}", opt, want);
     }
   }
+  dp.gather_full_parameters();  // zero3: the model's buffer holds only what a block needs; others: no-op
   if (rank == 0) {
     FILE* f = std::fopen((out_dir + "/losses").c_str(), "wb");
     std::fwrite(losses.data(), sizeof(double), losses.size(), f);
@@ -161,7 +194,7 @@ class DataParallelParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
   const Case c = GetParam();
-  RefRun ref = reference(c.world, c.accum);
+  RefRun ref = reference(c.world, c.accum, c.model);
   char tmpl[] = "/tmp/trident-dp-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   auto res = testing::run_processes(c.world, [&](int r, int n, std::shared_ptr<Store> st) { run_rank(c, r, n, st, dir); },
@@ -181,7 +214,7 @@ TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
   // Relative to each tensor's scale (its RMS), so near-zero elements are judged by their tensor.
   double max_rel = 0;
   std::string where;
-  auto model = nn::make_model(tiny_gpt());
+  auto model = nn::make_model(model_json(c.model));
   size_t worst = 0;
   for (auto& p : model->parameters()) {
     double ss = 0;
@@ -202,10 +235,14 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, DataParallelParity,
     ::testing::Values(Case{"ddp", 2, 1, true, 4096}, Case{"ddp", 3, 2, true, 4096}, Case{"ddp", 4, 1, false, 1 << 20},
                       Case{"zero1", 2, 1, true, 4096}, Case{"zero1", 3, 1, true, 1 << 20},
-                      Case{"zero2", 2, 2, true, 4096}, Case{"zero2", 4, 1, true, 4096}),
+                      Case{"zero2", 2, 2, true, 4096}, Case{"zero2", 4, 1, true, 4096},
+                      Case{"zero2", 3, 1, true, 4096, "mlp_untied"}, Case{"zero3", 2, 1, true, 0},
+                      Case{"zero3", 3, 2, true, 0}, Case{"zero3", 4, 1, false, 0},
+                      Case{"zero3", 2, 2, true, 0, "gpt_ckpt"}, Case{"zero3", 3, 1, true, 0, "gpt_ckpt"},
+                      Case{"zero3", 4, 2, true, 0, "mlp_untied"}, Case{"zero3", 4, 1, true, 0, "gpt_ckpt"}),
     [](const auto& info) {
       const Case& c = info.param;
-      return fmt::format("{}_w{}_acc{}_{}", c.strategy, c.world, c.accum, c.overlap ? "overlap" : "after");
+      return fmt::format("{}_w{}_acc{}_{}_{}", c.strategy, c.world, c.accum, c.overlap ? "overlap" : "after", c.model);
     });
 
 }  // namespace
