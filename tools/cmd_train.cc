@@ -1,4 +1,5 @@
 // `trident train`, `trident eval` and `trident sample`: thin wrappers over trident/train.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -68,8 +69,9 @@ ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
       if (pf.nproc < 1) TRIDENT_THROW(InvalidArgument, "--nproc '{}': need a number of processes >= 1", v);
     } else if (key == "--parallel") {
       pf.dist.parallel = value();
-      if (pf.dist.parallel != "ddp" && pf.dist.parallel != "zero1" && pf.dist.parallel != "zero2")
-        TRIDENT_THROW(InvalidArgument, "--parallel '{}': use ddp, zero1 or zero2", pf.dist.parallel);
+      if (pf.dist.parallel != "ddp" && pf.dist.parallel != "zero1" && pf.dist.parallel != "zero2" &&
+          pf.dist.parallel != "zero3")
+        TRIDENT_THROW(InvalidArgument, "--parallel '{}': use ddp, zero1, zero2 or zero3", pf.dist.parallel);
     } else if (key == "--bucket-mb") {
       std::string v = value();
       try {
@@ -92,8 +94,11 @@ void setup_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a GPT or MLP on a text corpus (nanoGPT's train.py)");
   sub->allow_extras();
   sub->footer(train::config_help() +
-              "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2 (default ddp),\n"
+              "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2|zero3 (default ddp),\n"
               "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward).\n"
+              "  Model parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
+              "  gpipe|1f1b|interleaved, --microbatches m, --virtual-stages v, --mesh-order tp-dp-pp,\n"
+              "  --trace FILE (Chrome trace of every rank). Example: trident train --nproc 8 --tp 2 --pp 2 --dp 2\n"
               "  Under trident launch / torchrun / mpirun / Slurm the rank comes from the environment.");
   sub->callback([sub] {
     guarded([&] {
@@ -102,6 +107,23 @@ void setup_train(CLI::App& app) {
       // launcher; --parallel picks the data-parallel strategy; --bucket-mb and --no-overlap tune DDP.
       ParallelFlags pf = take_parallel_flags(args);
       train::TrainConfig cfg = train::parse_train_args(args);  // validates everything before starting ranks
+      if (!std::getenv("RANK") && (pf.nproc > 1 || cfg.tp * cfg.pp > 1)) {
+        // The model-parallel layout against the world and the model, before any rank starts. The vocabulary
+        // matters only when it is padded to an explicit multiple (by default it is padded to one of tp).
+        int vocab = std::max(1, cfg.tp);
+        if (cfg.tp > 1 && cfg.vocab_multiple > 0) {
+          data::DatasetOptions o;
+          o.source = cfg.data;
+          o.tokenizer = data::parse_tokenizer_kind(cfg.tokenizer);
+          o.cache_dir = cfg.cache_dir.empty() ? (std::filesystem::path(cfg.out_dir) / "cache").string() : cfg.cache_dir;
+          vocab = data::TokenDataset::open(o).tokenizer().vocab_size();
+        }
+        if (pf.nproc == 1 && cfg.tp * cfg.pp > 1) {
+          TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs {} processes at least: add --nproc {} (or launch it)",
+                        cfg.tp, cfg.pp, cfg.tp * cfg.pp, cfg.tp * cfg.pp * std::max(1, cfg.dp));
+        }
+        train::check_parallel_layout(cfg, pf.dist, pf.nproc, vocab);
+      }
       if (pf.nproc > 1 && !std::getenv("RANK")) {
         launch::LaunchOptions lo;
         lo.nproc_per_node = pf.nproc;
@@ -207,7 +229,7 @@ void setup_sample(CLI::App& app) {
       g.top_k = a->top_k;
       g.seed = a->seed;
       int T = ckpt.meta.model_config.at("block_size").get<int>();
-      auto out = train::generate(*model, T, tok.vocab_size(), ctx, g);
+      auto out = train::generate_tokens(*model, T, tok.vocab_size(), ctx, g);
       std::string text = tok.decode(out);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::printf("\n");

@@ -8,6 +8,7 @@
 
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
+#include "trident/parallel/mesh.h"
 
 namespace trident::train {
 namespace {
@@ -62,6 +63,15 @@ const std::vector<Key>& keys() {
       {"seed", &TrainConfig::seed, ">=0", "seed of initialization and data sampling"},
       {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
       {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
+      {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
+      {"pp", &TrainConfig::pp, ">=1", "pipeline-parallel stages (at most n_layer / virtual_stages)"},
+      {"dp", &TrainConfig::dp, ">=0", "data-parallel replicas (0: world size / (tp * pp))"},
+      {"schedule", &TrainConfig::schedule, "gpipe|1f1b|interleaved", "pipeline schedule (pp > 1)"},
+      {"microbatches", &TrainConfig::microbatches, ">=0", "pipeline microbatches per step (0: pp; divides batch_size)"},
+      {"virtual_stages", &TrainConfig::virtual_stages, ">=1", "model chunks per pipeline rank (interleaved: >= 2)"},
+      {"mesh_order", &TrainConfig::mesh_order, "", "mesh axes innermost first: a permutation of tp-dp-pp"},
+      {"trace", &TrainConfig::trace, "", "write a Chrome trace of every rank's timeline here (empty: none)"},
+      {"vocab_multiple", &TrainConfig::vocab_multiple, ">=0", "pad the model's vocabulary to a multiple of this (0: tp)"},
       {"sample_tokens", &TrainConfig::sample_tokens, ">=0", "length of the sample printed at the end"},
       {"temperature", &TrainConfig::temperature, ">=0", "sampling temperature (0: greedy)"},
       {"top_k", &TrainConfig::top_k, ">=0", "sample among the k likeliest tokens (0: all)"},
@@ -191,6 +201,56 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
       k.member);
 }
 
+// The model-parallel keys against the model and the batch (what every rank would otherwise find out
+// separately); the exact sharding rules are re-checked by parallel::validate_layout when the model is built.
+std::string divisors(int n, int limit) {
+  std::string out;
+  for (int d = 1; d <= std::min(n, limit); ++d)
+    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out;
+}
+
+void validate_model_parallel(const TrainConfig& c) {
+  if (c.tp > 1) {
+    if (c.model == "gpt" && c.n_head % c.tp != 0) {
+      TRIDENT_THROW(InvalidArgument,
+                    "tp={} does not divide n_head={} (tensor parallelism splits attention by heads); use tp in {{{}}}",
+                    c.tp, c.n_head, divisors(c.n_head, c.n_head));
+    }
+    if (c.n_embd % c.tp != 0) {
+      TRIDENT_THROW(InvalidArgument, "tp={} does not divide n_embd={}; use tp in {{{}}}", c.tp, c.n_embd,
+                    divisors(c.n_embd, 64));
+    }
+  }
+  const int chunks = c.pp * c.virtual_stages;
+  if (chunks > 1 && c.n_layer < chunks) {
+    TRIDENT_THROW(InvalidArgument,
+                  "pp={} x virtual_stages={} = {} model chunks but n_layer={}: every chunk needs at least one layer; "
+                  "use pp x virtual_stages <= {}",
+                  c.pp, c.virtual_stages, chunks, c.n_layer, c.n_layer);
+  }
+  if (c.virtual_stages > 1 && c.schedule != "interleaved") {
+    TRIDENT_THROW(InvalidArgument, "virtual_stages={} needs schedule=interleaved (schedule is '{}')", c.virtual_stages,
+                  c.schedule);
+  }
+  if (c.schedule == "interleaved" && c.pp > 1 && c.virtual_stages < 2) {
+    TRIDENT_THROW(InvalidArgument, "schedule=interleaved needs virtual_stages >= 2 (got {}); or use 1f1b",
+                  c.virtual_stages);
+  }
+  const int m = c.resolved_microbatches();
+  if (c.batch_size % m != 0) {
+    TRIDENT_THROW(InvalidArgument,
+                  "microbatches={} does not divide batch_size={} (each rank's batch is split into microbatches); "
+                  "use microbatches in {{{}}}",
+                  m, c.batch_size, divisors(c.batch_size, c.batch_size));
+  }
+  if (c.pp == 1 && c.microbatches > 1) {
+    TRIDENT_THROW(InvalidArgument, "microbatches={} needs pp > 1 (use gradient_accumulation_steps without a pipeline)",
+                  c.microbatches);
+  }
+  parallel::parse_mesh_order(c.mesh_order);
+}
+
 }  // namespace
 
 const std::vector<ConfigKeyInfo>& config_keys() {
@@ -231,6 +291,27 @@ void TrainConfig::validate() const {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
   }
   if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
+  validate_model_parallel(*this);
+}
+
+int TrainConfig::resolved_dp(int world_size) const {
+  const int mp = tp * pp;
+  if (dp > 0) {
+    if (static_cast<long long>(mp) * dp != world_size) {
+      TRIDENT_THROW(InvalidArgument,
+                    "tp={} x pp={} x dp={} = {} ranks, but the world has {} ranks; make the product equal the world "
+                    "size{}",
+                    tp, pp, dp, static_cast<long long>(mp) * dp, world_size,
+                    world_size % mp == 0 ? fmt::format(" (dp={} or --dp 0 to infer it)", world_size / mp) : "");
+    }
+    return dp;
+  }
+  if (world_size % mp != 0) {
+    TRIDENT_THROW(InvalidArgument,
+                  "tp={} x pp={} = {} does not divide the world size {}: start a multiple of {} ranks (--nproc)", tp, pp,
+                  mp, world_size, mp);
+  }
+  return world_size / mp;
 }
 
 void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text) {
@@ -331,13 +412,18 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
   return cfg;
 }
 
+int padded_vocab(const TrainConfig& cfg, int vocab_size) {
+  const int m = cfg.vocab_multiple > 0 ? cfg.vocab_multiple : std::max(1, cfg.tp);
+  return (vocab_size + m - 1) / m * m;
+}
+
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
   return nlohmann::json{{"kind", cfg.model},
                         {"n_layer", cfg.n_layer},
                         {"n_head", cfg.n_head},
                         {"n_embd", cfg.n_embd},
                         {"block_size", cfg.block_size},
-                        {"vocab_size", vocab_size},
+                        {"vocab_size", padded_vocab(cfg, vocab_size)},
                         {"bias", cfg.bias},
                         {"dropout", cfg.dropout},
                         {"gelu", cfg.gelu},

@@ -61,14 +61,30 @@ struct TrainConfig {
   int64_t seed = 1337;
   int threads = 0;                     // 0 = what the process is given
   std::string dtype = "float32";       // float32 | bfloat16
+  // model parallelism (train_distributed): the device mesh tp x pp x dp = world size
+  int tp = 1;                          // tensor-parallel ranks (Megatron: heads and MLP columns split)
+  int pp = 1;                          // pipeline stages
+  int dp = 0;                          // data-parallel replicas (0 = world / (tp * pp))
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved (pipeline schedule when pp > 1)
+  int microbatches = 0;                // per step and rank (0 = pp); must divide batch_size
+  int virtual_stages = 1;              // model chunks per pipeline rank (interleaved: >= 2)
+  std::string mesh_order = "tp-dp-pp"; // mesh axes, innermost (adjacent ranks) first
+  std::string trace;                   // Chrome trace file written at the end ("" = none)
+  int vocab_multiple = 0;              // pad the model's vocab_size up to a multiple of this (0 = tp)
   // the sample printed at the end
   int sample_tokens = 200;
   double temperature = 0.8;
   int top_k = 200;
 
   nlohmann::json to_json() const;
-  // Cross-key checks (n_embd divisible by n_head, min_lr <= learning_rate, ...); throws InvalidArgument.
+  // Cross-key checks (n_embd divisible by n_head, min_lr <= learning_rate, the model-parallel layout
+  // against the model and batch, ...); throws InvalidArgument.
   void validate() const;
+  // Microbatches per step and rank with 0 resolved (= pp).
+  int resolved_microbatches() const { return microbatches > 0 ? microbatches : pp; }
+  // dp with 0 resolved against a world size; throws InvalidArgument naming the numbers when tp x pp x dp
+  // does not equal world_size (or tp x pp does not divide it).
+  int resolved_dp(int world_size) const;
 };
 
 struct ConfigKeyInfo {
@@ -91,7 +107,10 @@ void apply_config_file(TrainConfig& cfg, const std::string& path);
 // then every `--key value` / `--key=value` in order; then validate().
 TrainConfig parse_train_args(const std::vector<std::string>& args);
 
-// The model config handed to nn::make_model.
+// The model config handed to nn::make_model. vocab_size is the tokenizer's rounded up to a multiple of
+// vocab_multiple (0: of tp, so that the vocabulary-parallel embedding splits evenly; Megatron's
+// make-vocab-size-divisible-by); the padding rows are never targets.
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size);
+int padded_vocab(const TrainConfig& cfg, int vocab_size);
 
 }  // namespace trident::train

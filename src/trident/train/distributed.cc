@@ -1,12 +1,21 @@
 #include "trident/train/distributed.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/rendezvous.h"
 #include "trident/core/log.h"
+#include "trident/core/error.h"
+#include "trident/core/timeline.h"
+#include "trident/nn/models.h"
 #include "trident/parallel/data_parallel.h"
+#include "trident/parallel/mesh.h"
+#include "trident/parallel/parallel_model.h"
+#include "trident/parallel/pipeline.h"
+#include "trident/parallel/profile.h"
+#include "trident/parallel/schedule.h"
 #include "trident/train/prediction.h"
 
 namespace trident::train {
@@ -77,13 +86,338 @@ struct Loop {
   }
 };
 
+
+// ---- model parallelism -------------------------------------------------------------------------------
+
+// Per-rank time accounting of the training steps (from the timeline), summed over steps.
+struct StepClock {
+  std::vector<std::pair<int64_t, int64_t>> pipeline;  // [t0, t1) of each training forward+backward
+  double step_s = 0;                                  // sum of whole-step wall times
+  int64_t step_t0 = 0;
+};
+
+std::string fmt_s(double s) { return s >= 1 ? fmt::format("{:.2f} s", s) : fmt::format("{:.1f} ms", s * 1e3); }
+
+void require_strategy_for_model_parallel(const DistributedOptions& opts) {
+  if (opts.parallel != "ddp" && opts.parallel != "zero1") {
+    TRIDENT_THROW(InvalidArgument,
+                  "--parallel {} is not supported with model parallelism (tp x pp > 1): ZeRO-2/3 keep only a "
+                  "data-parallel shard of each gradient (and parameter), while the model-parallel shards need "
+                  "their whole gradients after the pipeline flush for the tied-embedding sum and the global "
+                  "norm; use --parallel ddp or --parallel zero1 (which shards the optimizer state)",
+                  opts.parallel);
+  }
+}
+
+parallel::ModelLayout layout_of(const TrainConfig& cfg, int tp_rank, int pp_rank) {
+  parallel::ModelLayout l;
+  l.tp_rank = tp_rank;
+  l.tp_size = cfg.tp;
+  l.pp_rank = pp_rank;
+  l.pp_size = cfg.pp;
+  l.virtual_stages = cfg.virtual_stages;
+  return l;
+}
+
+TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
+                                 std::shared_ptr<ProcessGroup> pg) {
+  require_strategy_for_model_parallel(opts);
+  const int dp_size = cfg.resolved_dp(pg->size());
+  if (cfg.pp > 1) {
+    parallel::validate_schedule_args(parallel::parse_schedule(cfg.schedule), cfg.pp, cfg.resolved_microbatches(),
+                                     cfg.virtual_stages);
+  }
+  parallel::MeshShape shape{cfg.tp, cfg.pp, dp_size, cfg.mesh_order};
+  auto mesh = std::make_shared<parallel::DeviceMesh>(pg, shape);
+  const parallel::ModelLayout layout = layout_of(cfg, mesh->tp_rank(), mesh->pp_rank());
+  auto mp_group = mesh->model_parallel_group();
+  const bool gather_root = mesh->dp_rank() == 0;  // replica 0 gathers the logical model to world rank 0
+  const bool is_root = pg->rank() == 0;
+  if (is_root && !cfg.json) {
+    std::fprintf(hooks.out ? hooks.out : stdout, "mesh: tp %d x pp %d x dp %d (order %s)%s\n", cfg.tp, cfg.pp,
+                 dp_size, cfg.mesh_order.c_str(),
+                 cfg.pp > 1 ? fmt::format(", schedule {} with {} microbatches, {} virtual stage(s)", cfg.schedule,
+                                          cfg.resolved_microbatches(), cfg.virtual_stages)
+                                  .c_str()
+                            : "");
+  }
+
+  parallel::ParallelModel* pm = nullptr;
+  std::unique_ptr<parallel::PipelineEngine> engine;
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<nn::Model> full;  // the logical model on world rank 0 (checkpoints, sampling)
+  std::vector<float> full_m, full_v;
+  Trainer* trainer = nullptr;
+  StepClock clock;
+
+  hooks.rank = mesh->dp_rank();
+  hooks.world = dp_size;
+  hooks.writer = is_root ? 1 : 0;
+  hooks.make_model = [&](const nlohmann::json& config) -> std::unique_ptr<nn::Model> {
+    parallel::ParallelModel::validate_layout(config, layout);
+    auto m = parallel::make_parallel_model(config, layout, cfg.tp > 1 ? mesh->tp_group() : nullptr,
+                                           mesh->embedding_group());
+    pm = m.get();
+    return m;
+  };
+  // The logical model's slices of a flat buffer in the shard's layout (moments): put them in the shard's
+  // parameter buffer, gather, take them out of the full model (values restored afterwards).
+  auto gather_flat = [&](const std::vector<float>& local, std::vector<float>* out_full) {
+    const size_t n = pm->num_params();
+    std::vector<float> keep(pm->param_data(), pm->param_data() + n);
+    std::copy(local.begin(), local.end(), pm->param_data());
+    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
+    pm->gather_to_full(full.get(), *mp_group, 0);
+    if (full) out_full->assign(full->param_data(), full->param_data() + full->num_params());
+    std::copy(keep.begin(), keep.end(), pm->param_data());
+  };
+  auto ensure_full = [&] {
+    if (is_root && !full) full = nn::make_model(pm->config());
+  };
+  hooks.load_checkpoint = [&](nn::Model&, optim::AdamW& opt, const LoadedCheckpoint& ck) {
+    // Every rank reads the logical checkpoint and keeps its slices (of the weights and of the moments).
+    auto logical = nn::make_model(ck.meta.model_config);
+    const size_t n = pm->num_params();
+    if (ck.meta.has_optimizer) {
+      std::vector<float> m, v;
+      load_optimizer_moments(*logical, ck.optimizer, m, v, ck.dir);
+      std::copy(m.begin(), m.end(), logical->param_data());
+      pm->load_from_full(*logical);
+      std::vector<float> ml(pm->param_data(), pm->param_data() + n);
+      std::copy(v.begin(), v.end(), logical->param_data());
+      pm->load_from_full(*logical);
+      std::vector<float> vl(pm->param_data(), pm->param_data() + n);
+      opt.load_state(ml, vl, ck.meta.optimizer_step);
+    }
+    load_weights(*logical, ck.weights, ck.dir);
+    pm->load_from_full(*logical);
+  };
+  hooks.on_ready = [&](nn::Model& model) {
+    TRIDENT_CHECK(pm != nullptr && &model == pm, InvalidArgument, "model parallelism: the trainer's model is not the "
+                  "ParallelModel its make_model hook built");
+    if (cfg.pp > 1) {
+      std::vector<parallel::Stage*> chunks;
+      for (int c = 0; c < pm->num_chunks(); ++c) chunks.push_back(&pm->chunk(c));
+      parallel::PipelineOptions po;
+      po.schedule = parallel::parse_schedule(cfg.schedule);
+      po.microbatches = cfg.resolved_microbatches();
+      po.virtual_stages = cfg.virtual_stages;
+      engine = std::make_unique<parallel::PipelineEngine>(chunks, mesh->pp_group(), po);
+    }
+    if (dp_size > 1) {
+      parallel::DataParallelOptions dpo;
+      dpo.strategy = parallel::parse_strategy(opts.parallel);
+      dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
+      // Gradients are final only after the pipeline flush (and the tied-embedding sum): no overlap then.
+      dpo.overlap = opts.overlap && cfg.pp == 1;
+      dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
+      dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
+      dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
+      dpo.adamw.eps = trainer->optimizer().config().eps;
+      dp = std::make_unique<parallel::DataParallel>(model, mesh->dp_group(), dpo);
+      dp->broadcast_parameters();
+      auto& opt = trainer->optimizer();
+      dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
+    }
+    timeline().enable(true);
+  };
+  hooks.forward_backward = [&](const int32_t* x, const int32_t* y, int B, int T, bool backward, float scale) {
+    const int64_t t0 = Timeline::now_ns();
+    double loss;
+    if (engine) {
+      loss = engine->run(x, y, B, T, backward, scale);
+    } else {
+      ScopedSpan span(SpanKind::kCompute, backward ? "forward_backward" : "forward");
+      loss = pm->forward_backward(x, y, B, T, backward, scale);
+    }
+    if (backward) clock.pipeline.emplace_back(t0, Timeline::now_ns());
+    return loss;
+  };
+  hooks.before_micro = [&](int micro, int accum) {
+    if (micro == 0) clock.step_t0 = Timeline::now_ns();
+    if (dp) dp->set_require_sync(micro == accum - 1);
+  };
+  hooks.after_backward = [&](nn::Model&) {
+    pm->sync_tied_gradients();
+    if (dp) {
+      ScopedSpan span(SpanKind::kComm, "dp_grad_sync");
+      dp->finish_gradient_sync();
+    }
+  };
+  hooks.clip = [&](nn::Model&, float max_norm) {
+    // Global norm over the logical model: every element counted once over the tp x pp shards (the dp
+    // replicas hold identical averaged gradients).
+    double ss = pm->grad_sum_squares();
+    {
+      ScopedSpan span(SpanKind::kComm, "clip_norm(mp)", -1, -1, sizeof(double));
+      mp_group->all_reduce(&ss, 1, DType::kFloat64, ReduceOp::kSum);
+    }
+    const double norm = std::sqrt(ss);
+    const double coef = max_norm > 0 ? static_cast<double>(max_norm) / (norm + 1e-6) : 1.0;
+    if (coef < 1.0) {
+      float* g = pm->grad_data();
+      const float c = static_cast<float>(coef);
+      for (size_t i = 0, n = pm->num_params(); i < n; ++i) g[i] *= c;
+    }
+    return norm;
+  };
+  if (dp_size > 1) {
+    hooks.step = [&](float lr) {
+      ScopedSpan span(SpanKind::kCompute, "optimizer_dp");
+      dp->step(lr);
+    };
+  }
+  hooks.average = [&](double v) {
+    if (dp_size > 1) mesh->dp_group()->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
+    return v;
+  };
+  hooks.annotate_step = [&](nlohmann::json& rec) {
+    clock.step_s += static_cast<double>(Timeline::now_ns() - clock.step_t0) * 1e-9;
+    if (dp) {
+      double total = 0;
+      for (auto& [k, b] : dp->last_step_comm().bytes) {
+        rec["comm_bytes"][k] = b;
+        total += b;
+      }
+      rec["comm_bytes_total"] = total;
+    }
+  };
+  hooks.before_save = [&] {
+    if (!dp) return;
+    std::vector<float> m, v;
+    int64_t step = 0;
+    dp->gather_optimizer_state(&m, &v, &step);
+    trainer->optimizer().load_state(m, v, step);
+  };
+  hooks.checkpoint_view = [&]() {
+    TrainerHooks::SaveView view;
+    if (!gather_root) return view;  // only replica 0 gathers (its ranks hold what the others hold)
+    ensure_full();
+    auto& opt = trainer->optimizer();
+    gather_flat(opt.exp_avg(), &full_m);
+    gather_flat(opt.exp_avg_sq(), &full_v);
+    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
+    pm->gather_to_full(full.get(), *mp_group, 0);
+    if (is_root) {
+      view.model = full.get();
+      view.exp_avg = &full_m;
+      view.exp_avg_sq = &full_v;
+      view.optimizer_step = opt.step_count();
+    }
+    return view;
+  };
+  hooks.sample_model = [&]() -> nn::Model* {
+    if (!gather_root) return nullptr;
+    ensure_full();
+    pm->gather_to_full(full.get(), *mp_group, 0);
+    return is_root ? full.get() : nullptr;
+  };
+
+  Trainer t(cfg, hooks);
+  trainer = &t;
+  struct DestroyFirst {
+    std::unique_ptr<parallel::DataParallel>& dp;
+    std::unique_ptr<parallel::PipelineEngine>& engine;
+    ~DestroyFirst() {
+      dp.reset();
+      engine.reset();
+      timeline().enable(false);
+    }
+  } destroy_first{dp, engine};
+  const int64_t run_t0 = Timeline::now_ns();
+  TrainResult res = t.run();
+
+  // Where the time went, per rank: pipeline windows (compute incl. nested TP collectives, p2p waits,
+  // bubble), then the rest of each step (DP communication, clipping, optimizer).
+  // The pipeline window of a step is common to its pipeline ranks: from the first rank's start to the last
+  // rank's end (a rank that enters the step late, still busy with its optimizer, has idled meanwhile).
+  const std::vector<Span> spans = timeline().spans();
+  if (cfg.pp > 1) {
+    const size_t n = clock.pipeline.size();
+    std::vector<int64_t> mine_w(2 * n), all_w(2 * n * static_cast<size_t>(cfg.pp));
+    for (size_t i = 0; i < n; ++i) mine_w[2 * i] = clock.pipeline[i].first, mine_w[2 * i + 1] = clock.pipeline[i].second;
+    mesh->pp_group()->all_gather(mine_w.data(), all_w.data(), 2 * n, DType::kInt64);
+    for (size_t i = 0; i < n; ++i) {
+      for (int p = 0; p < cfg.pp; ++p) {
+        const int64_t* w = all_w.data() + static_cast<size_t>(p) * 2 * n + 2 * i;
+        clock.pipeline[i].first = std::min(clock.pipeline[i].first, w[0]);
+        clock.pipeline[i].second = std::max(clock.pipeline[i].second, w[1]);
+      }
+    }
+  }
+  double window = 0, compute = 0, tp = 0, p2p = 0, dpc = 0;
+  for (auto [a, b] : clock.pipeline) {
+    parallel::RankProfile rp = parallel::profile_spans(spans, a, b);
+    window += rp.window_s;
+    compute += rp.compute_s;
+    for (auto& [name, sec] : rp.comm_s) {
+      if (name.find("(tp)") != std::string::npos) tp += sec;
+      else if (name.rfind("send_", 0) == 0 || name.rfind("recv_", 0) == 0) p2p += sec;
+    }
+  }
+  for (const auto& sp : spans)
+    if (sp.name == "dp_grad_sync") dpc += static_cast<double>(sp.t1_ns - sp.t0_ns) * 1e-9;
+  constexpr int kFields = 10;
+  double mine[kFields] = {clock.step_s, window, compute, tp, p2p, dpc, static_cast<double>(mesh->tp_rank()),
+                          static_cast<double>(mesh->pp_rank()), static_cast<double>(mesh->dp_rank()),
+                          static_cast<double>(clock.pipeline.size())};
+  std::vector<double> all(static_cast<size_t>(kFields) * pg->size());
+  pg->all_gather(mine, all.data(), kFields, DType::kFloat64);
+  if (is_root && !cfg.json && res.losses.size() > 0) {
+    std::FILE* o = hooks.out ? hooks.out : stdout;
+    std::fprintf(o, "where the time went (training steps; compute includes the tensor-parallel collectives inside it):\n");
+    double bubble_sum = 0;
+    for (int r = 0; r < pg->size(); ++r) {
+      const double* f = all.data() + static_cast<size_t>(r) * kFields;
+      const double step = f[0] > 0 ? f[0] : 1e-12, w = f[1] > 0 ? f[1] : 1e-12;
+      const double bubble = f[1] > 0 ? std::max(0.0, 1.0 - f[2] / w) : 0.0;
+      bubble_sum += bubble;
+      std::fprintf(o,
+                   "  rank %d (tp %d, pp %d, dp %d): steps %s | compute %s (%.0f%%) | TP comm %s (%.1f%%) | pipeline "
+                   "p2p wait %s (%.1f%%) | DP comm %s (%.1f%%) | bubble %.1f%% of the pipeline time\n",
+                   r, static_cast<int>(f[6]), static_cast<int>(f[7]), static_cast<int>(f[8]), fmt_s(f[0]).c_str(),
+                   fmt_s(f[2]).c_str(), 100 * f[2] / step, fmt_s(f[3]).c_str(), 100 * f[3] / step,
+                   fmt_s(f[4]).c_str(), 100 * f[4] / step, fmt_s(f[5]).c_str(), 100 * f[5] / step, 100 * bubble);
+    }
+    if (cfg.pp > 1) {
+      const int m = cfg.resolved_microbatches(), P = cfg.pp, v = cfg.virtual_stages;
+      std::fprintf(o, "  mean bubble %.1f%% (schedule %s, P=%d, m=%d, v=%d; uniform-stage theory %.1f%%)\n",
+                   100 * bubble_sum / pg->size(), cfg.schedule.c_str(), P, m, v,
+                   100.0 * (P - 1) / (static_cast<double>(v) * m + P - 1));
+    }
+    std::fflush(o);
+  }
+  if (!cfg.trace.empty()) {
+    parallel::write_chrome_trace(*pg, cfg.trace, run_t0);
+    if (is_root && !cfg.json) {
+      std::fprintf(hooks.out ? hooks.out : stdout, "trace: %s (chrome://tracing or ui.perfetto.dev)\n", cfg.trace.c_str());
+    }
+  }
+  pg->barrier();
+  return res;
+}
+
 }  // namespace
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks) {
   RendezvousInfo info = rendezvous_from_env();
+  if (info.world_size <= 1) {
+    if (cfg.tp * cfg.pp > 1) {
+      TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs at least {} processes; start them with --nproc {}", cfg.tp,
+                    cfg.pp, cfg.tp * cfg.pp, cfg.tp * cfg.pp);
+    }
+    return train_distributed(cfg, opts, std::move(hooks), nullptr);
+  }
+  return train_distributed(cfg, opts, std::move(hooks), init_process_group());
+}
+
+TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
+                              std::shared_ptr<ProcessGroup> world) {
   std::FILE* out = hooks.out != nullptr ? hooks.out : stdout;
   Loop loop;
-  if (info.world_size <= 1) {
+  if (world && cfg.tp * cfg.pp > 1) return train_model_parallel(cfg, opts, std::move(hooks), world);
+  if (world && world->size() > 1 && cfg.dp > 0 && cfg.dp != world->size()) cfg.resolved_dp(world->size());
+  if (!world || world->size() <= 1) {
     Trainer* trainer = nullptr;
     auto user_ready = hooks.on_ready;
     hooks.on_ready = [&](nn::Model& model) {
@@ -105,7 +439,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     trainer = &t;
     return t.run();
   }
-  auto pg = init_process_group();
+  auto pg = world;
   parallel::DataParallelOptions dpo;
   dpo.strategy = parallel::parse_strategy(opts.parallel);
   dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
@@ -129,6 +463,15 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     dp->broadcast_parameters();
     auto& opt = trainer->optimizer();
     dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
+    // DataParallel owns the (possibly sharded) moments from here on: the trainer's full copy is freed and
+    // refilled only around checkpoint writes (before_save), then freed again after the next step.
+    opt.release_state();
+  };
+  hooks.sample_model = [&]() -> nn::Model* {
+    // zero3 keeps only shards: gather the whole model on every rank first (collective), so rank 0's
+    // sampling runs no block gathers of its own. A no-op for the other strategies.
+    if (dp) dp->gather_full_parameters();
+    return &trainer->model();
   };
   hooks.before_micro = [&](int micro, int accum) { dp->set_require_sync(micro == accum - 1); };
   hooks.after_backward = [&](nn::Model&) { dp->finish_gradient_sync(); };
@@ -142,6 +485,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     trainer->optimizer().load_state(m, v, step);
   };
   hooks.annotate_step = [&](nlohmann::json& rec) {
+    if (trainer->optimizer().has_state()) trainer->optimizer().release_state();  // refilled by before_save
     double total = 0;
     for (auto& [k, b] : dp->last_step_comm().bytes) {
       rec["comm_bytes"][k] = b;
@@ -166,6 +510,11 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     std::printf("data parallel (%s, %d ranks): persistent bytes per rank:", r["strategy"].get<std::string>().c_str(),
                 pg->size());
     for (auto& [k, v] : r["memory_bytes"].items()) std::printf(" %s %.2f MB", k.c_str(), v.get<double>() / 1e6);
+    if (r.contains("resident_bytes")) {
+      std::printf("\n  resident (measured with mincore):");
+      for (auto& [k, v] : r["resident_bytes"].items())
+        if (v.is_number()) std::printf(" %s %.2f MB", k.c_str(), v.get<double>() / 1e6);
+    }
     std::printf("\n  bytes sent per step by this rank:");
     for (auto& [k, v] : r["comm_bytes_per_step"].items()) std::printf(" %s %.2f MB", k.c_str(), v.get<double>() / 1e6);
     std::printf("\n");
@@ -173,6 +522,19 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   }
   pg->barrier();
   return res;
+}
+
+void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size) {
+  cfg.validate();
+  const int dp_size = cfg.resolved_dp(world_size);
+  parallel::validate_mesh({cfg.tp, cfg.pp, dp_size, cfg.mesh_order}, world_size);
+  if (cfg.tp * cfg.pp == 1) return;
+  require_strategy_for_model_parallel(opts);
+  if (cfg.pp > 1) {
+    parallel::validate_schedule_args(parallel::parse_schedule(cfg.schedule), cfg.pp, cfg.resolved_microbatches(),
+                                     cfg.virtual_stages);
+  }
+  parallel::ParallelModel::validate_layout(model_config_json(cfg, vocab_size), layout_of(cfg, 0, 0));
 }
 
 }  // namespace trident::train

@@ -5,10 +5,29 @@
 // batch_size is per rank: N ranks at batch_size b train on the global batch of one process at N x b, and
 // rank r takes windows [r b, r b + b) of it (the same windows one process would see). Tokens/s counts all
 // ranks. At the end rank 0 prints the memory and communication accounting of the strategy.
+//
+// Model parallelism (cfg.tp * cfg.pp > 1): the world becomes a DeviceMesh tp x pp x dp (parallel/mesh.h;
+// dp = 0 infers world / (tp * pp)); each rank builds its shard of the model (parallel/parallel_model.h,
+// initialised with the single-process model of the same seed) and, with pp > 1, drives it through the
+// PipelineEngine (cfg.schedule, cfg.microbatches, cfg.virtual_stages). Tensor- and pipeline-parallel
+// peers read the same batch (the trainer sees the DATA-parallel rank and size); with dp > 1 gradients
+// are averaged over the dp group by DataParallel (ddp or zero1; zero2 is refused), after the pipeline
+// flush. Clipping uses the global norm over the tp x pp shards (each logical element counted once), so
+// the run follows the single-process run on the same global batch. Checkpoints hold the LOGICAL model
+// (gathered to world rank 0, nanoGPT names and full shapes, optimizer moments likewise): they load in a
+// single process and under any other layout, and --resume may change the layout. At the end world rank 0
+// prints where each rank's time went (compute, tensor-parallel communication, pipeline transfers,
+// data-parallel communication, bubble) and writes cfg.trace (a Chrome trace, one track per rank).
+// The sample at the end is generated on world rank 0 from the gathered logical model.
+//
+// Errors: a layout that cannot shard the model or does not match the world throws InvalidArgument before
+// any communication (check_parallel_layout lets a launcher refuse it before starting ranks).
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "trident/comm/process_group.h"
 #include "trident/train/trainer.h"
 
 namespace trident::train {
@@ -20,5 +39,12 @@ struct DistributedOptions {
 };
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks = {});
+// The same over an existing world group (tests run ranks over a FileStore); world may be null for one process.
+TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
+                              std::shared_ptr<ProcessGroup> world);
+
+// Checks the model-parallel layout of cfg against a world size and the model (vocab_size: the tokenizer's;
+// the model pads it as model_config_json does); throws InvalidArgument saying what would divide. Pure.
+void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size);
 
 }  // namespace trident::train

@@ -60,8 +60,15 @@ Prediction predict(const PredictionInput& in) {
   p.memory_bytes["gradients"] = n * 4;
   p.memory_bytes["optimizer_state"] = 2 * shard * 4;
   p.memory_bytes["master_weights"] = 0;
-  p.memory_bytes["comm_buffers"] =
-      in.strategy == parallel::Strategy::kZero2 && N > 1 && padded != n ? padded * 4 : 0.0;
+  p.memory_bytes["comm_buffers"] = 0.0;
+  if (in.strategy == parallel::Strategy::kZero2 && N > 1) {
+    // zero2 (parallel/data_parallel.h): fixed chunks of a multiple of N elements from the top; a rank keeps
+    // a padded/N shard of gradients and moments; staging only when one partial chunk is the whole buffer.
+    const double chunk = std::ceil(std::max(16.0, std::floor(in.bucket_bytes / 4.0)) / N) * N;
+    p.memory_bytes["gradients"] = padded / N * 4;
+    p.memory_bytes["optimizer_state"] = 2 * padded / N * 4;
+    p.memory_bytes["comm_buffers"] = padded != n && n < chunk ? padded * 4 : 0.0;
+  }
   plan::ModelSpec spec;
   spec.name = "this-run";
   spec.layers = in.layers;

@@ -40,8 +40,10 @@ std::string fmt_rate(double r) {
 void check_resume_compatible(const TrainConfig& cfg, const nlohmann::json& saved, const std::string& dir) {
   if (!saved.is_object()) return;
   nlohmann::json now = cfg.to_json();
+  // batch_size is per data-parallel rank: a resume under another layout may change it as long as the global
+  // batch stays (the data sampler's check_state compares that).
   for (const char* key : {"model", "n_layer", "n_head", "n_embd", "block_size", "bias", "gelu", "tokenizer",
-                          "batch_size", "gradient_accumulation_steps", "seed", "sampler", "dtype"}) {
+                          "gradient_accumulation_steps", "seed", "sampler", "dtype"}) {
     if (saved.contains(key) && saved[key] != now[key]) {
       TRIDENT_THROW(InvalidArgument,
                     "--resume: this run has {}={} but the checkpoint {} was trained with {}={}; use the same value "
@@ -86,7 +88,10 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   dataset_ = data::TokenDataset::open(dopts);
 
   const int vocab = dataset_->tokenizer().vocab_size();
-  model_ = hooks_.make_model(model_config_json(cfg_, vocab));
+  nlohmann::json mcfg = model_config_json(cfg_, vocab);
+  // On resume the checkpoint's (possibly padded) vocabulary wins: it may come from another layout.
+  if (ckpt && ckpt->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = ckpt->meta.model_config["vocab_size"];
+  model_ = hooks_.make_model(mcfg);
   optim::AdamWConfig ac;
   ac.lr = static_cast<float>(cfg_.learning_rate);
   ac.beta1 = static_cast<float>(cfg_.beta1);
@@ -105,11 +110,15 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
                                                           static_cast<uint64_t>(cfg_.seed), data::kStreamEvalVal);
 
   if (ckpt) {
-    load_weights(*model_, ckpt->weights, ckpt->dir);
-    if (ckpt->meta.has_optimizer) {
-      std::vector<float> m, v;
-      load_optimizer_moments(*model_, ckpt->optimizer, m, v, ckpt->dir);
-      opt_->load_state(m, v, ckpt->meta.optimizer_step);
+    if (hooks_.load_checkpoint) {
+      hooks_.load_checkpoint(*model_, *opt_, *ckpt);
+    } else {
+      load_weights(*model_, ckpt->weights, ckpt->dir);
+      if (ckpt->meta.has_optimizer) {
+        std::vector<float> m, v;
+        load_optimizer_moments(*model_, ckpt->optimizer, m, v, ckpt->dir);
+        opt_->load_state(m, v, ckpt->meta.optimizer_step);
+      }
     }
     sampler_->check_state(ckpt->meta.sampler);
     start_step_ = ckpt->meta.step;
@@ -118,10 +127,10 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     best_val_ = t.value("best_val_loss", 1e9);
     elapsed_before_ = t.value("train_seconds", 0.0);
     tokens_before_ = t.value("train_tokens", 0.0);
-    if (hooks_.rank == 0) log_info("resuming from {} at step {}", ckpt->dir, start_step_);
+    if (writer()) log_info("resuming from {} at step {}", ckpt->dir, start_step_);
   }
 
-  if (hooks_.rank == 0) {
+  if (writer()) {
     std::error_code ec;
     fs::create_directories(cfg_.out_dir, ec);
     if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", cfg_.out_dir, ec.message());
@@ -148,12 +157,19 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   }
 }
 
+bool Trainer::writer() const { return hooks_.writer >= 0 ? hooks_.writer == 1 : hooks_.rank == 0; }
+
+double Trainer::micro_step(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale) {
+  if (hooks_.forward_backward) return hooks_.forward_backward(x, y, B, T, backward, loss_scale);
+  return model_->forward_backward(x, y, B, T, backward, loss_scale);
+}
+
 Trainer::~Trainer() {
   if (metrics_ != nullptr) std::fclose(metrics_);
 }
 
 void Trainer::emit(const nlohmann::json& rec) {
-  if (hooks_.rank != 0) return;
+  if (!writer()) return;
   std::string line = rec.dump() + "\n";
   std::fputs(line.c_str(), metrics_);
   std::fflush(metrics_);
@@ -164,7 +180,7 @@ void Trainer::emit(const nlohmann::json& rec) {
 }
 
 void Trainer::progress(int64_t step, double loss, double lr, double tps, double eta_s) {
-  if (hooks_.rank != 0 || cfg_.json) return;
+  if (!writer() || cfg_.json) return;
   std::string text = fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}", step + 1,
                                  cfg_.max_iters, loss, lr, fmt_rate(tps), fmt_duration(eta_s));
   if (tty_) {
@@ -188,31 +204,39 @@ double Trainer::estimate_loss(data::Split split, int64_t step) {
   double sum = 0;
   for (int k = 0; k < cfg_.eval_iters; ++k) {
     s.sample_batch(step, k, global_batch, hooks_.rank * B, B, x.data(), y.data());
-    sum += model_->forward_backward(x.data(), y.data(), B, T, false);
+    sum += micro_step(x.data(), y.data(), B, T, false, 1.0f);
   }
   return hooks_.average(sum / cfg_.eval_iters);
 }
 
 std::string Trainer::save(int64_t step) {
   if (hooks_.before_save) hooks_.before_save();  // every rank (sharded state is gathered collectively)
-  if (hooks_.rank != 0) return {};
+  TrainerHooks::SaveView view;
+  if (hooks_.checkpoint_view) view = hooks_.checkpoint_view();  // every rank (gathers to the writer)
+  if (!writer()) return {};
+  if (view.model == nullptr) {
+    view.model = model_.get();
+    view.exp_avg = &opt_->exp_avg();
+    view.exp_avg_sq = &opt_->exp_avg_sq();
+    view.optimizer_step = opt_->step_count();
+  }
   CheckpointMeta meta;
   meta.step = step;
-  meta.model_config = model_->config();
+  meta.model_config = view.model->config();
   meta.tokenizer = dataset_->tokenizer().to_json();
   meta.train_config = cfg_.to_json();
   meta.sampler = sampler_->state(step);
   meta.rng = {{"data", data::Rng(static_cast<uint64_t>(cfg_.seed), data::kStreamTrain).state()},
               {"note", "batches are counter-based: (seed, step, micro) determine them"}};
-  meta.optimizer_step = opt_->step_count();
+  meta.optimizer_step = view.optimizer_step;
   meta.has_optimizer = true;
   meta.trainer = {{"evaluated_at", evaluated_at_},
                   {"best_val_loss", best_val_},
                   {"train_seconds", elapsed_before_ + run_seconds_},
                   {"train_tokens", tokens_before_ + run_tokens_},
                   {"source_checksum", io::hex64(dataset_->source_checksum())}};
-  OptimizerState os{&opt_->exp_avg(), &opt_->exp_avg_sq()};
-  return save_checkpoint(cfg_.out_dir, *model_, meta, os, cfg_.keep_checkpoints);
+  OptimizerState os{view.exp_avg, view.exp_avg_sq};
+  return save_checkpoint(cfg_.out_dir, *view.model, meta, os, cfg_.keep_checkpoints);
 }
 
 TrainResult Trainer::run() {
@@ -243,7 +267,7 @@ TrainResult Trainer::run() {
       res.train_loss = tl;
       res.val_loss = vl;
       emit({{"type", "eval"}, {"step", it}, {"train_loss", tl}, {"val_loss", vl}});
-      if (hooks_.rank == 0 && !cfg_.json) {
+      if (writer() && !cfg_.json) {
         close_line();
         std::fprintf(hooks_.out, "step %lld: train loss %.4f, val loss %.4f\n", static_cast<long long>(it), tl, vl);
         std::fflush(hooks_.out);
@@ -266,12 +290,13 @@ TrainResult Trainer::run() {
     for (int micro = 0; micro < accum; ++micro) {
       if (hooks_.before_micro) hooks_.before_micro(micro, accum);
       sampler_->sample(it, micro, hooks_.rank * B, B, x.data(), y.data());
-      loss_sum += model_->forward_backward(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
+      loss_sum += micro_step(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
     }
     if (hooks_.after_backward) hooks_.after_backward(*model_);
+    double grad_norm = NAN;  // pre-clip global norm (recorded; with model parallelism over all shards)
     if (cfg_.grad_clip > 0) {
-      if (hooks_.clip) hooks_.clip(*model_, static_cast<float>(cfg_.grad_clip));
-      else optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
+      if (hooks_.clip) grad_norm = hooks_.clip(*model_, static_cast<float>(cfg_.grad_clip));
+      else grad_norm = optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
     }
     if (hooks_.step) hooks_.step(static_cast<float>(lr));
     else opt_->step(static_cast<float>(lr));
@@ -287,6 +312,7 @@ TrainResult Trainer::run() {
                           {"lr", lr},
                           {"tokens_per_s", tokens_per_step / dt},
                           {"elapsed", seconds_since(t_start)}};
+    if (std::isfinite(grad_norm)) rec["grad_norm"] = grad_norm;
     if (hooks_.annotate_step) hooks_.annotate_step(rec);
     emit(rec);
     progress(it, loss, lr, tokens_per_step / ema_step, ema_step * static_cast<double>(cfg_.max_iters - it - 1));
@@ -302,7 +328,13 @@ TrainResult Trainer::run() {
   // Tokens/s of this call's training steps (evaluation and checkpoints not counted).
   res.tokens_per_s = run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0;
 
-  if (cfg_.sample_tokens > 0 && hooks_.rank == 0) {
+  nn::Model* sample_from = model_.get();
+  if (cfg_.sample_tokens > 0 && hooks_.sample_model) sample_from = hooks_.sample_model();  // every rank
+  if (cfg_.sample_tokens > 0 && writer() && sample_from == nullptr) {
+    std::fprintf(hooks_.out, "sample: skipped (this layout has no full model to sample from)\n");
+    std::fflush(hooks_.out);
+  }
+  if (cfg_.sample_tokens > 0 && writer() && sample_from != nullptr) {
     const auto& tok = dataset_->tokenizer();
     std::vector<int32_t> ctx;
     try {
@@ -315,11 +347,11 @@ TrainResult Trainer::run() {
     g.temperature = cfg_.temperature;
     g.top_k = cfg_.top_k;
     g.seed = static_cast<uint64_t>(cfg_.seed);
-    auto out = generate(*model_, cfg_.block_size, tok.vocab_size(), ctx, g);
+    auto out = generate_tokens(*sample_from, cfg_.block_size, tok.vocab_size(), ctx, g);
     res.sample = tok.decode(out.data() + ctx.size(), out.size() - ctx.size());
   }
   if (hooks_.on_finished) hooks_.on_finished(res);
-  if (hooks_.rank == 0) {
+  if (writer()) {
     if (cfg_.json) {
       emit({{"type", "final"},
             {"step", it},
@@ -337,6 +369,46 @@ TrainResult Trainer::run() {
     }
   }
   return res;
+}
+
+namespace {
+// The model's logits cropped to the tokenizer's vocabulary (a padded vocabulary's extra rows are never
+// sampled: they have no text).
+class CroppedLogits : public nn::Model {
+ public:
+  CroppedLogits(nn::Model& m, int model_vocab, int vocab) : m_(m), mv_(model_vocab), v_(vocab) {}
+  const std::vector<nn::Parameter>& parameters() const override { return m_.parameters(); }
+  float* param_data() override { return m_.param_data(); }
+  float* grad_data() override { return m_.grad_data(); }
+  size_t num_params() const override { return m_.num_params(); }
+  float forward_backward(const int32_t* x, const int32_t* y, int B, int T, bool backward, float s) override {
+    return m_.forward_backward(x, y, B, T, backward, s);
+  }
+  void forward_logits(const int32_t* x, int B, int T, float* logits) override {
+    std::vector<float> full(static_cast<size_t>(B) * T * mv_);
+    m_.forward_logits(x, B, T, full.data());
+    for (size_t r = 0; r < static_cast<size_t>(B) * T; ++r)
+      std::copy_n(full.data() + r * mv_, v_, logits + r * v_);
+  }
+  void zero_grad() override { m_.zero_grad(); }
+  void set_grad_ready_hook(GradReadyHook h) override { m_.set_grad_ready_hook(std::move(h)); }
+  nlohmann::json config() const override { return m_.config(); }
+  std::string kind() const override { return m_.kind(); }
+
+ private:
+  nn::Model& m_;
+  int mv_, v_;
+};
+}  // namespace
+
+std::vector<int32_t> generate_tokens(nn::Model& model, int block_size, int vocab_size, std::vector<int32_t> context,
+                                     const GenerateOptions& opts) {
+  const int model_vocab = model.config().value("vocab_size", vocab_size);
+  if (model_vocab == vocab_size) return generate(model, block_size, vocab_size, std::move(context), opts);
+  TRIDENT_CHECK(model_vocab > vocab_size, InvalidArgument,
+                "the model's vocab_size {} is smaller than the tokenizer's {}", model_vocab, vocab_size);
+  CroppedLogits cropped(model, model_vocab, vocab_size);
+  return generate(cropped, block_size, vocab_size, std::move(context), opts);
 }
 
 double evaluate_windows(nn::Model& model, const data::TokenSpan& span, int block_size, int64_t windows) {

@@ -16,7 +16,7 @@
 // world*B (so N ranks see exactly the windows of one process with batch N*B). Hooks average scalars.
 //
 // Outputs: out_dir/metrics.jsonl gets one JSON record per step {"type":"step", step, loss, lr,
-// tokens_per_s, elapsed} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
+// tokens_per_s, elapsed, grad_norm (the pre-clip global norm, when grad_clip > 0)} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
 // same records go to stdout instead of the progress line, which otherwise redraws in place on a terminal
 // (isatty) and prints a plain line every log_interval steps elsewhere. Only rank 0 writes files and prints.
 //
@@ -43,6 +43,7 @@
 #include "trident/optim/adamw.h"
 #include "trident/train/checkpoint.h"
 #include "trident/train/config.h"
+#include "trident/train/generate.h"
 
 namespace trident::train {
 
@@ -73,6 +74,33 @@ struct TrainerHooks {
   std::function<void(const TrainResult&)> on_finished;
   // Mean of a scalar over ranks (losses for logs and evaluation). Default: identity.
   std::function<double(double)> average;
+  // Replaces model.forward_backward for training micro-steps and estimate_loss (model parallelism: the
+  // pipeline engine or the sharded model). Same contract: returns the UNSCALED mean loss over B*T
+  // positions (on every rank that calls it), gradients of loss * loss_scale when backward.
+  std::function<double(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale)>
+      forward_backward;
+  // Whether this process prints and writes files (metrics, checkpoints, the sample). -1: rank == 0. Model
+  // parallelism sets rank/world to the DATA-parallel coordinates (tensor- and pipeline-parallel peers read
+  // the same batch), so several processes have rank 0 and only world rank 0 may write.
+  int writer = -1;
+  // Resume: loads the checkpoint's weights (and optimizer moments when it has them) into the model and the
+  // optimizer (model parallelism: shards the logical checkpoint). Default: load_weights +
+  // load_optimizer_moments on the model's own layout.
+  std::function<void(nn::Model&, optim::AdamW&, const LoadedCheckpoint&)> load_checkpoint;
+  // Checkpoints: called on EVERY rank after before_save; returns the LOGICAL model (and its optimizer
+  // moments, in that model's flat layout) to write, on the writer (model parallelism gathers the shards
+  // there). Null or returning a null model: the trainer's own model and optimizer.
+  struct SaveView {
+    nn::Model* model = nullptr;
+    const std::vector<float>* exp_avg = nullptr;
+    const std::vector<float>* exp_avg_sq = nullptr;
+    int64_t optimizer_step = 0;
+  };
+  std::function<SaveView()> checkpoint_view;
+  // The sample at the end: called on EVERY rank (may communicate); returns the model whose forward_logits
+  // gives the full logits on the writer, or null to skip sampling (with a printed note). Default: the
+  // trainer's model.
+  std::function<nn::Model*()> sample_model;
   // Where progress lines and JSON records go (default stdout). For tests.
   std::FILE* out = nullptr;
 };
@@ -106,6 +134,8 @@ class Trainer {
 
  private:
   void emit(const nlohmann::json& rec);
+  bool writer() const;
+  double micro_step(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale);
   void progress(int64_t step, double loss, double lr, double tps, double eta_s);
 
   TrainConfig cfg_;
@@ -132,6 +162,11 @@ class Trainer {
 // tokens[iT .. iT+T-1], targets tokens[iT+1 .. iT+T]); deterministic. Throws InvalidArgument when the
 // split has fewer than K*T + 1 tokens.
 double evaluate_windows(nn::Model& model, const data::TokenSpan& span, int block_size, int64_t windows);
+
+// generate() (train/generate.h) that also works when the model's vocabulary is padded beyond the
+// tokenizer's (vocab_multiple, tensor parallelism): logits are cropped to vocab_size before sampling.
+std::vector<int32_t> generate_tokens(nn::Model& model, int block_size, int vocab_size, std::vector<int32_t> context,
+                                     const GenerateOptions& opts);
 
 // Rebuilds a model from a loaded checkpoint (make_model on its config, then its weights).
 std::unique_ptr<nn::Model> model_from_checkpoint(const LoadedCheckpoint& ckpt,

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/temp_dir.h"
+#include "harness/synthetic_data.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -23,15 +24,7 @@ namespace {
 using TempDir = trident::testing::TempDir;
 
 // A small text with some structure so the loss falls.
-std::string make_corpus(const fs::path& dir) {
-  std::string text;
-  data::Rng r(11, 0);
-  const char* words[] = {"the ", "cat ", "sat ", "on ", "a ", "mat ", "and ", "dog ", "ran.\n", "far "};
-  while (text.size() < 12000) text += words[r.next_below(10)];
-  std::string p = (dir / "corpus.txt").string();
-  std::ofstream(p) << text;
-  return p;
-}
+std::string make_corpus(const fs::path& dir) { return trident::testing::write_word_corpus(dir); }
 
 TrainConfig tiny(const std::string& data, const std::string& out) {
   TrainConfig c;
