@@ -1,5 +1,6 @@
 // CUDA micro-benchmarks for docs/PERFORMANCE.md ("CUDA (H100)"): cuBLAS GEMM TFLOP/s (float32 and bf16),
 // kernel times of layernorm / attention / cross-entropy at the nanoGPT CPU shape and at GPT-2 small,
+// attention alone at head dims 32, 64, 96, 128 and T up to 2048,
 // device memory bandwidth of a copy kernel, and the NCCL all-reduce at world size 1 (a device-local copy).
 // Timing: CUDA events around each call; warm-up, then the median of `iters` runs. Prints Markdown.
 // Usage: bench_cuda [--quick]
@@ -115,6 +116,31 @@ void bench_kernels(int iters) {
   }
 }
 
+// Attention alone at more head dims and lengths. FLOPs counted as the causal half of the score matrix:
+// forward 2 products (Q K^T, P V) = 4 B NH hd T(T+1)/2; backward 4 (dV, dP, dS^T Q, dS K) = twice that
+// (the deterministic kernel does 7 products, recomputing Q K^T and dP for dQ, which is not counted).
+void bench_attention(int iters) {
+  std::printf("\n### Attention (median ms; TFLOP/s of the causal FLOPs, float32 on CUDA cores)\n\n"
+              "| shape | head dim | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+  struct A {
+    int B, T, C, NH;
+  };
+  for (const A s : {A{12, 64, 128, 4}, A{8, 1024, 768, 12}, A{8, 1024, 1024, 8}, A{4, 2048, 768, 12},
+                    A{8, 1024, 1152, 12}}) {
+    const size_t nc = size_t(s.B) * s.T * s.C;
+    DeviceBuffer<float> qkv(3 * nc), att(nc), lse(size_t(s.B) * s.NH * s.T), dqkv(3 * nc), dout(nc);
+    fill(qkv.data(), 3 * nc, 0.1f);
+    fill(dout.data(), nc, 0.01f);
+    const double tf = median_ms([&] { attention_forward(att.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH); },
+                                iters);
+    const double tb = median_ms([&] { attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lse.data(),
+                                                         s.B, s.T, s.C, s.NH); }, iters);
+    const double flop = 4.0 * s.B * s.NH * (s.C / s.NH) * (double(s.T) * (s.T + 1) / 2);
+    std::printf("| B=%d T=%d C=%d NH=%d | %d | %.4f | %.1f | %.4f | %.1f |\n", s.B, s.T, s.C, s.NH, s.C / s.NH, tf,
+                flop / tf / 1e9, tb, 2 * flop / tb / 1e9);
+  }
+}
+
 void bench_bandwidth(int iters) {
   std::printf("\n### Device memory bandwidth (bytes read + written per second)\n\n| bytes copied | copy kernel ms | copy kernel GB/s | cudaMemcpy D2D GB/s |\n|---|---|---|---|\n");
   for (size_t bytes : {size_t(64) << 20, size_t(1) << 30}) {
@@ -198,6 +224,7 @@ int main(int argc, char** argv) {
   std::printf("## bench_cuda on %s\n", device_description(0).c_str());
   bench_gemm(iters);
   bench_kernels(quick ? 3 : 10);
+  bench_attention(quick ? 3 : 10);
   bench_bandwidth(iters);
   if (nccl_backend_built()) bench_nccl(iters);
   bench_gpt(quick ? 2 : 5);

@@ -1,12 +1,21 @@
-// Causal multi-head self-attention on the GPU, correctness first (see ops.h).
-// Forward: one block per (b, h, query i): scores of row i in shared memory, block max/sum, then
-// out_i = sum_j p_ij v_j and lse_i. Backward (FlashAttention's recomputation from lse):
+// Causal multi-head self-attention on the GPU (see ops.h), float32 throughout (no tensor cores: the
+// results match the CPU kernel to float32 rounding of a different summation order).
+// Head dims <= 128: tiled, FlashAttention-2 style (kernels after "Tiled kernels" below).
+//   Forward, one block per (b, h, 64-query tile): K and V tiles of 64 keys through shared memory, scores in
+//   registers, online softmax (running max and sum per row), out and lse written once.
+//   Backward recomputes P from q, k and lse (no T x T matrix is kept), in three kernels:
+//     D_i = dO_i . O_i (a warp per row);
+//     dK, dV: one block per (b, h, 64-key tile), looping over the query tiles at or after it;
+//     dQ:     one block per (b, h, 64-query tile), looping over the key tiles at or before it.
+//   dQ is recomputed in its own kernel instead of atomicAdd across key tiles: 7 tile products per tile
+//   pair instead of 5, but every output element is written once in a fixed order: deterministic.
+// Head dims > 128 (simple shared-memory kernels, T limited by shared memory):
+//   forward, one block per (b, h, query i): scores of row i in shared memory, block max/sum, then
+//   out_i = sum_j p_ij v_j and lse_i. Backward:
 //   kernel A, one block per (b, h, query i): D_i = dO_i . O_i, ds_ij = p_ij (dO_i . v_j - D_i) scale,
 //            dq_i = sum_j ds_ij k_j;
 //   kernel B, one block per (b, h, key j):   dk_j = sum_{i>=j} ds_ij q_i, dv_j = sum_{i>=j} p_ij dO_i.
-// No atomics: every output element is written by one thread, in a fixed order of summation.
-// Head dims up to 128 take the warp-cooperative kernels below (lanes over head dims, one warp reduction
-// per score, online softmax per warp); larger heads take the simple shared-memory kernels.
+// No atomics anywhere: every output element is written by one thread, in a fixed order of summation.
 #include <cuda_runtime.h>
 
 #include "trident/cuda/common.cuh"
@@ -154,200 +163,387 @@ __global__ void attn_bwd_kv_k(float* dqkv, const float* dbuf, const float* dout,
   }
 }
 
-// ---- Warp-cooperative kernels (head dim <= 128): lanes own head dimensions d = lane + 32 r, so every
-// row access is coalesced and each score is one warp reduction. A block of kWarps warps handles one row;
-// warp w takes every kWarps-th partner row, keeps its own running state in registers, and the warps are
-// merged in a fixed order at the end (deterministic, no atomics). ----
-constexpr int kWarps = 4;
-constexpr int kPer = 4;  // head dims per lane: hd <= 32 * kPer
-constexpr int kMaxHd = 32 * kPer;
+// ---- Tiled kernels (FlashAttention-2 style, float32 on CUDA cores), head dims <= 128 ----
+// Head dims are zero-padded to HDP in {32, 64, 128}: padded columns add nothing to a dot product and are
+// never written. Query and key tiles are kTile = 64 rows; a block of 128 threads is a 16 x 8 grid, thread
+// (ty, tx) owns the 4 x 8 score block rows 4ty..4ty+3, columns tx, tx+8, ..., tx+56 of a tile, and of the
+// output accumulator the same 4 rows x HDP/8 head columns col_of(c, tx) = 32(c/4) + 4tx + c%4 (groups of
+// 4 adjacent columns, so they load as one float4). The 8 threads of a row group are 8 consecutive lanes,
+// so row max/sum are 3 shuffles. Every sum has a fixed order: deterministic.
+// Shared tiles keep a row stride of HDP + 4 (kTile + 4 for score tiles): rows stay 16-byte aligned for
+// float4 loads, and the 8 rows or column groups one row group reads fall in distinct banks. VW is the
+// width of those shared loads (4; 1 where registers are short: plain float loads, same results).
+constexpr int kTile = 64;
+constexpr int kTileThreads = 128;
+constexpr int kLdP = kTile + 4;
 
-__device__ inline float warp_allsum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+template <int HDP>
+__host__ __device__ constexpr int tile_ld() {
+  return HDP + 4;
+}
+
+__device__ inline int col_of(int c, int tx) { return 32 * (c >> 2) + 4 * tx + (c & 3); }
+
+template <int VW>
+__device__ inline void ld_vec(float* dst, const float* p) {
+  if constexpr (VW == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    dst[0] = t.x;
+    dst[1] = t.y;
+    dst[2] = t.z;
+    dst[3] = t.w;
+  } else if constexpr (VW == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    dst[0] = t.x;
+    dst[1] = t.y;
+  } else {
+    dst[0] = *p;
+  }
+}
+
+// dst[r][d] = src[(row0 + r) * ld_src + d] for row0 + r < T and d < hd, else 0.
+template <int HDP>
+__device__ inline void load_tile(float* dst, const float* src, size_t ld_src, int row0, int T, int hd) {
+  constexpr int LD = tile_ld<HDP>();
+  for (int idx = threadIdx.x; idx < kTile * HDP; idx += kTileThreads) {
+    const int r = idx / HDP, d = idx % HDP, row = row0 + r;
+    dst[r * LD + d] = (row < T && d < hd) ? __ldg(src + size_t(row) * ld_src + d) : 0.0f;
+  }
+}
+
+// acc[r][c] = sum_d A[4ty + r][d] * Bm[tx + 8c][d] (both tiles kTile x HDP, stride HDP + 4); d in steps of VW,
+// summed in increasing d (the same order for every VW).
+template <int HDP, int VW>
+__device__ inline void tile_abt(float (&acc)[4][8], const float* A, const float* Bm, int ty, int tx) {
+  constexpr int LD = tile_ld<HDP>();
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[r][c] = 0.0f;
+  const float* a0 = A + 4 * ty * LD;
+  const float* b0 = Bm + tx * LD;
+#pragma unroll(VW == 4 ? 1 : 4)
+  for (int d = 0; d < HDP; d += VW) {
+    float a[4][VW], bv[8][VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ld_vec<VW>(a[r], a0 + r * LD + d);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) ld_vec<VW>(bv[c], b0 + 8 * c * LD + d);
+#pragma unroll
+    for (int v = 0; v < VW; ++v)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(a[r][v], bv[c][v], acc[r][c]);
+  }
+}
+
+// acc[r][c] += sum_j P[4ty + r][j] * V[j][col_of(c, tx)] (P kTile x kTile stride kLdP; V kTile x HDP),
+// j in increasing order.
+template <int HDP, int VW>
+__device__ inline void tile_pv(float (&acc)[4][HDP / 8], const float* P, const float* V, int ty, int tx) {
+  constexpr int LD = tile_ld<HDP>(), NC = HDP / 8;
+  const float* p0 = P + 4 * ty * kLdP;
+  const float* v0 = V + 4 * tx;
+#pragma unroll(VW == 4 ? 1 : 4)
+  for (int j0 = 0; j0 < kTile; j0 += VW) {
+    float p[4][VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ld_vec<VW>(p[r], p0 + r * kLdP + j0);
+#pragma unroll
+    for (int u = 0; u < VW; ++u) {
+      const float* vr = v0 + (j0 + u) * LD;
+      float v[NC];
+#pragma unroll
+      for (int g = 0; g < NC / 4; ++g) {
+        if constexpr (VW == 4) {
+          ld_vec<4>(v + 4 * g, vr + 32 * g);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[4 * g + e] = vr[32 * g + e];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = fmaf(p[r][u], v[c], acc[r][c]);
+    }
+  }
+}
+
+// Over the 8 lanes of a row group (consecutive lanes, xor 1, 2, 4 stays inside the group).
+__device__ inline float group8_max(float v) {
+  for (int o = 1; o < 8; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline float group8_sum(float v) {
+  for (int o = 1; o < 8; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-__global__ void __launch_bounds__(kWarps * 32) attn_fwd_warp_k(float* out, float* lse, const float* qkv, int T, int C,
-                                                               int NH, float scale) {
-  __shared__ float sm[kWarps], sl[kWarps], so[kWarps][kMaxHd];
-  const int hd = C / NH;
-  const int i = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const size_t ld = size_t(3) * C;
-  const float* base = qkv + size_t(b) * T * ld + h * hd;
-  float q[kPer], o[kPer];
-#pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    q[r] = d < hd ? base[i * ld + d] : 0.0f;
-    o[r] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int j = warp; j <= i; j += kWarps) {
-    const float* k = base + j * ld + C;
-    const float* v = k + C;
-    float dot = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      const int d = lane + 32 * r;
-      if (d < hd) dot += q[r] * k[d];
-    }
-    const float s = warp_allsum(dot) * scale;
-    const float mn = fmaxf(m, s);
-    const float corr = expf(m - mn), p = expf(s - mn);
-    l = l * corr + p;
-#pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      const int d = lane + 32 * r;
-      o[r] = o[r] * corr + (d < hd ? p * v[d] : 0.0f);
-    }
-    m = mn;
-  }
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
-  }
-#pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    if (d < hd) so[warp][d] = o[r];
-  }
-  __syncthreads();
-  float M = sm[0];
-  for (int w = 1; w < kWarps; ++w) M = fmaxf(M, sm[w]);  // warp 0 always saw key 0: M is finite
-  float L = 0.0f;
-  for (int w = 0; w < kWarps; ++w) L += sl[w] * expf(sm[w] - M);
-  const float inv = 1.0f / L;
-  float* orow = out + (size_t(b) * T + i) * C + h * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int w = 0; w < kWarps; ++w) acc += so[w][d] * expf(sm[w] - M);
-    orow[d] = acc * inv;
-  }
-  if (threadIdx.x == 0) lse[(size_t(b) * NH + h) * T + i] = M + logf(L);
+// Block order: the heaviest tiles first (query tile qt sees qt + 1 key tiles), so the tail is short.
+__device__ inline void tile_coords(int nt, int NH, int& t, int& h, int& b, bool heavy_last_index) {
+  const int per = gridDim.x / nt;  // = B * NH
+  const int k = blockIdx.x / per, bh = blockIdx.x % per;
+  t = heavy_last_index ? nt - 1 - k : k;
+  h = bh % NH;
+  b = bh / NH;
 }
 
-// dq_i and D_i = dO_i . O_i for query i.
-__global__ void __launch_bounds__(kWarps * 32) attn_bwd_q_warp_k(float* dqkv, float* dbuf, const float* dout,
-                                                                 const float* qkv, const float* out, const float* lse,
-                                                                 int T, int C, int NH, float scale) {
-  __shared__ float sdq[kWarps][kMaxHd];
-  const int hd = C / NH;
-  const int i = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+template <int HDP>
+constexpr size_t fwd_tile_smem() {
+  return (2 * size_t(kTile) * tile_ld<HDP>() + size_t(kTile) * kLdP) * sizeof(float);
+}
+
+// Forward: block per (b, h, query tile). Shared: Q | K-or-V | P. Online softmax in registers.
+template <int HDP, int VW>
+__global__ void __launch_bounds__(kTileThreads) attn_fwd_tile_k(float* out, float* lse, const float* qkv, int T,
+                                                                int C, int NH, float scale) {
+  extern __shared__ __align__(16) float tsh[];  // float4 reads need 16-byte alignment
+  float* sh = tsh;
+  constexpr int LD = tile_ld<HDP>(), NC = HDP / 8;
+  float* Qs = sh;
+  float* KVs = Qs + kTile * LD;
+  float* Ps = KVs + kTile * LD;
+  const int hd = C / NH, nt = (T + kTile - 1) / kTile;
+  int qt, h, b;
+  tile_coords(nt, NH, qt, h, b, true);
+  const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const size_t ld = size_t(3) * C;
   const float* base = qkv + size_t(b) * T * ld + h * hd;
-  const size_t orow = (size_t(b) * T + i) * C + h * hd;
-  float q[kPer], go[kPer], dq[kPer];
-  float dpart = 0.0f;
+  const int q0 = qt * kTile;
+  load_tile<HDP>(Qs, base, ld, q0, T, hd);
+  float m[4], l[4], o[4][NC];
 #pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    q[r] = d < hd ? base[i * ld + d] : 0.0f;
-    go[r] = d < hd ? dout[orow + d] : 0.0f;
-    dpart += d < hd ? go[r] * out[orow + d] : 0.0f;
-    dq[r] = 0.0f;
+  for (int r = 0; r < 4; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) o[r][c] = 0.0f;
   }
-  const float D = warp_allsum(dpart);
-  const size_t li = (size_t(b) * NH + h) * T + i;
-  const float li_lse = lse[li];
-  for (int j = warp; j <= i; j += kWarps) {
-    const float* k = base + j * ld + C;
-    const float* v = k + C;
-    float sc = 0.0f, dp = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // the previous tile's P V is done with KVs and Ps
+    load_tile<HDP>(KVs, base + C, ld, k0, T, hd);
+    __syncthreads();
+    float s[4][8];
+    tile_abt<HDP, VW>(s, Qs, KVs, ty, tx);
 #pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      const int d = lane + 32 * r;
-      if (d < hd) {
-        sc += q[r] * k[d];
-        dp += go[r] * v[d];
+    for (int r = 0; r < 4; ++r) {
+      const int i = q0 + 4 * ty + r;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int j = k0 + tx + 8 * c;
+        s[r][c] = (j > i || j >= T) ? -INFINITY : s[r][c] * scale;
+        mx = fmaxf(mx, s[r][c]);
       }
-    }
-    sc = warp_allsum(sc);
-    dp = warp_allsum(dp);
-    const float ds = expf(sc * scale - li_lse) * (dp - D) * scale;
+      // Key k0 <= i is visible to every row (k0 <= q0 <= i, k0 < T): mx and mn are finite.
+      const float mn = fmaxf(m[r], group8_max(mx));
+      const float corr = expf(m[r] - mn);
+      float rs = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      const int d = lane + 32 * r;
-      if (d < hd) dq[r] += ds * k[d];
+      for (int c = 0; c < 8; ++c) {
+        const float p = expf(s[r][c] - mn);
+        Ps[(4 * ty + r) * kLdP + tx + 8 * c] = p;
+        rs += p;
+      }
+      l[r] = l[r] * corr + group8_sum(rs);
+      m[r] = mn;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) o[r][c] *= corr;
     }
+    __syncthreads();  // P complete, K no longer read
+    load_tile<HDP>(KVs, base + 2 * C, ld, k0, T, hd);
+    __syncthreads();
+    tile_pv<HDP, VW>(o, Ps, KVs, ty, tx);
   }
 #pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    if (d < hd) sdq[warp][d] = dq[r];
+  for (int r = 0; r < 4; ++r) {
+    const int i = q0 + 4 * ty + r;
+    if (i >= T) continue;
+    const float inv = 1.0f / l[r];
+    float* orow = out + (size_t(b) * T + i) * C + h * hd;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = col_of(c, tx);
+      if (d < hd) orow[d] = o[r][c] * inv;
+    }
+    if (tx == 0) lse[(size_t(b) * NH + h) * T + i] = m[r] + logf(l[r]);
   }
-  __syncthreads();
-  float* dqrow = dqkv + size_t(b) * T * ld + i * ld + h * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int w = 0; w < kWarps; ++w) acc += sdq[w][d];
-    dqrow[d] = acc;
-  }
-  if (threadIdx.x == 0) dbuf[li] = D;
 }
 
-// dk_j and dv_j for key j.
-__global__ void __launch_bounds__(kWarps * 32) attn_bwd_kv_warp_k(float* dqkv, const float* dbuf, const float* dout,
+// D_i = dO_i . O_i, one warp per (b, t, h) row; dbuf laid out as lse [B, NH, T].
+__global__ void attn_bwd_dot_k(float* dbuf, const float* dout, const float* out, int B, int T, int C, int NH) {
+  const size_t row = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= size_t(B) * T * NH) return;
+  const int hd = C / NH;
+  const int h = int(row % NH);
+  const size_t bt = row / NH;
+  const float* go = dout + bt * C + h * hd;
+  const float* o = out + bt * C + h * hd;
+  float acc = 0.0f;
+  for (int d = lane; d < hd; d += 32) acc += go[d] * o[d];
+  acc = detail::warp_sum(acc);
+  const size_t b = bt / T, t = bt % T;
+  if (lane == 0) dbuf[(b * NH + h) * T + t] = acc;
+}
+
+template <int HDP>
+constexpr size_t bwd_q_tile_smem() {
+  return (4 * size_t(kTile) * tile_ld<HDP>() + size_t(kTile) * kLdP) * sizeof(float);
+}
+
+// dQ: block per (b, h, query tile). Shared: Q | dO | K | V | dS. dq_i = sum_j ds_ij k_j over key tiles.
+template <int HDP, int VW>
+__global__ void __launch_bounds__(kTileThreads) attn_bwd_q_tile_k(float* dqkv, const float* dbuf, const float* dout,
                                                                   const float* qkv, const float* lse, int T, int C,
                                                                   int NH, float scale) {
-  __shared__ float sdk[kWarps][kMaxHd], sdv[kWarps][kMaxHd];
-  const int hd = C / NH;
-  const int j = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  extern __shared__ __align__(16) float tsh[];  // float4 reads need 16-byte alignment
+  float* sh = tsh;
+  constexpr int LD = tile_ld<HDP>(), NC = HDP / 8;
+  float* Qs = sh;
+  float* dOs = Qs + kTile * LD;
+  float* Ks = dOs + kTile * LD;
+  float* Vs = Ks + kTile * LD;
+  float* Ss = Vs + kTile * LD;
+  const int hd = C / NH, nt = (T + kTile - 1) / kTile;
+  int qt, h, b;
+  tile_coords(nt, NH, qt, h, b, true);
+  const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const size_t ld = size_t(3) * C;
   const float* base = qkv + size_t(b) * T * ld + h * hd;
-  float k[kPer], v[kPer], dk[kPer], dv[kPer];
-#pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    k[r] = d < hd ? base[j * ld + C + d] : 0.0f;
-    v[r] = d < hd ? base[j * ld + 2 * C + d] : 0.0f;
-    dk[r] = dv[r] = 0.0f;
-  }
+  const int q0 = qt * kTile;
+  load_tile<HDP>(Qs, base, ld, q0, T, hd);
+  load_tile<HDP>(dOs, dout + size_t(b) * T * C + h * hd, C, q0, T, hd);
   const size_t lrow = (size_t(b) * NH + h) * T;
-  for (int i = j + warp; i < T; i += kWarps) {
-    const float* q = base + i * ld;
-    const float* go = dout + (size_t(b) * T + i) * C + h * hd;
-    float qr[kPer], gr[kPer];
-    float sc = 0.0f, dp = 0.0f;
+  float li[4], Di[4], dq[4][NC];
 #pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      const int d = lane + 32 * r;
-      qr[r] = d < hd ? q[d] : 0.0f;
-      gr[r] = d < hd ? go[d] : 0.0f;
-      sc += qr[r] * k[r];
-      dp += gr[r] * v[r];
-    }
-    sc = warp_allsum(sc);
-    dp = warp_allsum(dp);
-    const float p = expf(sc * scale - lse[lrow + i]);
-    const float ds = p * (dp - dbuf[lrow + i]) * scale;
+  for (int r = 0; r < 4; ++r) {
+    const int i = q0 + 4 * ty + r;
+    li[r] = i < T ? lse[lrow + i] : 0.0f;
+    Di[r] = i < T ? dbuf[lrow + i] : 0.0f;
 #pragma unroll
-    for (int r = 0; r < kPer; ++r) {
-      dk[r] += ds * qr[r];
-      dv[r] += p * gr[r];
+    for (int c = 0; c < NC; ++c) dq[r][c] = 0.0f;
+  }
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();
+    load_tile<HDP>(Ks, base + C, ld, k0, T, hd);
+    load_tile<HDP>(Vs, base + 2 * C, ld, k0, T, hd);
+    __syncthreads();
+    float s[4][8], dp[4][8];
+    tile_abt<HDP, VW>(s, Qs, Ks, ty, tx);
+    tile_abt<HDP, VW>(dp, dOs, Vs, ty, tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = q0 + 4 * ty + r;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int j = k0 + tx + 8 * c;
+        const bool ok = j <= i && i < T;
+        Ss[(4 * ty + r) * kLdP + tx + 8 * c] = ok ? expf(s[r][c] * scale - li[r]) * (dp[r][c] - Di[r]) * scale : 0.0f;
+      }
     }
+    __syncthreads();
+    tile_pv<HDP, VW>(dq, Ss, Ks, ty, tx);
   }
 #pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int d = lane + 32 * r;
-    if (d < hd) {
-      sdk[warp][d] = dk[r];
-      sdv[warp][d] = dv[r];
+  for (int r = 0; r < 4; ++r) {
+    const int i = q0 + 4 * ty + r;
+    if (i >= T) continue;
+    float* row = dqkv + (size_t(b) * T + i) * ld + h * hd;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = col_of(c, tx);
+      if (d < hd) row[d] = dq[r][c];
     }
   }
-  __syncthreads();
-  float* dkrow = dqkv + size_t(b) * T * ld + j * ld + C + h * hd;
-  float* dvrow = dkrow + C;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float ak = 0.0f, av = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      ak += sdk[w][d];
-      av += sdv[w][d];
+}
+
+template <int HDP>
+constexpr size_t bwd_kv_tile_smem() {
+  return (4 * size_t(kTile) * tile_ld<HDP>() + 2 * size_t(kTile) * kLdP + 2 * size_t(kTile)) * sizeof(float);
+}
+
+// dK, dV: block per (b, h, key tile), looping over the query tiles at or after it. Shared: K | V | Q | dO |
+// P^T | dS^T | lse | D. Thread (ty, tx) owns keys 4ty+r and queries tx+8c of the transposed score tile.
+template <int HDP, int VW>
+__global__ void __launch_bounds__(kTileThreads) attn_bwd_kv_tile_k(float* dqkv, const float* dbuf, const float* dout,
+                                                                   const float* qkv, const float* lse, int T, int C,
+                                                                   int NH, float scale) {
+  extern __shared__ __align__(16) float tsh[];  // float4 reads need 16-byte alignment
+  float* sh = tsh;
+  constexpr int LD = tile_ld<HDP>(), NC = HDP / 8;
+  float* Ks = sh;
+  float* Vs = Ks + kTile * LD;
+  float* Qs = Vs + kTile * LD;
+  float* dOs = Qs + kTile * LD;
+  float* PT = dOs + kTile * LD;
+  float* dST = PT + kTile * kLdP;
+  float* ls = dST + kTile * kLdP;
+  float* Ds = ls + kTile;
+  const int hd = C / NH, nt = (T + kTile - 1) / kTile;
+  int kt, h, b;
+  tile_coords(nt, NH, kt, h, b, false);  // key tile kt sees nt - kt query tiles: low kt first
+  const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
+  const size_t ld = size_t(3) * C;
+  const float* base = qkv + size_t(b) * T * ld + h * hd;
+  const float* gbase = dout + size_t(b) * T * C + h * hd;
+  const size_t lrow = (size_t(b) * NH + h) * T;
+  const int k0 = kt * kTile;
+  load_tile<HDP>(Ks, base + C, ld, k0, T, hd);
+  load_tile<HDP>(Vs, base + 2 * C, ld, k0, T, hd);
+  float dk[4][NC], dv[4][NC];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) dk[r][c] = dv[r][c] = 0.0f;
+  for (int qt = kt; qt < nt; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();
+    load_tile<HDP>(Qs, base, ld, q0, T, hd);
+    load_tile<HDP>(dOs, gbase, C, q0, T, hd);
+    if (threadIdx.x < kTile) {
+      const int i = q0 + threadIdx.x;
+      ls[threadIdx.x] = i < T ? lse[lrow + i] : 0.0f;
+      Ds[threadIdx.x] = i < T ? dbuf[lrow + i] : 0.0f;
     }
-    dkrow[d] = ak;
-    dvrow[d] = av;
+    __syncthreads();
+    float st[4][8], dpt[4][8];
+    tile_abt<HDP, VW>(st, Ks, Qs, ty, tx);
+    tile_abt<HDP, VW>(dpt, Vs, dOs, ty, tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int j = k0 + 4 * ty + r;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int ic = tx + 8 * c, i = q0 + ic;
+        const bool ok = j <= i && i < T;
+        const float p = ok ? expf(st[r][c] * scale - ls[ic]) : 0.0f;
+        PT[(4 * ty + r) * kLdP + ic] = p;
+        dST[(4 * ty + r) * kLdP + ic] = ok ? p * (dpt[r][c] - Ds[ic]) * scale : 0.0f;
+      }
+    }
+    __syncthreads();
+    tile_pv<HDP, VW>(dv, PT, dOs, ty, tx);
+    tile_pv<HDP, VW>(dk, dST, Qs, ty, tx);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int j = k0 + 4 * ty + r;
+    if (j >= T) continue;
+    float* krow = dqkv + (size_t(b) * T + j) * ld + C + h * hd;
+    float* vrow = krow + C;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = col_of(c, tx);
+      if (d < hd) {
+        krow[d] = dk[r][c];
+        vrow[d] = dv[r][c];
+      }
+    }
   }
 }
 
@@ -361,17 +557,43 @@ bool set_smem(const void* fn, size_t bytes) {
          cudaSuccess;
 }
 
+// Launches the tiled kernels for padded head dim HDP; false when the device lacks the shared memory.
+template <int HDP>
+bool tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale,
+                   cudaStream_t s) {
+  constexpr int kFwdVw = 4;
+  const size_t smem = fwd_tile_smem<HDP>();
+  if (!set_smem(reinterpret_cast<const void*>(&attn_fwd_tile_k<HDP, kFwdVw>), smem)) return false;
+  const int nt = (T + kTile - 1) / kTile;
+  attn_fwd_tile_k<HDP, kFwdVw><<<nt * B * NH, kTileThreads, smem, s>>>(out, lse, qkv, T, C, NH, scale);
+  return true;
+}
+
+template <int HDP>
+bool tiled_backward(float* dqkv, const float* dbuf, const float* dout, const float* qkv, const float* lse, int B,
+                    int T, int C, int NH, float scale, cudaStream_t s) {
+  constexpr int kBwdVw = HDP <= 64 ? 4 : 1;  // at 128 the backward kernels already use ~250 registers
+  const size_t smem_q = bwd_q_tile_smem<HDP>(), smem_kv = bwd_kv_tile_smem<HDP>();
+  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_q_tile_k<HDP, kBwdVw>), smem_q)) return false;
+  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_kv_tile_k<HDP, kBwdVw>), smem_kv)) return false;
+  const int nt = (T + kTile - 1) / kTile;
+  attn_bwd_kv_tile_k<HDP, kBwdVw><<<nt * B * NH, kTileThreads, smem_kv, s>>>(dqkv, dbuf, dout, qkv, lse, T, C, NH, scale);
+  attn_bwd_q_tile_k<HDP, kBwdVw><<<nt * B * NH, kTileThreads, smem_q, s>>>(dqkv, dbuf, dout, qkv, lse, T, C, NH, scale);
+  return true;
+}
+
+constexpr int kMaxTiledHd = 128;
+
 }  // namespace
 
 bool attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cudaStream_t s) {
   const int hd = C / NH;
-  const size_t smem = (2 * size_t(hd) + T + 32) * sizeof(float);
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   if (B * T * NH == 0) return true;
-  if (hd <= kMaxHd) {
-    attn_fwd_warp_k<<<B * NH * T, kWarps * 32, 0, s>>>(out, lse, qkv, T, C, NH, scale);
-    return true;
-  }
+  if (hd <= 32) return tiled_forward<32>(out, lse, qkv, B, T, C, NH, scale, s);
+  if (hd <= 64) return tiled_forward<64>(out, lse, qkv, B, T, C, NH, scale, s);
+  if (hd <= kMaxTiledHd) return tiled_forward<128>(out, lse, qkv, B, T, C, NH, scale, s);
+  const size_t smem = (2 * size_t(hd) + T + 32) * sizeof(float);
   if (!set_smem(reinterpret_cast<const void*>(&attn_fwd_k), smem)) return false;
   attn_fwd_k<<<B * NH * T, kThreads, smem, s>>>(out, lse, qkv, T, C, NH, scale);
   return true;
@@ -380,15 +602,17 @@ bool attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 bool attention_backward(float* dqkv, float* dscratch, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH, cudaStream_t s) {
   const int hd = C / NH;
-  const size_t smem_a = (2 * size_t(hd) + T + 32) * sizeof(float);
-  const size_t smem_b = (2 * size_t(hd) + 2 * size_t(T)) * sizeof(float);
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   if (B * T * NH == 0) return true;
-  if (hd <= kMaxHd) {
-    attn_bwd_q_warp_k<<<B * NH * T, kWarps * 32, 0, s>>>(dqkv, dscratch, dout, qkv, out, lse, T, C, NH, scale);
-    attn_bwd_kv_warp_k<<<B * NH * T, kWarps * 32, 0, s>>>(dqkv, dscratch, dout, qkv, lse, T, C, NH, scale);
-    return true;
+  if (hd <= kMaxTiledHd) {
+    const size_t rows = size_t(B) * T * NH;
+    attn_bwd_dot_k<<<detail::grid_for(rows * 32, 256, 0x7fffffffu), 256, 0, s>>>(dscratch, dout, out, B, T, C, NH);
+    if (hd <= 32) return tiled_backward<32>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
+    if (hd <= 64) return tiled_backward<64>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
+    return tiled_backward<128>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
   }
+  const size_t smem_a = (2 * size_t(hd) + T + 32) * sizeof(float);
+  const size_t smem_b = (2 * size_t(hd) + 2 * size_t(T)) * sizeof(float);
   if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_q_k), smem_a)) return false;
   if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_kv_k), smem_b)) return false;
   attn_bwd_q_k<<<B * NH * T, kThreads, smem_a, s>>>(dqkv, dscratch, dout, qkv, out, lse, T, C, NH, scale);

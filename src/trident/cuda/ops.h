@@ -67,10 +67,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t stream = nullptr);
 
 // Causal multi-head self-attention, same layout as the CPU kernel: qkv[B,T,3C] (q | k | v), out[B,T,C],
-// lse[B,NH,T] (natural log-sum-exp of the scaled scores). Simple kernels, no tiling: one block per
-// (b, h, query row) for the forward and dq, one per (b, h, key row) for dk/dv (no atomics, deterministic).
-// Head dims <= 128: warps cooperate on each score (lanes over head dims, online softmax per warp). Larger
-// heads: scores kept in shared memory, so T is limited by shared memory (two rows of T floats per block: about 28000 on an H100).
+// lse[B,NH,T] (natural log-sum-exp of the scaled scores). Float32 throughout (no tensor cores); no atomics,
+// deterministic. Head dims <= 128: tiled FlashAttention-2-style kernels (64-row query and key tiles in
+// shared memory, online softmax; backward recomputes P from lse, dk/dv per key tile and dq per query tile),
+// any T. Larger heads: simple kernels with a row of scores in shared memory, so T is limited by shared memory
+// (two rows of T floats per block: about 28000 on an H100).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                        cudaStream_t stream = nullptr);
 // dqkv[B,T,3C] (overwritten).

@@ -257,7 +257,11 @@ TEST(CudaKernels, AttentionForwardBackward) {
     int B, T, C, NH;
   };
   double worst = 0;
+  // Head dims <= 128 take the tiled kernels (64-row tiles, head dim zero-padded to 32, 64 or 128): T below,
+  // at and across tile edges (1, 63, 64, 65, 257, 1000), every padded width, partial and full.
   for (const S s : {S{1, 1, 8, 2}, S{2, 7, 21, 3}, S{1, 33, 64, 1}, S{2, 67, 48, 4}, S{1, 257, 128, 2},
+                    S{2, 130, 64, 2}, S{1, 64, 66, 2}, S{1, 65, 192, 2}, S{1, 129, 256, 2}, S{1, 63, 128, 1},
+                    S{1, 1000, 64, 1}, S{1, 1, 128, 1},
                     // head dims above 128 take the shared-memory fallback kernels
                     S{1, 19, 258, 1}, S{2, 37, 300, 2}, S{1, 5, 129, 1}}) {
     const size_t btc = size_t(s.B) * s.T * s.C;
