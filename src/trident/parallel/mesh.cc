@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "trident/core/error.h"
 
 namespace trident::parallel {
@@ -42,11 +45,7 @@ std::vector<std::vector<int>> groups_along(const MeshShape& s, const std::vector
   return out;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
+std::string join(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, ",")); }
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "trident/core/error.h"
 
@@ -21,11 +22,7 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
+std::string join(const std::vector<int>& v) { return fmt::format("{}", fmt::join(v, ",")); }
 
 // Parameters held by pipeline stage `stage` (before TP sharding).
 double stage_params(const ModelSpec& m, int pp, int stage) {

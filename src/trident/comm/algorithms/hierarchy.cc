@@ -3,6 +3,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "trident/comm/algorithms/hierarchical.h"
 #include "trident/core/error.h"
@@ -49,9 +50,9 @@ int HostLayout::max_local() const {
 
 std::string HostLayout::describe() const {
   if (uniform()) return fmt::format("{} host(s) x {} rank(s)", hosts(), max_local());
-  std::string s;
-  for (const auto& m : members) s += (s.empty() ? "" : "+") + std::to_string(m.size());
-  return fmt::format("{} hosts ({} ranks)", hosts(), s);
+  std::vector<size_t> sizes;
+  for (const auto& m : members) sizes.push_back(m.size());
+  return fmt::format("{} hosts ({} ranks)", hosts(), fmt::join(sizes, "+"));
 }
 
 double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout, const LinkCost& intra,
