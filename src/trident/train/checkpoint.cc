@@ -8,6 +8,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/core/tensor.h"
 #include "trident/data/file_io.h"
 
 namespace trident::train {
@@ -23,6 +24,14 @@ int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
+}
+
+// safetensors' dtype names that trident reads (everything is converted to float32 on load).
+const DType* safetensors_dtype(const std::string& name) {
+  static const std::map<std::string, DType> kNames = {
+      {"F32", DType::kFloat32}, {"BF16", DType::kBFloat16}, {"F16", DType::kFloat16}, {"F64", DType::kFloat64}};
+  auto it = kNames.find(name);
+  return it == kNames.end() ? nullptr : &it->second;
 }
 
 std::string ckpt_name(int64_t step) { return fmt::format("ckpt-{:08d}", step); }
@@ -99,12 +108,17 @@ std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::m
     }
     std::vector<int64_t> shape;
     uint64_t b = 0, e = 0;
+    DType dtype = DType::kFloat32;
     try {
-      std::string dtype = info.at("dtype").get<std::string>();
-      if (dtype != "F32") {
-        TRIDENT_THROW(IoError, "safetensors file '{}': tensor '{}' has dtype {}; trident reads F32 only", path, name,
-                      dtype);
+      const std::string dt = info.at("dtype").get<std::string>();
+      const DType* known = safetensors_dtype(dt);
+      if (known == nullptr) {
+        TRIDENT_THROW(IoError,
+                      "safetensors file '{}': tensor '{}' has dtype {}; trident reads F32, BF16, F16 and F64 "
+                      "(converted to float32)",
+                      path, name, dt);
       }
+      dtype = *known;
       shape = info.at("shape").get<std::vector<int64_t>>();
       auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
       if (off.size() != 2) corrupt(fmt::format("tensor '{}' has {} data_offsets, expected 2", name, off.size()));
@@ -119,13 +133,19 @@ std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::m
     if (e < b || e > buf_size) {
       corrupt(fmt::format("tensor '{}' spans bytes [{}, {}) but the data section has {} bytes", name, b, e, buf_size));
     }
-    if (e - b != static_cast<uint64_t>(numel(shape)) * 4) {
-      corrupt(fmt::format("tensor '{}' has {} bytes for shape of {} floats", name, e - b, numel(shape)));
+    if (e - b != static_cast<uint64_t>(numel(shape)) * dtype_size(dtype)) {
+      corrupt(fmt::format("tensor '{}' has {} bytes for shape {} of {}", name, e - b, shape_string(shape),
+                          dtype_name(dtype)));
     }
     Tensor32 t;
     t.shape = shape;
     t.data.resize(static_cast<size_t>(numel(shape)));
-    if (!t.data.empty()) std::memcpy(t.data.data(), buf + b, e - b);
+    if (!t.data.empty()) {
+      // The file's bytes (any alignment: copied out first) converted into the float32 tensor.
+      Tensor stored = Tensor::zeros(shape, dtype);
+      std::memcpy(stored.raw(), buf + b, e - b);
+      Tensor::view(t.data.data(), shape, DType::kFloat32).copy_from(stored);
+    }
     out.emplace(name, std::move(t));
     ranges.emplace_back(b, e);
   }

@@ -43,7 +43,8 @@ struct Tensor32 {
 uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                            const std::map<std::string, std::string>& metadata,
                            const std::string& previous_note = "the previous file, if any, is intact");
-// Reads and validates a safetensors file (F32 only); throws IoError naming the file and what is wrong
+// Reads and validates a safetensors file (F32, BF16, F16 or F64 tensors, converted to float32: a
+// checkpoint PyTorch saved in bfloat16 loads directly); throws IoError naming the file and what is wrong
 // (truncated, header out of bounds, bad JSON, offsets that overlap or leave holes, unsupported dtype).
 std::map<std::string, Tensor32> read_safetensors(const std::string& path,
                                                  std::map<std::string, std::string>* metadata = nullptr);

@@ -109,6 +109,58 @@ TEST(Safetensors, PythonReaderAgrees) {
   EXPECT_EQ(io::read_file(out_file), "6.5 -3.0 F32\n");
 }
 
+// A safetensors file written here byte by byte (independent of write_safetensors), with 16- and 64-bit
+// float tensors as PyTorch's bfloat16/half/double checkpoints have them.
+std::string hand_written_safetensors(const fs::path& dir, const std::string& header_json, const std::string& data) {
+  std::string h = header_json;
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  std::string p = (dir / "h.safetensors").string();
+  std::ofstream(p, std::ios::binary) << bytes << h << data;
+  return p;
+}
+
+template <typename T>
+std::string raw_bytes(std::initializer_list<T> v) {
+  std::string s;
+  for (T x : v) s.append(reinterpret_cast<const char*>(&x), sizeof(T));
+  return s;
+}
+
+TEST(Safetensors, ReadsBFloat16Float16AndFloat64AsFloat32) {
+  TempDir d;
+  // bfloat16 bit patterns: 0x3f00 = 0.5, 0xc040 = -3, 0x3fc0 = 1.5, 0x4100 = 8; float16: 0x3400 = 0.25,
+  // 0xc000 = -2, 0x3c00 = 1.
+  std::string data = raw_bytes<uint16_t>({0x3f00, 0xc040, 0x3fc0, 0x4100}) +
+                     raw_bytes<uint16_t>({0x3400, 0xc000, 0x3c00}) + raw_bytes<double>({1.0 / 3.0, -1e-3});
+  std::string p = hand_written_safetensors(
+      d.path,
+      R"({"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},)"
+      R"("h":{"dtype":"F16","shape":[3],"data_offsets":[8,14]},)"
+      R"("g":{"dtype":"F64","shape":[2],"data_offsets":[14,30]}})",
+      data);
+  auto t = read_safetensors(p);
+  EXPECT_EQ(t["w"].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(t["w"].data, (std::vector<float>{0.5f, -3.0f, 1.5f, 8.0f}));
+  EXPECT_EQ(t["h"].data, (std::vector<float>{0.25f, -2.0f, 1.0f}));
+  EXPECT_EQ(t["g"].data, (std::vector<float>{static_cast<float>(1.0 / 3.0), -1e-3f}));
+}
+
+TEST(Safetensors, UnsupportedDtypeAndWrongByteCountAreNamed) {
+  TempDir d;
+  std::string p = hand_written_safetensors(d.path, R"({"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})",
+                                           std::string(4, '\1'));
+  std::string e = error_of([&] { read_safetensors(p); });
+  EXPECT_CONTAINS(e, "tensor 'q' has dtype I8");
+  EXPECT_CONTAINS(e, "F32, BF16, F16 and F64");
+  // 4 bfloat16 elements need 8 bytes, not 16.
+  p = hand_written_safetensors(d.path, R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})",
+                               std::string(16, '\0'));
+  e = error_of([&] { read_safetensors(p); });
+  EXPECT_CONTAINS(e, "tensor 'w' has 16 bytes for shape [4] of bfloat16");
+}
+
 TEST(Safetensors, RejectsTruncatedAndCorruptFiles) {
   TempDir d;
   std::string p = (d.path / "t.safetensors").string();
@@ -139,9 +191,13 @@ TEST(Safetensors, RejectsTruncatedAndCorruptFiles) {
 
   bad = good;
   size_t pos = bad.find("F32");
-  bad.replace(pos, 3, "F16");
+  bad.replace(pos, 3, "I16");
   std::ofstream(p, std::ios::binary) << bad;
-  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "dtype F16");
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "dtype I16");
+  bad = good;
+  bad.replace(pos, 3, "F16");  // a readable dtype, but the byte count is that of float32
+  std::ofstream(p, std::ios::binary) << bad;
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "256 bytes for shape [8, 8] of float16");
 
   std::ofstream(p, std::ios::binary) << good << "xxxx";  // trailing bytes: a hole in the data section
   EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "cover 256 bytes but the data section has 260");
