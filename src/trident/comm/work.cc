@@ -1,6 +1,7 @@
 #include "trident/comm/work.h"
 
 #include "trident/core/error.h"
+#include "trident/core/timeline.h"
 
 namespace trident {
 
@@ -27,7 +28,10 @@ std::exception_ptr Work::error() {
   return error_;
 }
 
+void Work::mark_started() { started_ns_.store(Timeline::now_ns(), std::memory_order_release); }
+
 void Work::finish(std::exception_ptr error) {
+  finished_ns_.store(Timeline::now_ns(), std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;

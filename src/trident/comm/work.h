@@ -5,9 +5,14 @@
 // the collective's error (NetworkError, PeerDiedError, MismatchError, TimeoutError) on the caller's thread,
 // and throws TimeoutError if `timeout` passes first (the collective itself keeps running until it finishes
 // or its own deadline expires; its buffers stay in use until then).
+// Timing: started_ns()/finished_ns() are when the backend began and ended running the collective
+// (CLOCK_MONOTONIC ns, Timeline::now_ns(); 0 while unknown: finish() always records the end, only backends
+// that call mark_started() record the start — the native one does, from the thread that runs it).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -29,8 +34,12 @@ class Work {
   std::exception_ptr error();      // null while running or after success
   const std::string& description() const { return description_; }
 
-  // Called by the backend exactly once.
+  // Called by the backend exactly once (records finished_ns()).
   void finish(std::exception_ptr error = nullptr);
+  // Called by the backend when it begins running the collective (after any queueing).
+  void mark_started();
+  int64_t started_ns() const { return started_ns_.load(std::memory_order_acquire); }
+  int64_t finished_ns() const { return finished_ns_.load(std::memory_order_acquire); }
 
  private:
   std::mutex mu_;
@@ -38,6 +47,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::string description_;
+  std::atomic<int64_t> started_ns_{0}, finished_ns_{0};
 };
 
 }  // namespace trident

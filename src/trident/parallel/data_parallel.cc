@@ -7,6 +7,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/core/timeline.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/nn/flat_model.h"
 
@@ -106,6 +107,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
     }
   }
   for (auto& b : buckets_) b.pending = b.params;
+  timings_.assign(buckets_.size(), BucketTiming{});
   if (sharded_grads()) build_units_from_buckets();
   model_.set_grad_ready_hook([this](size_t idx) { on_grad_ready(idx); });
 
@@ -268,6 +270,7 @@ void DataParallel::broadcast_parameters() {
 
 void DataParallel::launch(Bucket& b) {
   const size_t bi = static_cast<size_t>(&b - buckets_.data());
+  b.launched_ns = Timeline::now_ns();
   if (sharded_grads()) {
     const ShardUnit& u = units_[bi];
     const float* src = model_.grad_data() + u.begin;
@@ -304,6 +307,7 @@ void DataParallel::release_finished_grads(bool wait) {
 
 void DataParallel::on_grad_ready(size_t idx) {
   if (!require_sync_) return;
+  if (window_begin_ns_ == 0) window_begin_ns_ = Timeline::now_ns();  // backward of the syncing micro-step
   int first = bucket_of_param_[idx], last = first;
   if (first < 0) return;
   if (!param_buckets_.empty()) std::tie(first, last) = param_buckets_[idx];
@@ -319,15 +323,53 @@ void DataParallel::on_grad_ready(size_t idx) {
 
 void DataParallel::finish_gradient_sync() {
   if (!require_sync_) return;
+  const int64_t window_end = Timeline::now_ns();  // backward is over (before any non-overlapped launch)
   for (auto& b : buckets_)
     if (!b.work && (world_ > 1 || sharded_grads())) launch(b);  // not overlapped
   if (sharded_grads()) release_finished_grads(true);
-  for (auto& b : buckets_) {
+  for (auto& b : buckets_)
     if (b.work) b.work->wait();
+  record_overlap(window_end, Timeline::now_ns());
+  for (auto& b : buckets_) {
     b.work.reset();
+    b.launched_ns = 0;
     b.grads_released = false;
     b.pending = b.params;
   }
+}
+
+// One synced step's overlap: every bucket's collective has finished (its Work is still held).
+void DataParallel::record_overlap(int64_t window_end, int64_t sync_end) {
+  OverlapStats o;
+  o.window_begin_ns = window_begin_ns_ != 0 ? std::min(window_begin_ns_, window_end) : window_end;
+  o.window_end_ns = window_end;
+  o.sync_end_ns = sync_end;
+  o.steps = 1;
+  int64_t comm = 0, hidden = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    BucketTiming& t = timings_[i];
+    if (!b.work) {
+      t = BucketTiming{};
+      continue;
+    }
+    t.launched_ns = b.launched_ns;
+    t.started_ns = b.work->started_ns() != 0 ? b.work->started_ns() : b.launched_ns;
+    t.finished_ns = std::max(b.work->finished_ns(), t.started_ns);
+    comm += t.finished_ns - t.started_ns;
+    hidden += std::max<int64_t>(0, std::min(t.finished_ns, window_end) - std::max(t.started_ns, o.window_begin_ns));
+  }
+  o.backward_s = static_cast<double>(window_end - o.window_begin_ns) * 1e-9;
+  o.comm_s = static_cast<double>(comm) * 1e-9;
+  o.hidden_s = static_cast<double>(hidden) * 1e-9;
+  o.exposed_s = static_cast<double>(sync_end - window_end) * 1e-9;
+  last_overlap_ = o;
+  overlap_totals_.backward_s += o.backward_s;
+  overlap_totals_.comm_s += o.comm_s;
+  overlap_totals_.hidden_s += o.hidden_s;
+  overlap_totals_.exposed_s += o.exposed_s;
+  overlap_totals_.steps += 1;
+  window_begin_ns_ = 0;
 }
 
 double DataParallel::clip_grad_norm(float max_norm) {
@@ -552,6 +594,15 @@ nlohmann::json DataParallel::report() const {
   for (auto& [k, v] : resident_memory().bytes) j["resident_bytes"][k] = v;
   for (auto& [k, v] : last_stats_.bytes) j["comm_bytes_per_step"][k] = v;
   for (auto& [k, v] : last_stats_.calls) j["comm_calls_per_step"][k] = v;
+  // Gradient collectives against backward, means over the synced steps (fraction: of the summed times).
+  const OverlapStats& t = overlap_totals_;
+  const double n = std::max(1, t.steps);
+  j["overlap"] = {{"steps", t.steps},
+                  {"comm_hidden_fraction", t.hidden_fraction()},
+                  {"comm_s", t.comm_s / n},
+                  {"comm_hidden_s", t.hidden_s / n},
+                  {"comm_exposed_s", t.exposed_s / n},
+                  {"backward_window_s", t.backward_s / n}};
   return j;
 }
 

@@ -32,6 +32,11 @@
 // grads 4, moments 8), zero1 8 Psi + 8 Psi/N, zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N, plus per-unit
 // padding and the partial pages at unit edges. memory() reports held sizes, resident_memory() measures
 // the buffers' resident pages with mincore().
+// Overlap accounting (always on: a few clock reads per bucket, no allocation per step): per synced step,
+// the backward window (from the first grad-ready hook of the syncing micro-step to the call of
+// finish_gradient_sync()), each gradient bucket's collective as it really ran on the group's worker
+// (Work::started_ns/finished_ns), and the time finish_gradient_sync() blocked. Hidden fraction = the
+// collectives' time inside the window / their total time (0 when nothing overlapped, e.g. overlap=false).
 // Checkpoints under zero3: gather_optimizer_state() (the trainer's before_save path) also materialises the
 // full parameters in the model's buffer on every rank, so the existing save path writes the whole model;
 // they stay materialised (forward passes then gather nothing) until the next backward pass, which
@@ -77,6 +82,28 @@ struct CommStats {
   std::map<std::string, double> bytes;  // kind -> bytes
   std::map<std::string, int> calls;     // kind -> collectives issued
   double total() const;
+};
+
+// When one bucket's gradient collective ran (CLOCK_MONOTONIC ns, trident::Timeline::now_ns()).
+struct BucketTiming {
+  int64_t launched_ns = 0;  // posted to the process group (0: no collective in that step, e.g. 1 rank)
+  int64_t started_ns = 0;   // the group began running it (backends that do not say: launched_ns)
+  int64_t finished_ns = 0;  // it completed
+};
+
+// Gradient communication against backward for one synced step, or summed over steps (overlap_totals()).
+// comm_s = hidden_s + the collectives' time after the window; that remainder lies inside
+// [window_end, sync_end] (the worker runs one collective at a time), so it is <= exposed_s.
+struct OverlapStats {
+  int64_t window_begin_ns = 0;  // first grad-ready hook of the syncing micro-step (start of its backward)
+  int64_t window_end_ns = 0;    // finish_gradient_sync() called: end of backward
+  int64_t sync_end_ns = 0;      // finish_gradient_sync() returned
+  double backward_s = 0;        // window_end - window_begin
+  double comm_s = 0;            // sum of the bucket collectives' run times (finished - started)
+  double hidden_s = 0;          // the part of comm_s inside [window_begin, window_end]
+  double exposed_s = 0;         // sync_end - window_end: how long finish_gradient_sync() blocked
+  int steps = 0;                // steps summed (1 for one step's stats)
+  double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
 };
 
 // Persistent bytes held per category on this rank.
@@ -126,7 +153,14 @@ class DataParallel {
   // end of a buffer counted in full): the model's flat parameter and gradient buffers, the shards, the
   // moments and the persistent staging buffers.
   MemoryReport resident_memory() const;
-  nlohmann::json report() const;  // memory (held and resident) + communication, for the end of training
+  nlohmann::json report() const;  // memory (held and resident) + communication + overlap, for the end of training
+  // Overlap of the gradient collectives with backward in the last synced step (zero before the first), its
+  // per-bucket timings (indexed like the buckets; launched_ns 0 for a bucket without a collective), and the
+  // sums over every synced step since construction or reset_overlap_stats() (means: divide by steps).
+  const OverlapStats& last_step_overlap() const { return last_overlap_; }
+  const std::vector<BucketTiming>& last_step_bucket_timings() const { return timings_; }
+  const OverlapStats& overlap_totals() const { return overlap_totals_; }
+  void reset_overlap_stats() { overlap_totals_ = OverlapStats{}; }
 
   // zero2/zero3: the units this rank's shard is made of (empty for ddp and zero1) and the shard's size
   // (sum of the units' pieces, including padding).
@@ -154,7 +188,9 @@ class DataParallel {
     int params = 0;
     std::shared_ptr<Work> work;
     bool grads_released = false;  // zero2/3: the full-gradient pages went back to the OS after the RS
+    int64_t launched_ns = 0;      // when `work` was posted
   };
+  void record_overlap(int64_t window_end_ns, int64_t sync_end_ns);
   enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
@@ -206,6 +242,10 @@ class DataParallel {
   std::vector<Segment> decay_segments_;  // the flat buffer as runs of equal decay flag
   int64_t step_count_ = 0;
   CommStats stats_, last_stats_;
+  // Overlap accounting (timings_ sized once, like buckets_).
+  int64_t window_begin_ns_ = 0;
+  std::vector<BucketTiming> timings_;
+  OverlapStats last_overlap_, overlap_totals_;
 };
 
 // PyTorch's no_sync(): micro-steps inside the scope accumulate gradients locally and communicate nothing;

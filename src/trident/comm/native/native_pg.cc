@@ -296,6 +296,7 @@ void NativeProcessGroup::worker_loop() {
 }
 
 void NativeProcessGroup::execute(Item& it) {
+  it.work->mark_started();
   try {
     const CollArgs& a = it.args;
     engine_->begin(a, it.algo, it.seq, it.deadline);
