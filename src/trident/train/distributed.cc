@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/rendezvous.h"
@@ -84,6 +85,180 @@ struct Loop {
       std::fflush(out);
     }
   }
+
+  // ---- model parallelism (train_model_parallel; collectives over the mesh's world: every rank calls) ----
+  MpPredictionInput mp_in;
+  MpPrediction mp;
+  double mp_dp_optimizer = 0;  // DataParallel's moments (not yet built when the resident size is read)
+
+  // Call in on_ready after the pipeline engine exists, before DataParallel hooks the model (calibration runs
+  // backward) and before the timeline is enabled.
+  void before_model_parallel(const TrainConfig& cfg, Trainer& t, parallel::ParallelModel& pm,
+                             const parallel::DeviceMesh& mesh, const DistributedOptions& opts, std::FILE* out) {
+    enabled = cfg.model == "gpt" && !cfg.eval_only && t.start_step() < cfg.max_iters;
+    if (!enabled) return;
+    ProcessGroup& world = *mesh.world();
+    const int P = mesh.pp_size();
+    MpPredictionInput& in = mp_in;
+    in.tp = mesh.tp_size();
+    in.pp = P;
+    in.dp = mesh.dp_size();
+    in.virtual_stages = pm.num_chunks();
+    in.microbatches = P > 1 ? cfg.resolved_microbatches() : 1;
+    in.schedule = P > 1 ? parallel::parse_schedule(cfg.schedule) : parallel::ScheduleKind::k1F1B;
+    in.pp_rank = mesh.pp_rank();
+    in.num_params = pm.num_params();
+    for (const auto& sp : pm.shard_specs()) {
+      if (P > 1 && mesh.embedding_group() && sp.name == "transformer.wte.weight") {
+        size_t numel = 1;
+        for (auto d : sp.shape) numel *= static_cast<size_t>(d);
+        in.tied_params = std::max(in.tied_params, numel);
+      }
+    }
+    in.strategy = parallel::parse_strategy(opts.parallel);
+    in.batch = cfg.batch_size;
+    in.block = cfg.block_size;
+    in.accum = cfg.gradient_accumulation_steps;
+    in.hidden = cfg.n_embd;
+    in.local_layers = 0;
+    for (int c = 0; c < pm.num_chunks(); ++c) in.local_layers += pm.chunk_layers(c).second - pm.chunk_layers(c).first;
+    in.world = world.size();
+    in.cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+    const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
+    in.cal = calibrate_model_parallel(pm, mesh, cfg.batch_size / in.microbatches, cfg.block_size,
+                                      t.dataset().tokenizer().vocab_size());
+    mp = predict_model_parallel(in);
+    mp_dp_optimizer = in.dp > 1 ? mp.memory_bytes.at("optimizer_state") - 8.0 * static_cast<double>(in.num_params) : 0.0;
+    mp.peak_rss = rss0 + mp.memory_bytes.at("activations") + mp_dp_optimizer;
+    {
+      // World rank 0 gathers the logical model and its moments for the final checkpoint: a full model
+      // (values + gradients) and two moment vectors, 16 bytes per logical parameter.
+      double logical = 0;
+      for (const auto& sp : pm.shard_specs()) {
+        if (sp.tied_copy || (sp.replicated && mesh.tp_rank() != 0)) continue;
+        double numel = 1;
+        for (auto d : sp.shape) numel *= static_cast<double>(d);
+        logical += numel;
+      }
+      mesh.model_parallel_group()->all_reduce(&logical, 1, DType::kFloat64, ReduceOp::kSum);
+      if (world.rank() == 0) mp.peak_rss += 16 * logical;
+    }
+    // The step is paced by the slowest rank.
+    world.all_reduce(&mp.step_s, 1, DType::kFloat64, ReduceOp::kMax);
+    constexpr int kF = 4;
+    double mine[kF] = {mp.persistent_bytes(), mp.memory_bytes.at("activations"), static_cast<double>(mp.inflight),
+                       mp.peak_rss};
+    std::vector<double> all(static_cast<size_t>(kF) * world.size());
+    world.all_gather(mine, all.data(), kF, DType::kFloat64);
+    nlohmann::json rec = mp.to_json();
+    rec["world"] = world.size();
+    rec["layout"] = {{"tp", in.tp}, {"pp", in.pp}, {"dp", in.dp}, {"schedule", P > 1 ? cfg.schedule : "none"},
+                     {"microbatches", in.microbatches}, {"virtual_stages", in.virtual_stages}};
+    rec["calibration"] = in.cal.to_json();
+    rec["calibration"]["concurrent"] = true;
+    for (int r = 0; r < world.size(); ++r) {
+      const double* f = all.data() + static_cast<size_t>(r) * kF;
+      rec["per_rank"].push_back({{"rank", r}, {"persistent_bytes", f[0]}, {"activation_bytes", f[1]},
+                                 {"inflight_microbatches", f[2]}, {"peak_rss_bytes", f[3]}});
+    }
+    t.emit_record(rec);
+    if (world.rank() == 0 && !cfg.json) {
+      std::fprintf(out, "prediction (model parallel, rank 0; every rank calibrated its chunks at the same moment): %s\n",
+                   mp.summary().c_str());
+      for (int r = 0; r < world.size(); ++r) {
+        const double* f = all.data() + static_cast<size_t>(r) * kF;
+        std::fprintf(out, "  rank %d: memory %.2f MB (persistent %.2f, activations %.2f = %d microbatch(es)), peak RSS %.2f MB\n",
+                     r, (f[0] + f[1]) / 1e6, f[0] / 1e6, f[1] / 1e6, static_cast<int>(f[2]), f[3] / 1e6);
+      }
+      std::fflush(out);
+    }
+  }
+
+  // Call on every rank after training, with the measured mean bubble (over ranks) and the pipeline windows.
+  void after_model_parallel(const TrainConfig& cfg, Trainer& t, const TrainResult& res, parallel::ParallelModel& pm,
+                            parallel::DataParallel* dp, const parallel::DeviceMesh& mesh, double measured_bubble,
+                            const std::vector<Span>& spans, const std::vector<std::pair<int64_t, int64_t>>& windows,
+                            std::FILE* out) {
+    if (!enabled) return;
+    ProcessGroup& world = *mesh.world();
+    const int P = mesh.pp_size(), v = pm.num_chunks(), p = mesh.pp_rank();
+    double step = res.tokens_per_s > 0 ? static_cast<double>(cfg.batch_size) * cfg.block_size *
+                                             cfg.gradient_accumulation_steps * mesh.dp_size() / res.tokens_per_s
+                                       : 0.0;
+    world.all_reduce(&step, 1, DType::kFloat64, ReduceOp::kMax);
+    // The measured per-microbatch compute times replayed through the schedule (the bubble without p2p).
+    double replayed_bubble = 0;
+    if (P > 1) {
+      std::vector<double> f, b, sf(static_cast<size_t>(P) * v, 0.0), sb(sf);
+      mean_chunk_times(spans, windows, v, &f, &b);
+      for (int c = 0; c < v; ++c) sf[static_cast<size_t>(c) * P + p] = f[c], sb[static_cast<size_t>(c) * P + p] = b[c];
+      world.all_reduce(sf.data(), sf.size(), DType::kFloat64, ReduceOp::kMax);
+      world.all_reduce(sb.data(), sb.size(), DType::kFloat64, ReduceOp::kMax);
+      bool have = true;
+      for (size_t i = 0; i < sf.size(); ++i) have = have && sf[i] > 0 && sb[i] > 0;
+      if (have) {
+        const auto kind = parallel::parse_schedule(cfg.schedule);
+        auto r = parallel::replay(parallel::make_schedule(kind, P, mp_in.microbatches,
+                                                          kind == parallel::ScheduleKind::kInterleaved ? v : 1),
+                                  P, v, parallel::ReplayTimes{sf, sb, 0.0});
+        for (int q = 0; q < P; ++q) replayed_bubble += r.idle[static_cast<size_t>(q)] / r.makespan / P;  // mean, as measured
+      }
+    }
+    const double n = static_cast<double>(pm.num_params());
+    double optimizer = static_cast<double>(t.optimizer().exp_avg().size() + t.optimizer().exp_avg_sq().size()) * 4;
+    double comm_buffers = 0;
+    if (dp != nullptr) {
+      const auto mem = dp->memory().bytes;
+      if (mem.count("optimizer_state")) optimizer += mem.at("optimizer_state");
+      if (mem.count("comm_buffers")) comm_buffers = mem.at("comm_buffers");
+    }
+    double acts = 0;
+    for (int c = 0; c < v; ++c) acts += static_cast<double>(pm.chunk(c).peak_activation_bytes());
+    const double persistent = 2 * n * 4 + optimizer + comm_buffers;
+    constexpr int kF = 6;
+    double mine[kF] = {mp.persistent_bytes(), persistent, mp.memory_bytes.at("activations"), acts, mp.peak_rss,
+                       peak_rss_bytes()};
+    std::vector<double> all(static_cast<size_t>(kF) * world.size());
+    world.all_gather(mine, all.data(), kF, DType::kFloat64);
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : (a == 0 ? 1.0 : 0.0); };
+    nlohmann::json rec = {{"type", "measured"},
+                          {"model_parallel", true},
+                          {"step_s", step},
+                          {"bubble_fraction", measured_bubble},
+                          {"replayed_bubble_fraction", replayed_bubble},
+                          {"predicted_over_measured", {{"step_s", ratio(mp.step_s, step)}}}};
+    for (int r = 0; r < world.size(); ++r) {
+      const double* f = all.data() + static_cast<size_t>(r) * kF;
+      rec["per_rank"].push_back({{"rank", r},
+                                 {"persistent_bytes", f[1]},
+                                 {"peak_activation_bytes", f[3]},
+                                 {"memory_bytes_total", f[1] + f[3]},
+                                 {"peak_rss_bytes", f[5]},
+                                 {"predicted_over_measured",
+                                  {{"memory", ratio(f[0] + f[2], f[1] + f[3])},
+                                   {"activations", ratio(f[2], f[3])},
+                                   {"peak_rss", ratio(f[4], f[5])}}}});
+    }
+    t.emit_record(rec);
+    if (world.rank() == 0 && !cfg.json) {
+      std::fprintf(out, "measured: step %.1f ms (predicted %.1f ms, predicted/measured %.2f)", step * 1e3, mp.step_s * 1e3,
+                   ratio(mp.step_s, step));
+      if (P > 1) {
+        std::fprintf(out, ", bubble %.1f%% (predicted %.1f%%; measured per-microbatch times replayed through the "
+                          "schedule %.1f%%; uniform theory %.1f%%)",
+                     100 * measured_bubble, 100 * mp.bubble_fraction, 100 * replayed_bubble, 100 * mp.bubble_theory);
+      }
+      std::fprintf(out, "\n");
+      for (int r = 0; r < world.size(); ++r) {
+        const double* f = all.data() + static_cast<size_t>(r) * kF;
+        std::fprintf(out, "  rank %d: memory %.2f MB (predicted %.2f, ratio %.3f; activations peak %.2f MB, predicted "
+                          "%.2f), peak RSS %.2f MB (predicted %.2f, ratio %.2f)\n",
+                     r, (f[1] + f[3]) / 1e6, (f[0] + f[2]) / 1e6, ratio(f[0] + f[2], f[1] + f[3]), f[3] / 1e6,
+                     f[2] / 1e6, f[5] / 1e6, f[4] / 1e6, ratio(f[4], f[5]));
+      }
+      std::fflush(out);
+    }
+  }
 };
 
 
@@ -149,6 +324,7 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
   std::vector<float> full_m, full_v;
   Trainer* trainer = nullptr;
   StepClock clock;
+  Loop loop;  // prediction before training, measured figures beside it after (train/prediction.h)
 
   hooks.rank = mesh->dp_rank();
   hooks.world = dp_size;
@@ -204,6 +380,9 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
       po.virtual_stages = cfg.virtual_stages;
       engine = std::make_unique<parallel::PipelineEngine>(chunks, mesh->pp_group(), po);
     }
+    // Prediction before training (collective): after the engine's groups exist (resident), before
+    // DataParallel hooks the model (calibration runs backward) and before the timeline starts.
+    loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, hooks.out ? hooks.out : stdout);
     if (dp_size > 1) {
       parallel::DataParallelOptions dpo;
       dpo.strategy = parallel::parse_strategy(opts.parallel);
@@ -387,6 +566,16 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     }
     std::fflush(o);
   }
+  {
+    // Measured beside predicted (collective): the mean bubble over ranks as printed above.
+    double bubble_mean = 0;
+    for (int r = 0; r < pg->size(); ++r) {
+      const double* f = all.data() + static_cast<size_t>(r) * kFields;
+      bubble_mean += f[1] > 0 ? std::max(0.0, 1.0 - f[2] / f[1]) / pg->size() : 0.0;
+    }
+    loop.after_model_parallel(cfg, t, res, *pm, dp.get(), *mesh, bubble_mean, spans, clock.pipeline,
+                              hooks.out ? hooks.out : stdout);
+  }
   if (!cfg.trace.empty()) {
     parallel::write_chrome_trace(*pg, cfg.trace, run_t0);
     if (is_root && !cfg.json) {
@@ -492,6 +681,11 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
       total += b;
     }
     rec["comm_bytes_total"] = total;
+    const auto& ov = dp->last_step_overlap();  // gradient collectives against backward (this rank)
+    if (ov.comm_s > 0) {
+      rec["comm_hidden_fraction"] = ov.hidden_fraction();
+      rec["comm_exposed_s"] = ov.exposed_s;
+    }
   };
   hooks.on_finished = [&](const TrainResult& r) {
     if (dp) loop.after(cfg, *trainer, r, pg->rank(), pg->size(), dp->memory().bytes, dp->last_step_comm().bytes, out);
@@ -517,6 +711,12 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     }
     std::printf("\n  bytes sent per step by this rank:");
     for (auto& [k, v] : r["comm_bytes_per_step"].items()) std::printf(" %s %.2f MB", k.c_str(), v.get<double>() / 1e6);
+    if (const auto& ov = r["overlap"]; ov["steps"].get<int>() > 0 && ov["comm_s"].get<double>() > 0)
+      std::printf("\n  gradient communication hidden behind backward: %.1f%% of %.2f ms per step (mean of %d steps); "
+                  "finish_gradient_sync waited %.2f ms per step; backward window %.2f ms",
+                  100 * ov["comm_hidden_fraction"].get<double>(), 1e3 * ov["comm_s"].get<double>(),
+                  ov["steps"].get<int>(), 1e3 * ov["comm_exposed_s"].get<double>(),
+                  1e3 * ov["backward_window_s"].get<double>());
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -4,13 +4,16 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "trident/core/error.h"
 #include "trident/kernels/cpu/ops.h"
+#include "trident/parallel/schedule.h"
 #include "trident/plan/model.h"
 
 namespace trident::train {
@@ -241,6 +244,436 @@ std::string measured_summary(const Prediction& p, const Measured& m) {
       m.step_s * 1e3, ratio(p.step_s, m.step_s), m.memory_total() / 1e6, ratio(p.persistent_bytes(), m.memory_total()),
       m.peak_rss / 1e6, p.peak_rss / 1e6, ratio(p.peak_rss, m.peak_rss), m.comm_total() / 1e6,
       m.comm_total() > 0 ? ratio(p.comm_total(), m.comm_total()) : (p.comm_total() == 0 ? 1.0 : 0.0));
+}
+
+}  // namespace trident::train
+
+// ---- model parallelism ----------------------------------------------------------------------------------
+
+namespace trident::train {
+
+nlohmann::json StageCalibration::to_json() const {
+  return {{"forward_s", forward_s},
+          {"backward_s", backward_s},
+          {"activation_bytes", activation_bytes},
+          {"p2p_latency_s", p2p_latency_s},
+          {"p2p_Bps", p2p_Bps},
+          {"dp_allreduce_bus_Bps", dp_allreduce_bus_Bps},
+          {"optimizer_s_per_param", optimizer_s_per_param}};
+}
+
+double MpPrediction::memory_total() const { return sum_map(memory_bytes); }
+double MpPrediction::persistent_bytes() const {
+  double t = 0;
+  for (auto& [k, v] : memory_bytes)
+    if (k != "activations") t += v;
+  return t;
+}
+
+double schedule_peak_activation_bytes(const std::vector<parallel::Action>& actions,
+                                      const std::vector<double>& bytes_per_chunk, int* inflight) {
+  double cur = 0, peak = 0;
+  int n = 0, n_at_peak = 0;
+  for (const auto& a : actions) {
+    TRIDENT_CHECK(a.chunk >= 0 && static_cast<size_t>(a.chunk) < bytes_per_chunk.size(), InvalidArgument,
+                  "schedule_peak_activation_bytes: action {} names chunk {} but bytes are given for {} chunk(s)",
+                  parallel::to_string(a), a.chunk, bytes_per_chunk.size());
+    const double b = bytes_per_chunk[static_cast<size_t>(a.chunk)];
+    if (a.type == parallel::Action::kForward) {
+      cur += b;
+      ++n;
+      if (cur > peak) peak = cur, n_at_peak = n;
+    } else {
+      cur -= b;
+      --n;
+    }
+  }
+  if (inflight != nullptr) *inflight = n_at_peak;
+  return peak;
+}
+
+parallel::ReplayResult replay_shared_cores(const parallel::Schedule& s, int P, int v, const parallel::DurationFn& duration,
+                                           double latency, double cores) {
+  using parallel::Action;
+  TRIDENT_CHECK(cores > 0 && static_cast<int>(s.size()) == P, InvalidArgument,
+                "replay_shared_cores: need cores > 0 (got {}) and one action list per rank ({} lists for P = {})",
+                cores, s.size(), P);
+  const int S = P * v;
+  int m = 0;
+  for (const auto& acts : s)
+    for (const auto& a : acts) m = std::max(m, a.mb + 1);
+  const double kInf = std::numeric_limits<double>::infinity();
+  // done[type][stage][mb] = finish time (inf: not yet).
+  std::vector<std::vector<double>> fdone(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(m), kInf)),
+      bdone = fdone;
+  parallel::ReplayResult r;
+  r.start.assign(static_cast<size_t>(P), {});
+  r.finish.assign(static_cast<size_t>(P), {});
+  for (int p = 0; p < P; ++p) {
+    r.start[static_cast<size_t>(p)].assign(s[static_cast<size_t>(p)].size(), 0.0);
+    r.finish[static_cast<size_t>(p)].assign(s[static_cast<size_t>(p)].size(), 0.0);
+  }
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<double> remaining(static_cast<size_t>(P), 0.0), free_at(static_cast<size_t>(P), 0.0);
+  std::vector<bool> running(static_cast<size_t>(P), false);
+  // When rank p's next action may start (inf: a dependency has not finished).
+  auto ready_time = [&](int p) {
+    const Action& a = s[static_cast<size_t>(p)][next[static_cast<size_t>(p)]];
+    const int st = a.chunk * P + p;
+    double t = free_at[static_cast<size_t>(p)];
+    auto dep = [&](double fin, int other_stage) {
+      const int other_rank = other_stage % P;
+      t = std::max(t, fin + (other_rank != p ? latency : 0.0));
+    };
+    if (a.type == Action::kForward) {
+      if (st > 0) dep(fdone[static_cast<size_t>(st - 1)][static_cast<size_t>(a.mb)], st - 1);
+    } else {
+      dep(fdone[static_cast<size_t>(st)][static_cast<size_t>(a.mb)], st);
+      if (st < S - 1) dep(bdone[static_cast<size_t>(st + 1)][static_cast<size_t>(a.mb)], st + 1);
+    }
+    return t;
+  };
+  double now = 0;
+  size_t left = 0;
+  for (const auto& acts : s) left += acts.size();
+  while (left > 0) {
+    // Start every rank whose next action is ready now.
+    for (int p = 0; p < P; ++p) {
+      const size_t pi = static_cast<size_t>(p);
+      if (running[pi] || next[pi] >= s[pi].size()) continue;
+      if (ready_time(p) <= now + 1e-15) {
+        running[pi] = true;
+        remaining[pi] = duration(p, s[pi][next[pi]]);
+        r.start[pi][next[pi]] = now;
+      }
+    }
+    int n_run = 0;
+    for (bool b : running) n_run += b ? 1 : 0;
+    const double rate = n_run > 0 ? std::min(1.0, cores / n_run) : 1.0;
+    double t_next = kInf;
+    for (int p = 0; p < P; ++p) {
+      const size_t pi = static_cast<size_t>(p);
+      if (running[pi]) t_next = std::min(t_next, now + remaining[pi] / rate);
+      else if (next[pi] < s[pi].size()) {
+        const double rt = ready_time(p);
+        if (rt > now) t_next = std::min(t_next, rt);
+      }
+    }
+    if (!std::isfinite(t_next)) {
+      std::string stuck;
+      for (int p = 0; p < P; ++p)
+        if (next[static_cast<size_t>(p)] < s[static_cast<size_t>(p)].size())
+          stuck += fmt::format(" rank {} at {}", p, parallel::to_string(s[static_cast<size_t>(p)][next[static_cast<size_t>(p)]]));
+      TRIDENT_THROW(InvalidArgument, "replay_shared_cores: the schedule cannot complete; stuck:{}", stuck);
+    }
+    const double dt = t_next - now;
+    now = t_next;
+    for (int p = 0; p < P; ++p) {
+      const size_t pi = static_cast<size_t>(p);
+      if (!running[pi]) continue;
+      remaining[pi] -= dt * rate;
+      if (remaining[pi] <= 1e-12 * std::max(1.0, now)) {
+        const Action& a = s[pi][next[pi]];
+        const int st = a.chunk * P + p;
+        (a.type == Action::kForward ? fdone : bdone)[static_cast<size_t>(st)][static_cast<size_t>(a.mb)] = now;
+        r.finish[pi][next[pi]] = now;
+        free_at[pi] = now;
+        running[pi] = false;
+        ++next[pi];
+        --left;
+      }
+    }
+  }
+  r.makespan = now;
+  r.busy.assign(static_cast<size_t>(P), 0.0);
+  r.idle.assign(static_cast<size_t>(P), 0.0);
+  double ideal = 0;
+  for (int p = 0; p < P; ++p) {
+    const size_t pi = static_cast<size_t>(p);
+    for (size_t i = 0; i < s[pi].size(); ++i) r.busy[pi] += r.finish[pi][i] - r.start[pi][i];
+    r.idle[pi] = r.makespan - r.busy[pi];
+    ideal = std::max(ideal, r.busy[pi]);
+  }
+  r.bubble_fraction = r.makespan > 0 ? 1.0 - ideal / r.makespan : 0;
+  r.bubble_ratio = ideal > 0 ? (r.makespan - ideal) / ideal : 0;
+  return r;
+}
+
+MpPrediction predict_model_parallel(const MpPredictionInput& in) {
+  const int P = std::max(1, in.pp), v = std::max(1, in.virtual_stages);
+  const int m = P > 1 ? std::max(1, in.microbatches) : 1;  // pp = 1: the whole batch is one microbatch
+  const auto& cal = in.cal;
+  const size_t S = static_cast<size_t>(P) * v;
+  TRIDENT_CHECK(cal.forward_s.size() == S && cal.backward_s.size() == S && cal.activation_bytes.size() == S,
+                InvalidArgument,
+                "predict_model_parallel: the calibration has {} / {} / {} stage entries, the layout pp {} x "
+                "virtual stages {} needs {}; calibrate with the same layout",
+                cal.forward_s.size(), cal.backward_s.size(), cal.activation_bytes.size(), P, v, S);
+  TRIDENT_CHECK(in.pp_rank >= 0 && in.pp_rank < P, InvalidArgument, "predict_model_parallel: pp_rank {} not in [0, {})",
+                in.pp_rank, P);
+  MpPrediction p;
+  const auto kind = P > 1 ? in.schedule : parallel::ScheduleKind::k1F1B;
+  const parallel::Schedule sched = parallel::make_schedule(kind, P, m, kind == parallel::ScheduleKind::kInterleaved ? v : 1);
+  const double rows = static_cast<double>(in.batch) / m;
+  const double act_bytes = rows * in.block * in.hidden * 4;  // one hand-off: B/m x T x C floats
+  p.p2p_s = P > 1 ? cal.p2p_latency_s + (cal.p2p_Bps > 0 ? act_bytes / cal.p2p_Bps : 0.0) : 0.0;
+  const double p2p = p.p2p_s;
+  auto duration = [&](int rank, const parallel::Action& a) {
+    const size_t s = static_cast<size_t>(a.chunk) * P + rank;
+    return a.type == parallel::Action::kForward ? cal.forward_s[s] : cal.backward_s[s];
+  };
+  const int replicas = std::max(1, in.tp) * std::max(1, in.dp);
+  const double pipeline_cores = in.cores > 0 ? in.cores / replicas : 0.0;
+  p.shared_cores = pipeline_cores > 0 && in.world > in.cores;
+  // The calibration timed every rank at once, i.e. each at cores / world of a core: back to a whole core
+  // before the replay shares the cores again action by action.
+  const double calibrated_share = p.shared_cores ? in.cores / in.world : 1.0;
+  auto uncontended = [&](int rank, const parallel::Action& a) { return duration(rank, a) * calibrated_share; };
+  parallel::ReplayResult r = p.shared_cores ? replay_shared_cores(sched, P, v, uncontended, p2p, pipeline_cores)
+                                            : parallel::replay(sched, P, v, duration, [&](int, int) { return p2p; });
+  p.pipeline_s = r.makespan * in.accum;
+  // As the training printout measures it: each rank's idle share of the window, averaged over ranks.
+  double idle = 0;
+  for (int q = 0; q < P; ++q) idle += r.makespan > 0 ? r.idle[static_cast<size_t>(q)] / r.makespan / P : 0.0;
+  p.bubble_fraction = idle;
+  p.bubble_theory = P > 1 ? (P - 1.0) / (static_cast<double>(v) * m + P - 1) : 0.0;
+
+  // Memory per rank.
+  const double n = static_cast<double>(in.num_params);
+  const int D = std::max(1, in.dp);
+  const double padded = std::ceil(n / D) * D;
+  p.memory_bytes["parameters"] = n * 4;
+  p.memory_bytes["gradients"] = n * 4;
+  // The trainer's AdamW (m, v of the shard), plus DataParallel's copy over the DP group (ddp: all of it,
+  // zero1: this rank's padded/D slice).
+  double optimizer = 8 * n;
+  if (D > 1) optimizer += in.strategy == parallel::Strategy::kDdp ? 8 * n : 8 * padded / D;
+  p.memory_bytes["optimizer_state"] = optimizer;
+  p.memory_bytes["comm_buffers"] = 0;
+  std::vector<double> local_bytes(static_cast<size_t>(v));
+  for (int c = 0; c < v; ++c) local_bytes[static_cast<size_t>(c)] = cal.activation_bytes[static_cast<size_t>(c) * P + in.pp_rank];
+  p.memory_bytes["activations"] =
+      schedule_peak_activation_bytes(sched[static_cast<size_t>(in.pp_rank)], local_bytes, &p.inflight);
+
+  // Communication bytes this rank sends per step (bus convention for the collectives).
+  const int T = std::max(1, in.tp);
+  if (T > 1) {
+    // 4 all-reduces per block per microbatch (2 forward, 2 backward) of B/m x T x C floats.
+    p.comm_bytes["tp_all_reduce"] = 4.0 * in.local_layers * m * in.accum * act_bytes * 2 * (T - 1) / T;
+  }
+  if (P > 1) {
+    int sends = 0;
+    for (const auto& a : sched[static_cast<size_t>(in.pp_rank)]) {
+      const int s = a.chunk * P + in.pp_rank;
+      if (a.type == parallel::Action::kForward ? s < static_cast<int>(S) - 1 : s > 0) ++sends;
+    }
+    p.comm_bytes["pp_send_recv"] = sends * act_bytes * in.accum;
+  }
+  if (D > 1) {
+    p.comm_bytes["all_reduce"] = 2.0 * (D - 1) / D * n * 4;
+    if (in.strategy != parallel::Strategy::kDdp) p.comm_bytes["all_gather"] = (D - 1.0) / D * padded * 4;
+  }
+
+  // Time after the pipeline: tied-embedding sum (an all-reduce of 2 ranks at the p2p rate), the DP
+  // collectives at the calibrated bus rate (exposed: gradients are final only after the flush), AdamW.
+  if (in.tied_params > 0 && P > 1)
+    p.tied_sync_s = cal.p2p_latency_s + (cal.p2p_Bps > 0 ? static_cast<double>(in.tied_params) * 4 / cal.p2p_Bps : 0);
+  if (D > 1 && cal.dp_allreduce_bus_Bps > 0) {
+    for (auto& [k, b] : p.comm_bytes)
+      if (k == "all_reduce" || k == "all_gather") p.dp_comm_s += b / cal.dp_allreduce_bus_Bps;
+  }
+  const double shard = D > 1 && in.strategy != parallel::Strategy::kDdp ? padded / D : n;
+  p.optimizer_s = cal.optimizer_s_per_param * shard;
+  p.step_s = p.pipeline_s + p.tied_sync_s + p.dp_comm_s + p.optimizer_s;
+  return p;
+}
+
+nlohmann::json MpPrediction::to_json() const {
+  nlohmann::json j = {{"type", "prediction"},
+                      {"model_parallel", true},
+                      {"step_s", step_s},
+                      {"pipeline_s", pipeline_s},
+                      {"bubble_fraction", bubble_fraction},
+                      {"bubble_theory", bubble_theory},
+                      {"p2p_s", p2p_s},
+                      {"tied_sync_s", tied_sync_s},
+                      {"dp_comm_s", dp_comm_s},
+                      {"optimizer_s", optimizer_s},
+                      {"inflight_microbatches", inflight},
+                      {"shared_cores", shared_cores},
+                      {"memory_bytes_total", memory_total()},
+                      {"persistent_bytes", persistent_bytes()},
+                      {"peak_rss_bytes", peak_rss}};
+  for (auto& [k, val] : memory_bytes) j["memory_bytes"][k] = val;
+  j["comm_bytes"] = nlohmann::json::object();
+  for (auto& [k, val] : comm_bytes) j["comm_bytes"][k] = val;
+  return j;
+}
+
+std::string MpPrediction::summary() const {
+  double comm = 0;
+  for (auto& [k, val] : comm_bytes) comm += val;
+  return fmt::format(
+      "step {:.1f} ms (pipeline {:.1f}{} with bubble {:.1f}% [uniform theory {:.1f}%], hand-off {:.2f}, tied sum "
+      "{:.2f}, DP comm {:.1f}, optimizer {:.1f}), memory {:.2f} MB (parameters {:.2f}, gradients {:.2f}, "
+      "optimizer {:.2f}, activations {:.2f} = {} microbatch(es) in flight), comm per step {:.2f} MB, peak RSS "
+      "{:.2f} MB",
+      step_s * 1e3, pipeline_s * 1e3, shared_cores ? " on shared cores" : "", 100 * bubble_fraction, 100 * bubble_theory, p2p_s * 1e3, tied_sync_s * 1e3,
+      dp_comm_s * 1e3, optimizer_s * 1e3, memory_total() / 1e6, memory_bytes.at("parameters") / 1e6,
+      memory_bytes.at("gradients") / 1e6, memory_bytes.at("optimizer_state") / 1e6,
+      memory_bytes.at("activations") / 1e6, inflight, comm / 1e6, peak_rss / 1e6);
+}
+
+StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const parallel::DeviceMesh& mesh, int rows,
+                                          int block, int vocab) {
+  StageCalibration c;
+  ProcessGroup& world = *mesh.world();
+  const int P = mesh.pp_size(), v = pm.num_chunks(), p = mesh.pp_rank();
+  const size_t S = static_cast<size_t>(P) * v;
+  c.forward_s.assign(S, 0.0);
+  c.backward_s.assign(S, 0.0);
+  c.activation_bytes.assign(S, 0.0);
+  const size_t tokens = static_cast<size_t>(rows) * block;
+  std::vector<int32_t> x(tokens), y(tokens);
+  std::mt19937 rng(12345);  // the same tokens on every rank (TP ranks must agree)
+  for (size_t i = 0; i < tokens; ++i) {
+    x[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    y[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  }
+  for (int ch = 0; ch < v; ++ch) {
+    parallel::Stage& st = pm.chunk(ch);
+    const size_t numel = st.activation_numel(rows, block);
+    std::vector<float> in(numel), out(numel), dout(numel), din(numel);
+    for (size_t i = 0; i < numel; ++i) {
+      in[i] = 0.01f * static_cast<float>(static_cast<int>(i % 97) - 48);
+      dout[i] = 1e-4f * static_cast<float>(static_cast<int>(i % 89) - 44);
+    }
+    const float* inp = st.is_first() ? nullptr : in.data();
+    float* outp = st.is_last() ? nullptr : out.data();
+    const float* doutp = st.is_last() ? nullptr : dout.data();
+    float* dinp = st.is_first() ? nullptr : din.data();
+    // Rounds of kInFlight forwards then their backwards (several microbatches' activations live at once, as
+    // in the pipeline); round 0 warms up; the MEDIAN of the other rounds' actions is the calibrated time
+    // (millisecond actions: the minimum is optimistic, the mean hostage to one preemption).
+    constexpr int kInFlight = 2, kRounds = 9;
+    std::vector<double> tf, tb;
+    for (int k = 0; k < kRounds; ++k) {
+      world.barrier();  // every rank computes at the same moment: timed under the run's contention
+      const size_t before = st.activation_bytes();
+      for (int mb = 0; mb < kInFlight; ++mb) {
+        auto t0 = Clock::now();
+        st.forward(mb, x.data(), y.data(), inp, outp, rows, block, 1.0f, true);
+        if (k > 0) tf.push_back(since(t0));
+      }
+      c.activation_bytes[static_cast<size_t>(ch) * P + p] =
+          static_cast<double>(st.activation_bytes() - before) / kInFlight;
+      for (int mb = 0; mb < kInFlight; ++mb) {
+        auto t0 = Clock::now();
+        st.backward(mb, doutp, dinp);
+        if (k > 0) tb.push_back(since(t0));
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    c.forward_s[static_cast<size_t>(ch) * P + p] = median(tf);
+    c.backward_s[static_cast<size_t>(ch) * P + p] = median(tb);
+  }
+  // AdamW rate on scratch memory (as calibrate()).
+  const size_t slice = std::min<size_t>(std::max<size_t>(pm.num_params(), 1), size_t{1} << 17);
+  std::vector<float> pp(slice, 0.01f), g(slice, 0.001f), mm(slice, 0.0f), vv(slice, 0.0f);
+  kernels::cpu::adamw_update(pp.data(), g.data(), mm.data(), vv.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 1);
+  world.barrier();
+  auto t0 = Clock::now();
+  for (int k = 0; k < 2; ++k) {
+    kernels::cpu::adamw_update(pp.data(), g.data(), mm.data(), vv.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 2 + k);
+    volatile double sq = kernels::cpu::sum_squares(g.data(), slice);
+    (void)sq;
+  }
+  c.optimizer_s_per_param = since(t0) / 2 / static_cast<double>(slice);
+
+  // Pipeline hand-off: pipeline ranks pair up (2k, 2k+1; all pairs at once) and ping-pong one activation;
+  // a hand-off is half the round trip. Latency from a 1-float ping-pong. (One group carries both directions
+  // here, so the exchange is ordered, never a simultaneous send and receive on one FIFO.)
+  if (P > 1) {
+    auto pg = mesh.pp_group();
+    const size_t numel = pm.chunk(0).activation_numel(rows, block);
+    std::vector<float> buf(numel, 1.0f);
+    const bool even = p % 2 == 0;
+    const int peer = even ? p + 1 : p - 1;
+    const bool paired = peer >= 0 && peer < P;
+    auto pingpong = [&](size_t count) {
+      double best = 1e30;
+      for (int k = 0; k < 4; ++k) {
+        pg->barrier();
+        auto t = Clock::now();
+        if (paired && even) {
+          pg->send(buf.data(), count, DType::kFloat32, peer, 7001);
+          pg->recv(buf.data(), count, DType::kFloat32, peer, 7002);
+        } else if (paired) {
+          pg->recv(buf.data(), count, DType::kFloat32, peer, 7001);
+          pg->send(buf.data(), count, DType::kFloat32, peer, 7002);
+        }
+        if (k > 0 && paired) best = std::min(best, since(t) / 2);
+      }
+      if (!paired) best = 0;
+      pg->all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
+      return best;
+    };
+    const double t_small = pingpong(1), t_big = pingpong(numel);
+    c.p2p_latency_s = t_small;
+    c.p2p_Bps = t_big > t_small ? static_cast<double>(numel) * 4 / (t_big - t_small) : 0.0;
+  }
+  if (mesh.dp_size() > 1) {
+    auto dg = mesh.dp_group();
+    const int D = dg->size();
+    const size_t n = pm.num_params();
+    double best = 1e30;
+    for (int k = 0; k < 2; ++k) {
+      dg->barrier();
+      t0 = Clock::now();
+      dg->all_reduce(pm.grad_data(), n, DType::kFloat32, ReduceOp::kAvg);
+      best = std::min(best, since(t0));
+    }
+    dg->all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
+    c.dp_allreduce_bus_Bps = 2.0 * (D - 1) / D * static_cast<double>(n) * 4 / best;
+  }
+  pm.zero_grad();
+  for (int ch = 0; ch < v; ++ch) pm.chunk(ch).reset_peak();
+
+  // Every rank gets every stage's figures: the slowest replica of each (TP ranks and DP replicas).
+  world.all_reduce(c.forward_s.data(), S, DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(c.backward_s.data(), S, DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(c.activation_bytes.data(), S, DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(&c.optimizer_s_per_param, 1, DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(&c.p2p_latency_s, 1, DType::kFloat64, ReduceOp::kMax);
+  return c;
+}
+
+void mean_chunk_times(const std::vector<Span>& spans, const std::vector<std::pair<int64_t, int64_t>>& windows,
+                      int chunks, std::vector<double>* forward_s, std::vector<double>* backward_s) {
+  std::vector<double> sf(static_cast<size_t>(chunks), 0.0), sb(sf);
+  std::vector<int> nf(static_cast<size_t>(chunks), 0), nb(nf);
+  for (const auto& sp : spans) {
+    if (sp.kind != SpanKind::kCompute || sp.chunk < 0 || sp.chunk >= chunks) continue;
+    const bool f = sp.name == "forward", b = sp.name == "backward";
+    if (!f && !b) continue;
+    bool inside = false;
+    for (auto [a, e] : windows)
+      if (sp.t0_ns >= a && sp.t1_ns <= e) inside = true;
+    if (!inside) continue;
+    const double d = static_cast<double>(sp.t1_ns - sp.t0_ns) * 1e-9;
+    const size_t c = static_cast<size_t>(sp.chunk);
+    if (f) sf[c] += d, ++nf[c];
+    else sb[c] += d, ++nb[c];
+  }
+  forward_s->assign(static_cast<size_t>(chunks), 0.0);
+  backward_s->assign(static_cast<size_t>(chunks), 0.0);
+  for (size_t c = 0; c < sf.size(); ++c) {
+    if (nf[c] > 0) (*forward_s)[c] = sf[c] / nf[c];
+    if (nb[c] > 0) (*backward_s)[c] = sb[c] / nb[c];
+  }
 }
 
 }  // namespace trident::train
