@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ struct RawFlags {
   bool outofplace = false;
   std::string timeout;
   int nproc = 0;
+  std::string bind;  // --bind with --nproc ("" = TRIDENT_BIND, else auto)
   std::string tune;
   // Flags given on the command line (with --tune, the others take --tune's defaults).
   bool given_op = false, given_minbytes = false, given_maxbytes = false, given_stepfactor = false,
@@ -123,6 +125,11 @@ std::vector<std::string> child_arguments() {
       continue;
     }
     if (argv[i].rfind("--nproc=", 0) == 0) continue;
+    if (argv[i] == "--bind") {
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind("--bind=", 0) == 0) continue;
     out.push_back(argv[i]);
   }
   return out;
@@ -137,8 +144,16 @@ std::string self_exe() {
 
 int run(const RawFlags& f) {
   trident::bench::CommBenchOptions o;
+  std::optional<trident::launch::Bind> bind;
   try {
     o = to_options(f);
+    if (!f.bind.empty()) {
+      TRIDENT_CHECK(f.nproc > 0, InvalidArgument,
+                    "--bind {} applies to the ranks --nproc starts; under another launcher use its binding "
+                    "(trident launch --bind, mpirun --bind-to)",
+                    f.bind);
+      bind = trident::launch::parse_bind(f.bind);
+    }
     if (f.nproc < 0) TRIDENT_THROW(InvalidArgument, "--nproc must be at least 1, got {}", f.nproc);
     if (f.nproc > 0) {
       if (trident::env::get("RANK") || trident::env::get("OMPI_COMM_WORLD_RANK"))
@@ -157,6 +172,7 @@ int run(const RawFlags& f) {
     lo.nproc_per_node = f.nproc;
     lo.master_addr = "127.0.0.1";
     lo.master_port = 0;
+    lo.bind = bind;
     lo.command = {self_exe(), "bench", "comm"};
     for (auto& a : child_arguments()) lo.command.push_back(a);
     std::fflush(stdout);
@@ -221,6 +237,9 @@ void setup(CLI::App& app) {
   comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
   comm->add_option("--timeout", f->timeout, "deadline of every collective (e.g. 30s, 2m; default TRIDENT_TIMEOUT)");
   comm->add_option("--nproc", f->nproc, "start N local ranks of this benchmark (like trident launch -n N)");
+  comm->add_option("--bind", f->bind,
+                   "with --nproc: CPU binding of the ranks, none|core|auto (as trident launch --bind; default "
+                   "TRIDENT_BIND, else auto)");
   comm->add_option("--tune", f->tune,
                    "measure every algorithm of every collective that has a choice (8 B to 8 MiB by factors of 16, in "
                    "place, p50 latency) and write the tuning file FILE that TRIDENT_TUNING_FILE=FILE makes the "

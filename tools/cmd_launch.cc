@@ -18,7 +18,8 @@ void setup(CLI::App& app) {
       "TRIDENT_STORE_TOKEN (random unless set; with --nnodes > 1 export the same one on every node) and\n"
       "TRIDENT_STORE_HOSTED=1: the launcher of node 0 hosts the rendezvous store.\n"
       "Exit status: 0 if every rank exits 0; else the first failed rank's exit code (128+N if signal N killed\n"
-      "it); 128+N when the launcher gets signal N; 1 when another node failed; 127 if COMMAND cannot run.");
+      "it); 128+N when the launcher gets signal N; 1 when another node failed; 127 if COMMAND cannot run.\n"
+      "--bind (or TRIDENT_BIND) sets each rank's CPU affinity before it starts; auto is the default.");
   sub->add_option("-n,--nproc-per-node,--nproc", opts->nproc_per_node, "processes (ranks) on this node")
       ->capture_default_str();
   sub->add_option("--nnodes", opts->nnodes, "number of nodes")->capture_default_str();
@@ -28,6 +29,10 @@ void setup(CLI::App& app) {
   sub->add_option("--master-port", opts->master_port, "store port on node 0 (0 picks a free one)")
       ->capture_default_str();
   sub->add_flag("--tag-output", opts->tag_output, "prefix every output line with [rank R]");
+  auto bind = std::make_shared<std::string>();
+  sub->add_option("--bind", *bind,
+                  "CPU binding of local ranks: none | core (rank i on the i-th allowed CPU, round-robin) | auto "
+                  "(a share of the allowed CPUs each when ranks <= CPUs, else none); default TRIDENT_BIND, else auto");
   sub->add_option("--grace-period", opts->grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
   // The command is everything after "--", or everything from the first argument that is not an option.
@@ -46,7 +51,8 @@ void setup(CLI::App& app) {
             return !rest.empty() && rest.front() == "--" ? std::string() : std::string("not after --");
           },
           "", "after --"));
-  sub->callback([opts, sub, command] {
+  sub->callback([opts, sub, command, bind] {
+    if (!bind->empty()) opts->bind = trident::launch::parse_bind(*bind);
     std::vector<std::string> rest = sub->remaining(false);
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     opts->command = *command;

@@ -36,6 +36,7 @@ void guarded(F&& body) {
 struct ParallelFlags {
   int nproc = 1;
   train::DistributedOptions dist;
+  std::optional<launch::Bind> bind;  // --bind none|core|auto for the ranks --nproc starts (unset: TRIDENT_BIND)
 };
 
 std::string self_exe() {
@@ -45,7 +46,7 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(len));
 }
 
-// Removes --nproc, --parallel, --bucket-mb and --no-overlap (with "--k v" or "--k=v") from args.
+// Removes --nproc, --parallel, --bucket-mb, --no-overlap and --bind (with "--k v" or "--k=v") from args.
 ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
   ParallelFlags pf;
   std::vector<std::string> rest;
@@ -82,6 +83,8 @@ ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
       if (pf.dist.bucket_mb <= 0) TRIDENT_THROW(InvalidArgument, "--bucket-mb '{}': need a positive size in MiB", v);
     } else if (key == "--no-overlap") {
       pf.dist.overlap = false;
+    } else if (key == "--bind") {
+      pf.bind = launch::parse_bind(value());
     } else {
       rest.push_back(args[i]);
     }
@@ -96,6 +99,7 @@ void setup_train(CLI::App& app) {
   sub->footer(train::config_help() +
               "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2|zero3 (default ddp),\n"
               "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward).\n"
+              "  --bind none|core|auto: CPU binding of the ranks --nproc starts (as trident launch --bind).\n"
               "  Model parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
               "  gpipe|1f1b|interleaved, --microbatches m, --virtual-stages v, --mesh-order tp-dp-pp,\n"
               "  --trace FILE (Chrome trace of every rank). Example: trident train --nproc 8 --tp 2 --pp 2 --dp 2\n"
@@ -128,6 +132,7 @@ void setup_train(CLI::App& app) {
         launch::LaunchOptions lo;
         lo.nproc_per_node = pf.nproc;
         lo.master_port = 0;
+        lo.bind = pf.bind;
         lo.command = {self_exe(), "train"};
         for (auto& a : args) lo.command.push_back(a);
         lo.command.push_back("--parallel=" + pf.dist.parallel);

@@ -21,6 +21,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
       {"TRIDENT_HOST_ID", "", "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
+      {"TRIDENT_BIND", "auto", "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
@@ -140,5 +141,6 @@ int64_t shm_window_bytes() { return get_int("TRIDENT_SHM_WINDOW_BYTES", 0, true)
 std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
 std::string host_id() { return get_string("TRIDENT_HOST_ID", ""); }
+std::string bind() { return get_string("TRIDENT_BIND", "auto"); }
 
 }  // namespace trident::env

@@ -45,5 +45,6 @@ int64_t shm_window_bytes();       // TRIDENT_SHM_WINDOW_BYTES (0: by local ranks
 std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench comm --tune` ("" = cost model)
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
 std::string host_id();            // TRIDENT_HOST_ID: host identity (wins over TRIDENT_HOSTNAME and the hostname)
+std::string bind();               // TRIDENT_BIND: CPU binding of launched local ranks, none|core|auto (launch/ parses)
 
 }  // namespace trident::env

@@ -1,5 +1,6 @@
 #include "trident/launch/launcher.h"
 
+#include <sched.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <memory>
 #include <set>
+
+#include <fmt/ranges.h>
 
 #include "trident/comm/store/tcp_store.h"
 #include "trident/core/env.h"
@@ -87,6 +90,51 @@ std::string join_command(const std::vector<std::string>& command) {
 
 }  // namespace
 
+Bind parse_bind(const std::string& text, const std::string& what) {
+  if (text == "none") return Bind::kNone;
+  if (text == "core") return Bind::kCore;
+  if (text == "auto") return Bind::kAuto;
+  TRIDENT_THROW(InvalidArgument, "{} '{}': CPU binding must be one of none, core, auto", what, text);
+}
+
+const char* bind_name(Bind bind) {
+  switch (bind) {
+    case Bind::kNone: return "none";
+    case Bind::kCore: return "core";
+    case Bind::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Bind default_bind() { return parse_bind(env::bind(), "TRIDENT_BIND"); }
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  TRIDENT_CHECK(::sched_getaffinity(0, sizeof set, &set) == 0, IoError, "sched_getaffinity: {}; use --bind none",
+                detail::errno_string(errno));
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+std::vector<int> rank_cpus(Bind bind, const std::vector<int>& allowed, int local_rank, int local_ranks) {
+  TRIDENT_CHECK(local_ranks >= 1 && local_rank >= 0 && local_rank < local_ranks, InvalidArgument,
+                "rank_cpus: local rank {} of {} is out of range", local_rank, local_ranks);
+  const size_t n = allowed.size();
+  const auto p = static_cast<size_t>(local_ranks);
+  const auto i = static_cast<size_t>(local_rank);
+  if (n == 0 || bind == Bind::kNone) return {};
+  if (bind == Bind::kCore) return {allowed[i % n]};
+  if (p > n) return {};  // auto, oversubscribed: let the scheduler spread them
+  std::vector<int> share(allowed.begin() + static_cast<std::ptrdiff_t>(i * n / p),
+                         allowed.begin() + static_cast<std::ptrdiff_t>((i + 1) * n / p));
+  if (share.size() == n) return {};  // the whole set: nothing to change
+  return share;
+}
+
 void validate(const LaunchOptions& o) {
   TRIDENT_CHECK(o.nproc_per_node >= 1, InvalidArgument,
                 "--nproc-per-node {}: need at least 1 process per node", o.nproc_per_node);
@@ -104,6 +152,7 @@ void validate(const LaunchOptions& o) {
                 o.nnodes);
   TRIDENT_CHECK(!o.master_addr.empty(), InvalidArgument, "--master-addr is empty; give node 0's address");
   TRIDENT_CHECK(o.grace_seconds >= 0, InvalidArgument, "--grace-period {}: must be >= 0 seconds", o.grace_seconds);
+  if (!o.bind) default_bind();  // a bad TRIDENT_BIND is an error before anything starts
   TRIDENT_CHECK(!o.command.empty() && !o.command[0].empty(), InvalidArgument,
                 "no command to launch; usage: trident launch -n N [options] -- COMMAND [ARGS...]");
 }
@@ -232,9 +281,14 @@ int launch(const LaunchOptions& o) {
     };
   }
 
+  const Bind bind = o.bind ? *o.bind : default_bind();
+  const std::vector<int> allowed = bind == Bind::kNone ? std::vector<int>{} : allowed_cpus();
   auto supervisor = std::make_unique<Supervisor>(sopts);
   for (int local = 0; local < o.nproc_per_node; ++local) {
     ChildSpec spec;
+    spec.cpus = rank_cpus(bind, allowed, local, o.nproc_per_node);
+    log_debug("launch", "trident launch: --bind {}: local rank {} on CPUs {}", bind_name(bind), local,
+              spec.cpus.empty() ? std::string("(inherited)") : fmt::format("{}", fmt::join(spec.cpus, ",")));
     spec.argv = o.command;
     spec.env = base_env;
     for (const auto& [k, v] : rank_environment(o, local, port, token)) spec.env.push_back(k + "=" + v);

@@ -16,6 +16,17 @@
 //   TRIDENT_STORE_HOSTED=1 on every node (the store is served by the node-0 launcher: ranks connect to it,
 //   rank 0 does not host one).
 //
+// CPU binding (--bind, default TRIDENT_BIND, else auto): each local rank is bound (sched_setaffinity, before
+// exec, so every thread it starts inherits it) to CPUs of the launcher's own allowed set (sched_getaffinity):
+//   none: the rank inherits the launcher's affinity untouched;
+//   core: local rank i -> the i-th allowed CPU, round-robin when there are more ranks than CPUs;
+//   auto: when local ranks <= allowed CPUs, rank i gets its own contiguous share of the allowed set
+//         (allowed[i*n/p, (i+1)*n/p): one CPU each when p == n, so it equals core there, and a multi-threaded
+//         rank keeps its share when p < n; one rank keeps the whole set); none when ranks > CPUs (binding would
+//         pin oversubscribed ranks to shared CPUs and forbid the scheduler from spreading them).
+// Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (issue 3:
+// bimodal shm all-reduce timings). docs/PERFORMANCE.md "Shared-memory fast path" has the measurements.
+//
 // Several nodes (nnodes > 1): one launcher per node, all given the same --nnodes, --master-addr,
 // --master-port and TRIDENT_STORE_TOKEN. Node 0 hosts the store; every launcher also connects to it (waiting
 // up to TRIDENT_TIMEOUT for node 0) and uses keys under "trident_launch/": the first node whose rank fails (or
@@ -33,11 +44,25 @@
 // throw (InvalidArgument, StoreError).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace trident::launch {
+
+enum class Bind { kNone, kCore, kAuto };
+
+// "none" | "core" | "auto"; anything else throws InvalidArgument naming `what` (e.g. "--bind") and the values.
+Bind parse_bind(const std::string& text, const std::string& what = "--bind");
+const char* bind_name(Bind bind);
+// TRIDENT_BIND parsed (auto when unset).
+Bind default_bind();
+// This process's allowed CPUs (sched_getaffinity), ascending. Throws IoError when the kernel refuses.
+std::vector<int> allowed_cpus();
+// The CPUs local rank `local_rank` of `local_ranks` is bound to under `bind`, given the launcher's allowed set;
+// empty: leave the rank's affinity as inherited (none, auto when oversubscribed, or a share equal to the set).
+std::vector<int> rank_cpus(Bind bind, const std::vector<int>& allowed, int local_rank, int local_ranks);
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -47,6 +72,7 @@ struct LaunchOptions {
   int master_port = 29500;   // 0: node 0 picks a free port (single-node only)
   bool tag_output = false;   // prefix every output line with "[rank R] "
   double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
+  std::optional<Bind> bind;    // CPU binding of local ranks; unset: TRIDENT_BIND (default auto)
   std::vector<std::string> command;  // program and arguments, run once per local rank
 };
 

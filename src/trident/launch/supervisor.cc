@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -14,6 +15,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+
+#include <fmt/ranges.h>
 
 #include "trident/core/error.h"
 
@@ -95,8 +98,13 @@ void signal_child(pid_t pid, int sig) {
 // In the forked child: async-signal-safe calls only (the parent may have threads).
 [[noreturn]] void child_setup_and_run(const ChildSpec& spec, pid_t parent, bool kill_on_parent_death, int devnull,
                                       int out_fd, int err_fd, int exec_err_fd, const char* path, char* const* argv,
-                                      char* const* envp) {
+                                      char* const* envp, const cpu_set_t* cpus) {
   ::setpgid(0, 0);
+  if (cpus != nullptr && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+    int err = -errno;  // negative: the binding failed, not the exec
+    [[maybe_unused]] ssize_t n = ::write(exec_err_fd, &err, sizeof err);
+    ::_exit(127);
+  }
   if (kill_on_parent_death) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
@@ -114,7 +122,7 @@ void signal_child(pid_t pid, int sig) {
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
   if (spec.body) {
-    ::close(exec_err_fd);
+    ::close(exec_err_fd);  // (after the binding: its failure is reported through it)
     int code = 1;
     try {
       code = spec.body();
@@ -230,6 +238,13 @@ int Supervisor::spawn(const ChildSpec& spec) {
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
     TRIDENT_THROW(IoError, "pipe2: {}", detail::errno_string(e));
   }
+  cpu_set_t cpus;  // built here: the forked child only calls sched_setaffinity
+  CPU_ZERO(&cpus);
+  for (int c : spec.cpus) {
+    TRIDENT_CHECK(c >= 0 && c < CPU_SETSIZE, InvalidArgument, "cannot bind a child to CPU {}: CPUs are 0..{}", c,
+                  CPU_SETSIZE - 1);
+    CPU_SET(c, &cpus);
+  }
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);  // buffered output must not be written twice by a body child
@@ -237,7 +252,7 @@ int Supervisor::spawn(const ChildSpec& spec) {
   pid_t pid = ::fork();
   if (pid == 0) {
     child_setup_and_run(spec, parent, options_.kill_on_parent_death, devnull_, out[1], err[1], exec_err[1],
-                        path.c_str(), argv.data(), envp.data());
+                        path.c_str(), argv.data(), envp.data(), spec.cpus.empty() ? nullptr : &cpus);
   }
   int fork_errno = errno;
   ::close(out[1]);
@@ -260,6 +275,11 @@ int Supervisor::spawn(const ChildSpec& spec) {
     }
     ::close(out[0]);
     ::close(err[0]);
+    if (exec_errno < 0) {
+      TRIDENT_THROW(IoError, "cannot bind '{}' to CPUs {}: sched_setaffinity: {}; run with --bind none",
+                    spec.body ? std::string("child") : spec.argv[0], fmt::join(spec.cpus, ","),
+                    detail::errno_string(-exec_errno));
+    }
     TRIDENT_THROW(IoError, "cannot execute '{}' ({}): {}", spec.argv[0], path, detail::errno_string(exec_errno));
   }
   ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);

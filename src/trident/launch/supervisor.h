@@ -47,6 +47,9 @@ struct ChildSpec {
   std::function<int()> body;
   // Prefix of every forwarded output line (e.g. "[rank 3] "); empty for none.
   std::string tag;
+  // CPUs the child is bound to (sched_setaffinity before exec or body); empty: inherit this process's.
+  // spawn() throws IoError naming the CPUs when the kernel refuses the set.
+  std::vector<int> cpus;
 };
 
 enum class StreamKind { kStdout, kStderr };
