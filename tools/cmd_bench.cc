@@ -38,6 +38,7 @@ struct RawFlags {
   int root = 0;
   std::string algo = "auto";
   std::string transport = "auto";
+  std::string backend = "native";
   bool check = false;
   std::string json;
   bool inplace = false;
@@ -154,6 +155,13 @@ int run(const RawFlags& f) {
                     f.bind);
       bind = trident::launch::parse_bind(f.bind);
     }
+    if (f.backend != "native" && f.backend != "mpi")
+      TRIDENT_THROW(InvalidArgument,
+                    "--backend '{}' is not one of native, mpi (nccl runs on device buffers: bench/cuda/run_device.sh)",
+                    f.backend);
+    if (f.backend == "mpi" && f.nproc > 0)
+      TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident bench comm "
+                    "--backend mpi ...` without --nproc");
     if (f.nproc < 0) TRIDENT_THROW(InvalidArgument, "--nproc must be at least 1, got {}", f.nproc);
     if (f.nproc > 0) {
       if (trident::env::get("RANK") || trident::env::get("OMPI_COMM_WORLD_RANK"))
@@ -181,6 +189,7 @@ int run(const RawFlags& f) {
   try {
     trident::GroupOptions g;
     g.transport = o.transport;
+    g.backend = f.backend;
     if (o.timeout_s) g.timeout = trident::Seconds(*o.timeout_s);
     auto pg = trident::init_process_group(g);
     trident::bench::CommBenchResult r = trident::bench::run_comm_bench(*pg, o, std::cout);
@@ -229,6 +238,9 @@ void setup(CLI::App& app) {
                    "algorithm of each op, then auto")
       ->capture_default_str();
   comm->add_option("--transport", f->transport, "auto, shm or tcp")->capture_default_str();
+  comm->add_option("--backend", f->backend,
+                   "native (trident's algorithms and transports) or mpi (the MPI library, under mpirun)")
+      ->capture_default_str();
   comm->add_flag("--check,-c", f->check,
                  "verify every element of every iteration against an independently computed reference; exit 1 on "
                  "any wrong element");

@@ -203,6 +203,8 @@ TEST(BenchCommCli, BadFlagsNameTheFlagAndTheAllowedValues) {
            {"-f 1", "-f/--stepfactor", ">= 2"},
            {"--root 5", "--root", "[0, 2)"},
            {"--dtype uint8 --op all_reduce", "--dtype uint8", "data movement"},
+           {"--backend gloo", "--backend 'gloo'", "native, mpi"},
+           {"--backend mpi", "--backend mpi", "mpirun -np N"},
        }) {
     SCOPED_TRACE(c.args);
     CliRun r = run_trident("bench comm --nproc 2 " + c.args);
