@@ -17,6 +17,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
       {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
+      {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
