@@ -134,9 +134,17 @@ void TrainSampler::check_state(const nlohmann::json& j) const {
   auto want = state(j.value("next_step", int64_t{0}));
   for (const char* key : {"kind", "seed", "accumulation", "global_batch"}) {
     if (j.value(key, nlohmann::json()) != want[key]) {
-      TRIDENT_THROW(InvalidArgument,
-                    "the checkpoint's data sampler has {}={} but this run has {}={}; resume with the same settings",
-                    key, j.value(key, nlohmann::json()).dump(), key, want[key].dump());
+      std::string hint = "resume with the same settings";
+      if (std::string(key) == "global_batch") {
+        // The global batch is batch_size (per data-parallel rank) x data-parallel ranks: another world size
+        // resumes the same run when batch_size keeps the product.
+        hint = fmt::format(
+            "the global batch is batch_size x data-parallel ranks: to resume on another number of ranks, set "
+            "--batch_size to {} / ranks",
+            j.value(key, nlohmann::json()).dump());
+      }
+      TRIDENT_THROW(InvalidArgument, "the checkpoint's data sampler has {}={} but this run has {}={}; {}", key,
+                    j.value(key, nlohmann::json()).dump(), key, want[key].dump(), hint);
     }
   }
 }

@@ -174,3 +174,39 @@ TEST_F(Cli, CorruptCheckpointIsReportedWithTheFile) {
   EXPECT_CONTAINS(r.err, model);
   EXPECT_CONTAINS(r.err, "truncated");
 }
+
+// A ZeRO-3 run on 2 ranks resumes on 3 (ZeRO-1) with the same global batch (batch_size 6 x 2 = 4 x 3) and
+// continues exactly where the uninterrupted 2-rank run goes; a different global batch is refused with the fix.
+TEST_F(Cli, ResumeOnAnotherNumberOfRanksKeepsTheRun) {
+  const std::string base = "--data " + (dir_ / "corpus.txt").string() +
+                           " --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --warmup-iters 2"
+                           " --lr-decay-iters 12 --eval-interval 6 --eval-iters 2 --sample-tokens 0 --threads 1"
+                           " --grad-clip 0 --json";
+  const std::string a = (dir_ / "rs-a").string(), b = (dir_ / "rs-b").string();
+  // Uninterrupted: 12 steps on 2 ranks. Interrupted: 6 steps on 2 ranks, then 6 more on 3.
+  Result full = run("train " + base + " --nproc 2 --parallel zero3 --batch-size 6 --max-iters 12 --out_dir " + a);
+  ASSERT_EQ(full.rc, 0) << full.err;
+  Result first = run("train " + base + " --nproc 2 --parallel zero3 --batch-size 6 --max-iters 6 --out_dir " + b);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  Result bad = run("train " + base + " --nproc 3 --parallel zero1 --batch-size 6 --max-iters 12 --resume --out_dir " + b);
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_CONTAINS(bad.out + bad.err, "set --batch_size to 12 / ranks");
+  Result second =
+      run("train " + base + " --nproc 3 --parallel zero1 --batch-size 4 --max-iters 12 --resume --out_dir " + b);
+  ASSERT_EQ(second.rc, 0) << second.err;
+  auto losses = [](const std::string& out) {
+    std::map<int64_t, double> m;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] != '{') continue;
+      auto j = nlohmann::json::parse(line);
+      if (j.value("type", "") == "step") m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return m;
+  };
+  auto ref = losses(full.out), resumed = losses(second.out);
+  ASSERT_EQ(ref.size(), 12u);
+  ASSERT_EQ(resumed.size(), 6u);
+  for (auto [step, loss] : resumed) EXPECT_NEAR(loss, ref.at(step), 1e-4 * std::abs(ref.at(step))) << step;
+}
