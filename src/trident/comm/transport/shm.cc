@@ -470,7 +470,7 @@ void ShmWindow::wait_until(Ready ready, Behind behind) {
       std::vector<int> missing;
       for (int p = 0; p < n_; ++p)
         if (p != me_ && behind(p)) missing.push_back(p);
-      slow_checks_for(missing);
+      slow_checks_for(missing, [&](int q) { return static_cast<bool>(behind(q)); });
       next_check = now + std::chrono::milliseconds(100);
       continue;
     }
@@ -517,7 +517,7 @@ void ShmWindow::wait_tiny() {
 
 const uint8_t* ShmWindow::tiny(int r) const { return ctl(r)->tiny[cur_fp_].payload; }
 
-void ShmWindow::slow_checks_for(const std::vector<int>& missing) {
+void ShmWindow::slow_checks_for(const std::vector<int>& missing, const std::function<bool(int)>& behind) {
   if (seg_->aborted()) raise_aborted();
   if (poll_) poll_();  // the engine's message progress: a message-based collective at this seq is a mismatch
   // A peer waiting on another path of the window at this sequence number (e.g. tiny against slots).
@@ -526,7 +526,7 @@ void ShmWindow::slow_checks_for(const std::vector<int>& missing) {
     if (f.seq == fp_.seq) check_one(p, f);
   }
   for (int p : missing)
-    if (!process_alive(seg_->pid(p), seg_->starttime(p)))
+    if (!process_alive(seg_->pid(p), seg_->starttime(p)) && behind(p))  // re-read after seeing it gone
       fail('D', fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(fp_), fp_.seq, group_),
            p);
   if (!missing.empty() && std::chrono::steady_clock::now() >= deadline_)

@@ -149,7 +149,9 @@ class ShmWindow {
   // Spins, then sleeps on the doorbell until ready(); slow checks name the ranks for which behind(p).
   template <class Ready, class Behind>
   void wait_until(Ready ready, Behind behind);
-  void slow_checks_for(const std::vector<int>& missing);
+  // `behind(p)` re-reads whether peer p still owes this rank its part: a peer that posted and then exited
+  // (it finished the collective) is not a dead peer.
+  void slow_checks_for(const std::vector<int>& missing, const std::function<bool(int)>& behind);
   void check_one(int p, const Fingerprint& f);
   std::string who(int r) const;
 
