@@ -507,6 +507,20 @@ bool Engine::progress_rx(int peer) {
   }
 }
 
+// The TCP sockets of the active peers to poll: readable always, writable when a send is queued. Reuses
+// one vector (this is the waiting path).
+std::vector<pollfd>& Engine::tcp_pollfds() {
+  pollfds_.clear();
+  for (int p : active_peers_) {
+    int fd = channels_[p]->fd();
+    if (fd < 0) continue;
+    short ev = POLLIN;
+    if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
+    pollfds_.push_back({fd, ev, 0});
+  }
+  return pollfds_;
+}
+
 bool Engine::progress_all() {
   bool moved = false;
   for (size_t k = 0; k < active_peers_.size(); ++k) {
@@ -673,15 +687,7 @@ void Engine::block_once(Clock::time_point deadline) {
     constexpr long kMixedSleepUs = 100;
     const bool need_tcp = (wait_kinds_ & 1) != 0, need_shm = (wait_kinds_ & 2) != 0;
     if (need_tcp || !need_shm) {
-      std::vector<pollfd> fds;
-      fds.reserve(active_peers_.size());
-      for (int p : active_peers_) {
-        int fd = channels_[p]->fd();
-        if (fd < 0) continue;
-        short ev = POLLIN;
-        if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
-        fds.push_back({fd, ev, 0});
-      }
+      std::vector<pollfd>& fds = tcp_pollfds();
       if (poll(fds.data(), fds.size(), need_shm ? 0 : ms) != 0 || !need_shm) return;
     }
     int me = local_index_[rank_];
@@ -697,15 +703,7 @@ void Engine::block_once(Clock::time_point deadline) {
     return;
   }
   if (has_tcp_) {
-    std::vector<pollfd> fds;
-    fds.reserve(active_peers_.size());
-    for (int p : active_peers_) {
-      int fd = channels_[p]->fd();
-      if (fd < 0) continue;
-      short ev = POLLIN;
-      if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
-      fds.push_back({fd, ev, 0});
-    }
+    std::vector<pollfd>& fds = tcp_pollfds();
     poll(fds.data(), fds.size(), has_shm_ ? std::min(ms, 1) : ms);
     return;
   }

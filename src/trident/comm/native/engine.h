@@ -7,6 +7,8 @@
 // any thread. Every wait has the current collective's deadline.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -97,6 +99,8 @@ class Engine final : public AlgoContext {
   Request post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
                     DType dtype, ReduceOp op);
   bool progress_all();
+  std::vector<pollfd>& tcp_pollfds();
+  std::vector<pollfd> pollfds_;
   bool waiting_on(int peer) const;
   // Progresses one peer; a broken channel is explained (dead peer, abort) and thrown, or, when this rank
   // does not need that peer, the channel is retired (returns -1).
