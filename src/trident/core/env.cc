@@ -18,13 +18,17 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
+      {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
       {"TRIDENT_HOST_ID", "", "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
       {"TRIDENT_BIND", "auto", "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
+      {"TRIDENT_TCP_SOCKBUF", "0", "SO_SNDBUF/SO_RCVBUF of every TCP connection (0 = the largest the kernel allows)"},
+      {"TRIDENT_TCP_MAX_IO", "0", "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
+      {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
   };
   return params;
@@ -138,7 +142,10 @@ std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
 bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
 int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
 int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
+int64_t tcp_sockbuf() { return get_int("TRIDENT_TCP_SOCKBUF", 0, true); }
+int64_t tcp_max_io() { return get_int("TRIDENT_TCP_MAX_IO", 0, true); }
 int64_t shm_window_bytes() { return get_int("TRIDENT_SHM_WINDOW_BYTES", 0, true); }
+bool cma() { return get_bool("TRIDENT_CMA", true); }
 std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
 std::string host_id() { return get_string("TRIDENT_HOST_ID", ""); }

@@ -41,7 +41,10 @@ std::string store_token();        // TRIDENT_STORE_TOKEN
 bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
+int64_t tcp_sockbuf();            // TRIDENT_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF of TCP connections (0: kernel maximum)
+int64_t tcp_max_io();             // TRIDENT_TCP_MAX_IO: cap on bytes per TCP send/recv call (0: none; tests)
 int64_t shm_window_bytes();       // TRIDENT_SHM_WINDOW_BYTES (0: by local ranks; shm fast path staging)
+bool cma();                       // TRIDENT_CMA: 0 = no cross-memory attach (the cma algorithm stages instead)
 std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench comm --tune` ("" = cost model)
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
 std::string host_id();            // TRIDENT_HOST_ID: host identity (wins over TRIDENT_HOSTNAME and the hostname)

@@ -10,6 +10,7 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/aligned.h"
+#include "trident/kernels/cpu/gemm_avx512.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
 
@@ -233,11 +234,111 @@ static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C
   }
 }
 
+// AVX-512 path: the three products of a head run through the register-blocked GEMM (gemm_avx512.cc),
+// skipping the causal triangle's zeros; softmax passes in between. Each score and output element is one
+// FMA chain in index order.
+using detail::Tri;
+
+// Row i of S (stride tp) holds q_i.k_j for j <= i on entry; on return exp(scale s - lse_i) normalized (P),
+// zero for j > i up to the padded row end; lse[i] set.
+TRIDENT_CLONES
+static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float scale) {
+  const int tend = round_up(T);
+  for (int i = 0; i < T; ++i) {
+    const int n = i + 1, n16 = round_up(n);
+    float* row = S + i * tp;
+    Vec16 vmax = splat(-3.0e38f);
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 x = load16(row + jb) * scale;
+      x = lanes(jb) < n ? x : splat(-3.0e38f);
+      store16(row + jb, x);
+      vmax = x > vmax ? x : vmax;
+    }
+    const float mx = hmax(vmax);
+    Vec16 vsum = {};
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 e = fast_exp16(load16(row + jb) - mx);
+      e = lanes(jb) < n ? e : Vec16{};
+      store16(row + jb, e);
+      vsum += e;
+    }
+    const float sum = hsum(vsum);
+    const float inv = 1.0f / sum;
+    for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
+    for (int jb = n16; jb < tend; jb += kW) store16(row + jb, Vec16{});
+    lse[i] = mx + std::log(sum);
+  }
+}
+
+// On entry P holds q_i.k_j and dS holds dO_i.v_j (j <= i); on return P = exp(scale s - lse_i) and
+// dS = P (dP - D_i) scale, both zero for j > i up to the padded row end.
+TRIDENT_CLONES
+static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float* dout, const float* out,
+                                     const float* lse, int T, int C, int hd, float scale) {
+  const int tend = round_up(T);
+  for (int i = 0; i < T; ++i) {
+    const int n = i + 1, n16 = round_up(n);
+    float* p = P + i * tp;
+    float* ds = dS + i * tp;
+    const float* go = dout + static_cast<size_t>(i) * C;
+    const float* o = out + static_cast<size_t>(i) * C;
+    const float l = lse[i];
+    float D = 0.0f;
+    for (int d = 0; d < hd; ++d) D += go[d] * o[d];
+    for (int jb = 0; jb < n16; jb += kW) {
+      const auto valid = lanes(jb) < n;
+      Vec16 pj = fast_exp16(load16(p + jb) * scale - l);
+      pj = valid ? pj : Vec16{};
+      store16(p + jb, pj);
+      // Lanes past the diagonal are selected away, not multiplied by 0: they may hold stale scratch.
+      const Vec16 g = pj * (load16(ds + jb) - D) * scale;
+      store16(ds + jb, valid ? g : Vec16{});
+    }
+    for (int jb = n16; jb < tend; jb += kW) {
+      store16(p + jb, Vec16{});
+      store16(ds + jb, Vec16{});
+    }
+  }
+}
+
+static void attn_fwd_head_native(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
+                                 Scratch& sc) {
+  const int ld = 3 * C, tp = static_cast<int>(align_floats(T));
+  float* S = sc.s.data();
+  detail::gemm_avx512(false, true, T, T, hd, qkv, ld, qkv + C, ld, false, S, tp, Tri::kLowerC);
+  causal_softmax_rows(S, tp, lse, T, scale);
+  detail::gemm_avx512(false, false, T, hd, T, S, tp, qkv + 2 * C, ld, false, out, C, Tri::kLowerA);
+}
+
+static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                 int T, int C, int hd, float scale, Scratch& sc) {
+  const int ld = 3 * C, tp = static_cast<int>(align_floats(T));
+  float* P = sc.s.data();
+  float* dS = sc.ds.data();
+  const float* q = qkv;
+  const float* k = qkv + C;
+  const float* v = qkv + 2 * C;
+  detail::gemm_avx512(false, true, T, T, hd, q, ld, k, ld, false, P, tp, Tri::kLowerC);
+  detail::gemm_avx512(false, true, T, T, hd, dout, C, v, ld, false, dS, tp, Tri::kLowerC);
+  causal_softmax_grad_rows(P, dS, tp, dout, out, lse, T, C, hd, scale);
+  // dQ = dS K; dK = dS^T Q; dV = P^T dO.
+  detail::gemm_avx512(false, false, T, hd, T, dS, tp, k, ld, false, dqkv, ld, Tri::kLowerA);
+  detail::gemm_avx512(true, false, T, hd, T, dS, tp, q, ld, false, dqkv + C, ld, Tri::kUpperA);
+  detail::gemm_avx512(true, false, T, hd, T, P, tp, dout, C, false, dqkv + 2 * C, ld, Tri::kUpperA);
+}
+
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   g_scratch.ensure(T, hd);
+  if (detail::native_kernels_enabled()) {
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < NH; ++h)
+        attn_fwd_head_native(out + static_cast<size_t>(b) * T * C + h * hd, lse + (static_cast<size_t>(b) * NH + h) * T,
+                             qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, g_scratch);
+    return;
+  }
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       attn_fwd_head(out + static_cast<size_t>(b) * T * C + h * hd, lse + (static_cast<size_t>(b) * NH + h) * T,
@@ -292,8 +393,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   g_scratch.ensure(T, hd);
+  const bool native = detail::native_kernels_enabled();
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
+      if (native) {
+        const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
+        const size_t base = static_cast<size_t>(b) * T * C + h * hd;
+        attn_bwd_head_native(dqkv + base3, dout + base, qkv + base3, out + base,
+                             lse + (static_cast<size_t>(b) * NH + h) * T, T, C, hd, scale, g_scratch);
+        continue;
+      }
       const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
       const size_t base = static_cast<size_t>(b) * T * C + h * hd;
       attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, lse + (static_cast<size_t>(b) * NH + h) * T, T,

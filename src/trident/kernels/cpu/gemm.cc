@@ -2,9 +2,12 @@
 #include <cblas.h>
 #include <sched.h>
 
+#include <atomic>
 #include <vector>
 
+#include "trident/core/env.h"
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/gemm_avx512.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
 
@@ -59,6 +62,41 @@ void set_num_threads(int n) {
 
 int num_threads() { return g_threads > 0 ? g_threads : openblas_get_num_threads(); }
 
+namespace {
+// TRIDENT_CPU_KERNELS (read once): auto = the AVX-512 kernels where the CPU has them; portable = OpenBLAS
+// GEMMs and the portable attention (the A/B baseline, and what CPUs without AVX-512 run).
+bool native_kernels_configured() {
+  static const bool enabled = [] {
+    const std::string mode = env::get_string("TRIDENT_CPU_KERNELS", "auto");
+    TRIDENT_CHECK(mode == "auto" || mode == "portable", InvalidArgument,
+                  "TRIDENT_CPU_KERNELS='{}': expected auto (AVX-512 kernels where the CPU has them) or portable",
+                  mode);
+    return mode == "auto" && detail::avx512_gemm_available();
+  }();
+  return enabled;
+}
+std::atomic<bool> g_native_allowed{true};
+
+// The AVX-512 GEMM serves single-thread float32 products with alpha 1 and beta 0 or 1 (every call the
+// models make); anything else goes to OpenBLAS.
+bool use_native_gemm(float alpha, float beta) {
+  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled() && num_threads() == 1;
+}
+}  // namespace
+
+bool set_native_kernels(bool on) {
+  const bool was = g_native_allowed.exchange(on);
+  return was && native_kernels_configured();
+}
+
+bool native_kernels_active() { return detail::native_kernels_enabled(); }
+
+namespace detail {
+bool native_kernels_enabled() {
+  return g_native_allowed.load(std::memory_order_relaxed) && native_kernels_configured();
+}
+}  // namespace detail
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc, Precision p) {
   if (M == 0 || N == 0) return;
@@ -68,6 +106,10 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
     return;
   }
   if (p == Precision::kFloat32) {
+    if (use_native_gemm(alpha, beta)) {
+      detail::gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
                 alpha, A, lda, B, ldb, beta, C, ldc);
     return;
@@ -76,9 +118,17 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;
   if (!have_native_bf16_gemm()) {
+    if (use_native_gemm(alpha, beta) && detail::amx_bf16_available()) {
+      detail::gemm_amx_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
+      return;
+    }
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
+    if (use_native_gemm(alpha, beta)) {
+      detail::gemm_avx512(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
                 alpha, a32.data(), ac, b32.data(), bc, beta, C, ldc);
     return;

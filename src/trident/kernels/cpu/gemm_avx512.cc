@@ -1,0 +1,403 @@
+// Single-thread float32 GEMM for AVX-512 CPUs, tuned for the small, skinny products of training
+// (K and N of 64..768): C[M,N] (+)= op(A) op(B), row-major.
+//
+// Why not OpenBLAS for these: at these sizes OpenBLAS spends a fifth of its time outside the FMA kernel
+// (packing both operands for every call, zeroing C for beta 0). Here only a transposed B (a Linear's
+// weight in forward) is packed, 128 x 64 floats at a time; A is broadcast straight from its rows (or,
+// transposed, from consecutive floats of one row), B rows are loaded in place, and C is written once.
+//
+// Numerics: every C element is one fused multiply-add chain over k = 0..K-1 in order, starting from 0
+// (or from C's old value when accumulating). The result therefore does not depend on the tiling, on M,
+// or on where an element falls in a tile: run-to-run and batch-split deterministic.
+//
+// bfloat16 products (Precision::kBFloat16) run on AMX tiles where the CPU and the OS allow it (below).
+//
+// Compiled with AVX-512 / AMX target attributes (no global -march): callers must check
+// avx512_gemm_available() / amx_bf16_available(). No state but thread-local packing buffers; thread-safe
+// for disjoint C.
+#include "trident/kernels/cpu/gemm_avx512.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TRIDENT_HAVE_AVX512_GEMM 1
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined vector" idiom (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace trident::kernels::cpu::detail {
+
+#ifdef TRIDENT_HAVE_AVX512_GEMM
+
+#define TRIDENT_AVX512_FN __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
+
+namespace {
+
+constexpr int kMr = 6;    // rows of a register tile
+constexpr int kNv = 4;    // zmm vectors per tile row: 64 columns
+constexpr int kNr = 16 * kNv;
+constexpr int kKc = 128;  // k per block: a packed 128 x 64 panel is 32 KiB, resident in L1
+
+alignas(64) thread_local float g_pack[kKc * kNr];
+
+// acc[MR][NV] = (load_c ? C : 0) + sum_k A(i,k) B(k,j) for one tile. B rows at stride ldb; the last
+// vector of each row is loaded and stored under mask `last` (columns past N are neither read nor written).
+template <int MR, int NV, bool kTransA>
+TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __restrict a, ptrdiff_t lda,
+                                                       const float* __restrict b, ptrdiff_t ldb, __mmask16 last,
+                                                       float* __restrict c, ptrdiff_t ldc, bool load_c) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (load_c) {
+        acc[i][v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v)
+                                : _mm512_loadu_ps(c + i * ldc + 16 * v);
+      } else {
+        acc[i][v] = _mm512_setzero_ps();
+      }
+    }
+  const float* ar[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) ar[i] = kTransA ? a + i : a + i * lda;
+  for (int k = 0; k < K; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
+    b += ldb;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(kTransA ? ar[0][i] : ar[i][k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+    }
+    if (kTransA) ar[0] += lda;
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
+      else _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
+    }
+}
+
+using MicroFn = void (*)(int, const float*, ptrdiff_t, const float*, ptrdiff_t, __mmask16, float*, ptrdiff_t, bool);
+
+template <bool kTransA, int MR>
+constexpr MicroFn pick_nv(int nv) {
+  return nv == 1   ? &micro<MR, 1, kTransA>
+         : nv == 2 ? &micro<MR, 2, kTransA>
+         : nv == 3 ? &micro<MR, 3, kTransA>
+                   : &micro<MR, 4, kTransA>;
+}
+
+template <bool kTransA>
+MicroFn pick(int mr, int nv) {
+  switch (mr) {
+    case 1: return pick_nv<kTransA, 1>(nv);
+    case 2: return pick_nv<kTransA, 2>(nv);
+    case 3: return pick_nv<kTransA, 3>(nv);
+    case 4: return pick_nv<kTransA, 4>(nv);
+    case 5: return pick_nv<kTransA, 5>(nv);
+    default: return pick_nv<kTransA, 6>(nv);
+  }
+}
+
+// In-register 16 x 16 transpose: rows r[0..15] in, r[c] = column c out.
+TRIDENT_AVX512_FN inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m512 u[16];  // u[4g + m], 128-bit lane L: column 4L + m of rows 4g..4g+3
+  for (int g = 0; g < 4; ++g) {
+    const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d a2 = _mm512_castps_pd(t[4 * g + 2]), a3 = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), y0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    const __m512 x1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88),
+                 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+    r[0 + m] = _mm512_shuffle_f32x4(x0, x1, 0x88);   // lane 0 columns
+    r[8 + m] = _mm512_shuffle_f32x4(x0, x1, 0xdd);   // lane 2
+    r[4 + m] = _mm512_shuffle_f32x4(y0, y1, 0x88);   // lane 1
+    r[12 + m] = _mm512_shuffle_f32x4(y0, y1, 0xdd);  // lane 3
+  }
+}
+
+// g_pack[k][jj] = B(k0 + k, j0 + jj) for a transposed B (B(k,j) = b[j*ldb + k]); jj < w, zero beyond up to
+// the next multiple of 16. 16 x 16 blocks: 16 rows of b (16 contiguous k each) transposed in registers.
+TRIDENT_AVX512_FN void pack_transposed(const float* b, ptrdiff_t ldb, int k0, int kc, int j0, int w) {
+  const int wp = (w + 15) / 16 * 16;
+  for (int jb = 0; jb < wp; jb += 16) {
+    const int jn = w - jb < 16 ? w - jb : 16;
+    for (int kb = 0; kb < kc; kb += 16) {
+      const int kn = kc - kb < 16 ? kc - kb : 16;
+      const __mmask16 km = static_cast<__mmask16>((1u << kn) - 1u);
+      __m512 r[16];
+      for (int jj = 0; jj < 16; ++jj)
+        r[jj] = jj < jn ? _mm512_maskz_loadu_ps(km, b + (j0 + jb + jj) * ldb + k0 + kb) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int kk = 0; kk < kn; ++kk) _mm512_store_ps(g_pack + (kb + kk) * kNr + jb, r[kk]);
+    }
+  }
+}
+
+template <bool kTransA>
+TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                           bool accumulate, float* C, int ldc, Tri tri) {
+  for (int k0 = 0; k0 < K; k0 += kKc) {
+    const int kc = K - k0 < kKc ? K - k0 : kKc;
+    for (int j0 = 0; j0 < N; j0 += kNr) {
+      const int w = N - j0 < kNr ? N - j0 : kNr;
+      const float* bp;
+      ptrdiff_t bs;
+      if (trans_b) {
+        pack_transposed(B, ldb, k0, kc, j0, w);
+        bp = g_pack;
+        bs = kNr;
+      } else {
+        bp = B + static_cast<ptrdiff_t>(k0) * ldb + j0;
+        bs = ldb;
+      }
+      for (int i0 = 0; i0 < M; i0 += kMr) {
+        const int mr = M - i0 < kMr ? M - i0 : kMr;
+        int we = w;    // columns of this panel the rows need
+        int ks = 0;    // k range [ks, ke) within the block
+        int ke = kc;
+        int kfirst = 0;  // first k of the whole product that contributes to these rows
+        if (tri == Tri::kLowerC) {
+          we = i0 + mr - j0 < w ? i0 + mr - j0 : w;
+          if (we <= 0) continue;
+        } else if (tri == Tri::kLowerA) {
+          ke = i0 + mr - k0 < kc ? i0 + mr - k0 : kc;
+          if (ke <= 0) continue;
+        } else if (tri == Tri::kUpperA) {
+          kfirst = i0;
+          ks = i0 - k0 > 0 ? i0 - k0 : 0;
+          if (ks >= kc) continue;
+        }
+        const int nv = (we + 15) / 16;
+        const __mmask16 last = static_cast<__mmask16>(we % 16 == 0 ? 0xffffu : (1u << (we % 16)) - 1u);
+        const bool load_c = accumulate || k0 > kfirst;
+        const int kk = k0 + ks;
+        const float* ai =
+            kTransA ? A + static_cast<ptrdiff_t>(kk) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + kk;
+        pick<kTransA>(mr, nv)(ke - ks, ai, lda, bp + static_cast<ptrdiff_t>(ks) * bs, bs, last,
+                              C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, load_c);
+      }
+    }
+  }
+}
+
+
+
+// ---- bfloat16 products on AMX (tdpbf16ps: a 16 x 16 float32 tile += 16 x 32 bf16 times 32 x 16 bf16) ----
+// Operands are rounded to bfloat16 (round-to-nearest-even) into padded thread-local buffers: A as
+// [Mp][Kp] bf16 rows, B as [Kp/2][Np] 32-bit words each holding the pair B(2p, j), B(2p+1, j). The product
+// lands in a padded float32 buffer and is added to (or copied into) C. Tiles: 0-3 C (32 x 32), 4-5 A, 6-7 B.
+#define TRIDENT_AMX_FN \
+  __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx512bf16,amx-tile,amx-bf16,fma")))
+
+thread_local std::vector<uint16_t> g_a16;
+thread_local std::vector<uint32_t> g_b16, g_t16;
+thread_local std::vector<float> g_c32;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// out[0..npad) = bf16(x[0..n)), zero past n (npad a multiple of 32).
+TRIDENT_AMX_FN void row_to_bf16(uint16_t* out, const float* x, int n, int npad) {
+  for (int k0 = 0; k0 < npad; k0 += 32) {
+    const int nlo = n - k0 <= 0 ? 0 : (n - k0 < 16 ? n - k0 : 16);
+    const int nhi = n - k0 - 16 <= 0 ? 0 : (n - k0 - 16 < 16 ? n - k0 - 16 : 16);
+    const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nlo) - 1u), x + k0);
+    const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nhi) - 1u), x + k0 + 16);
+    _mm512_storeu_si512(out + k0, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+// words[i] for i < npad: (bf16(r0[i]), bf16(r1[i])), zero past n; null rows read as zeros.
+TRIDENT_AMX_FN void interleave_pairs(uint32_t* words, const float* r0, const float* r1, int n, int npad) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int i = 0; i < npad; i += 16) {
+    const int v = n - i <= 0 ? 0 : (n - i < 16 ? n - i : 16);
+    const __mmask16 m = static_cast<__mmask16>((1u << v) - 1u);
+    const __m512 a = r0 ? _mm512_maskz_loadu_ps(m, r0 + i) : _mm512_setzero_ps();
+    const __m512 b = r1 ? _mm512_maskz_loadu_ps(m, r1 + i) : _mm512_setzero_ps();
+    const __m512i x = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // low half a, high half b
+    _mm512_storeu_si512(words + i, _mm512_permutexvar_epi16(idx, x));
+  }
+}
+
+TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                             const float* B, int ldb, bool accumulate, float* C, int ldc) {
+  const int Mp = (M + 31) / 32 * 32, Np = (N + 31) / 32 * 32, Kp = (K + 31) / 32 * 32, kp = Kp / 2;
+  g_a16.resize(static_cast<size_t>(Mp) * Kp);
+  g_b16.resize(static_cast<size_t>(kp) * Np);
+  g_c32.resize(static_cast<size_t>(Mp) * Np);
+  uint16_t* a = g_a16.data();
+  uint32_t* b = g_b16.data();
+  float* c = g_c32.data();
+  // A -> [Mp][Kp] bf16.
+  if (!trans_a) {
+    for (int i = 0; i < Mp; ++i) row_to_bf16(a + static_cast<ptrdiff_t>(i) * Kp, A + static_cast<ptrdiff_t>(i) * lda,
+                                              i < M ? K : 0, Kp);
+  } else {  // A(i,k) = A[k*lda + i]: 16 x 16 transposes, two per 32 k.
+    for (int i0 = 0; i0 < Mp; i0 += 16) {
+      const int iv = M - i0 <= 0 ? 0 : (M - i0 < 16 ? M - i0 : 16);
+      const __mmask16 im = static_cast<__mmask16>((1u << iv) - 1u);
+      for (int k0 = 0; k0 < Kp; k0 += 32) {
+        __m512 lo[16], hi[16];
+        for (int kk = 0; kk < 16; ++kk) {
+          lo[kk] = k0 + kk < K ? _mm512_maskz_loadu_ps(im, A + static_cast<ptrdiff_t>(k0 + kk) * lda + i0)
+                               : _mm512_setzero_ps();
+          hi[kk] = k0 + 16 + kk < K ? _mm512_maskz_loadu_ps(im, A + static_cast<ptrdiff_t>(k0 + 16 + kk) * lda + i0)
+                                    : _mm512_setzero_ps();
+        }
+        transpose16(lo);
+        transpose16(hi);
+        for (int ii = 0; ii < 16; ++ii)
+          _mm512_storeu_si512(a + static_cast<ptrdiff_t>(i0 + ii) * Kp + k0,
+                              reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi[ii], lo[ii])));
+      }
+    }
+  }
+  // B -> [kp][Np] pair words.
+  if (!trans_b) {
+    for (int p = 0; p < kp; ++p) {
+      const float* r0 = 2 * p < K ? B + static_cast<ptrdiff_t>(2 * p) * ldb : nullptr;
+      const float* r1 = 2 * p + 1 < K ? B + static_cast<ptrdiff_t>(2 * p + 1) * ldb : nullptr;
+      interleave_pairs(b + static_cast<ptrdiff_t>(p) * Np, r0, r1, N, Np);
+    }
+  } else {  // B(k,j) = B[j*ldb + k]: rows j -> bf16 [Np][Kp] (= words [Np][kp]), then a 32-bit transpose.
+    g_t16.resize(static_cast<size_t>(Np) * kp);
+    uint32_t* t = g_t16.data();
+    for (int j = 0; j < Np; ++j)
+      row_to_bf16(reinterpret_cast<uint16_t*>(t + static_cast<ptrdiff_t>(j) * kp), B + static_cast<ptrdiff_t>(j) * ldb,
+                  j < N ? K : 0, Kp);
+    for (int j0 = 0; j0 < Np; j0 += 16)
+      for (int p0 = 0; p0 < kp; p0 += 16) {
+        __m512 r[16];
+        for (int jj = 0; jj < 16; ++jj)
+          r[jj] = _mm512_castsi512_ps(_mm512_loadu_si512(t + static_cast<ptrdiff_t>(j0 + jj) * kp + p0));
+        transpose16(r);
+        for (int pp = 0; pp < 16; ++pp)
+          _mm512_storeu_si512(b + static_cast<ptrdiff_t>(p0 + pp) * Np + j0, _mm512_castps_si512(r[pp]));
+      }
+  }
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  const long sa = static_cast<long>(Kp) * 2, sb = static_cast<long>(Np) * 4, sc = static_cast<long>(Np) * 4;
+  for (int i0 = 0; i0 < Mp; i0 += 32)
+    for (int j0 = 0; j0 < Np; j0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int k0 = 0; k0 < Kp; k0 += 32) {
+        _tile_loadd(4, a + static_cast<ptrdiff_t>(i0) * Kp + k0, sa);
+        _tile_loadd(5, a + static_cast<ptrdiff_t>(i0 + 16) * Kp + k0, sa);
+        _tile_loadd(6, b + static_cast<ptrdiff_t>(k0 / 2) * Np + j0, sb);
+        _tile_loadd(7, b + static_cast<ptrdiff_t>(k0 / 2) * Np + j0 + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c + static_cast<ptrdiff_t>(i0) * Np + j0, sc);
+      _tile_stored(1, c + static_cast<ptrdiff_t>(i0) * Np + j0 + 16, sc);
+      _tile_stored(2, c + static_cast<ptrdiff_t>(i0 + 16) * Np + j0, sc);
+      _tile_stored(3, c + static_cast<ptrdiff_t>(i0 + 16) * Np + j0 + 16, sc);
+    }
+  _tile_release();
+  for (int i = 0; i < M; ++i) {
+    float* ci = C + static_cast<ptrdiff_t>(i) * ldc;
+    const float* pi = c + static_cast<ptrdiff_t>(i) * Np;
+    for (int j = 0; j < N; j += 16) {
+      const __mmask16 m = static_cast<__mmask16>(N - j < 16 ? (1u << (N - j)) - 1u : 0xffffu);
+      __m512 v = _mm512_maskz_loadu_ps(m, pi + j);
+      if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci + j), v);
+      _mm512_mask_storeu_ps(ci + j, m, v);
+    }
+  }
+}
+
+}  // namespace
+
+bool amx_bf16_available() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    if (!avx512_gemm_available() || !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("amx-tile") ||
+        !__builtin_cpu_supports("amx-bf16"))
+      return false;
+    // Linux hands out the AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   bool accumulate, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    return;
+  }
+  amx_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+bool avx512_gemm_available() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+
+void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                 bool accumulate, float* C, int ldc, Tri tri) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) C[static_cast<ptrdiff_t>(i) * ldc + j] = 0.0f;
+    return;
+  }
+  if (trans_a) run<true>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tri);
+  else run<false>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tri);
+}
+
+#else
+
+bool avx512_gemm_available() { return false; }
+bool amx_bf16_available() { return false; }
+void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
+void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
+
+#endif
+
+}  // namespace trident::kernels::cpu::detail

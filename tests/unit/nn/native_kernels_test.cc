@@ -1,0 +1,190 @@
+// The AVX-512 kernels (kernels::cpu::set_native_kernels): the GEMM against an independent scalar
+// fused-multiply-add chain (bit for bit: each element is one chain over k in order) for every transpose,
+// tail and blocking case; causal attention against the float64 reference and against the portable path;
+// a whole GPT step on both paths. Skipped where the CPU has no AVX-512.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "reference.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/nn/models.h"
+
+namespace kc = trident::kernels::cpu;
+using ref::Vec;
+
+namespace {
+
+// Selects the kernel path for one scope; GEMMs take the native path only with a one-thread pool.
+class KernelPath {
+ public:
+  explicit KernelPath(bool native) : was_(kc::set_native_kernels(native)) { kc::set_num_threads(1); }
+  ~KernelPath() { kc::set_native_kernels(true); }
+  KernelPath(const KernelPath&) = delete;
+  KernelPath& operator=(const KernelPath&) = delete;
+  bool was() const { return was_; }
+
+ private:
+  bool was_;
+};
+
+bool native_available() {
+  KernelPath p(true);
+  return kc::native_kernels_active();
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::abs(static_cast<double>(want[i])));
+  }
+  return num / den;
+}
+
+}  // namespace
+
+TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
+  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  KernelPath path(true);
+  // Tails in every dimension; K past the 128-deep blocks; M past the 6-row tiles; N past 64-wide panels.
+  const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 64, 128}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65},
+                           {12, 129, 257}};
+  for (const auto& s : shapes) {
+    const int M = s[0], N = s[1], K = s[2];
+    const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 11 + M));
+    const std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 12 + N));
+    const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 13 + K));
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int acc = 0; acc < 2; ++acc) {
+          // A stored [K,M] when transposed, B stored [N,K] when transposed (values a[i,k], b[k,j] alike).
+          std::vector<float> A(a.size()), B(b.size());
+          for (int i = 0; i < M; ++i)
+            for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
+          for (int k = 0; k < K; ++k)
+            for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
+          std::vector<float> C = c0, want(c0.size());
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) {
+              float x = acc ? c0[i * N + j] : 0.0f;
+              for (int k = 0; k < K; ++k) x = std::fma(a[i * K + k], b[k * N + j], x);
+              want[i * N + j] = x;
+            }
+          kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(), N);
+          EXPECT_EQ(std::memcmp(C.data(), want.data(), C.size() * sizeof(float)), 0)
+              << "M " << M << " N " << N << " K " << K << " trans_a " << ta << " trans_b " << tb << " beta " << acc;
+        }
+  }
+}
+
+TEST(NativeKernels, GemmOtherScalarsFallBackToBlas) {
+  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  KernelPath path(true);
+  const int M = 9, N = 20, K = 7;
+  const std::vector<float> a = ref::to_float(ref::random_vec(M * K, 1)), b = ref::to_float(ref::random_vec(K * N, 2));
+  std::vector<float> c = ref::to_float(ref::random_vec(M * N, 3)), want = c;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += static_cast<double>(a[i * K + k]) * b[k * N + j];
+      want[i * N + j] = static_cast<float>(2.0 * s - 0.5 * want[i * N + j]);
+    }
+  kc::gemm(false, false, M, N, K, 2.0f, a.data(), K, b.data(), N, -0.5f, c.data(), N);
+  EXPECT_LT(rel_err(c, want), 1e-5);
+}
+
+TEST(NativeKernels, AttentionMatchesReferenceAndPortablePath) {
+  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  // Head dims 8, 20 (masked tail), 32, 64; T of 1, 17, 64 and 140 (past one 128-deep block).
+  const int cases[][3] = {{1, 16, 2}, {17, 40, 2}, {64, 128, 4}, {140, 64, 1}, {33, 24, 3}};
+  for (const auto& cs : cases) {
+    const int B = 2, T = cs[0], C = cs[1], NH = cs[2];
+    const Vec qkv = ref::random_vec(static_cast<size_t>(B) * T * 3 * C, 60 + T, 0.7);
+    const std::vector<float> qf = ref::to_float(qkv),
+                             dout = ref::to_float(ref::random_vec(static_cast<size_t>(B) * T * C, 61 + T));
+    std::vector<float> y[2], lse[2], dqkv[2];
+    for (int native = 0; native < 2; ++native) {
+      KernelPath path(native != 0);
+      y[native].assign(static_cast<size_t>(B) * T * C, 0.0f);
+      lse[native].assign(static_cast<size_t>(B) * NH * T, 0.0f);
+      dqkv[native].assign(qf.size(), 7.0f);
+      kc::attention_forward(y[native].data(), lse[native].data(), qf.data(), B, T, C, NH);
+      kc::attention_backward(dqkv[native].data(), dout.data(), qf.data(), y[native].data(), lse[native].data(), B, T,
+                             C, NH);
+    }
+    EXPECT_LT(rel_err(y[1], ref::to_float(ref::attention(qkv, B, T, C, NH))), 1e-5) << "T " << T << " C " << C;
+    EXPECT_LT(rel_err(y[1], y[0]), 1e-5) << "T " << T << " C " << C;
+    EXPECT_LT(rel_err(lse[1], lse[0]), 1e-5) << "T " << T << " C " << C;
+    // The portable backward is checked against finite differences in kernels_test.
+    EXPECT_LT(rel_err(dqkv[1], dqkv[0]), 1e-5) << "T " << T << " C " << C;
+  }
+}
+
+TEST(NativeKernels, GptStepAgreesWithPortablePathAndIsDeterministic) {
+  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const nlohmann::json cfg = {{"kind", "gpt"}, {"n_layer", 2},     {"n_head", 4},   {"n_embd", 64},
+                              {"block_size", 24}, {"vocab_size", 37}, {"bias", true}, {"seed", 3}};
+  const int B = 3, T = 24;
+  std::vector<int32_t> x(B * T), y(B * T);
+  for (int i = 0; i < B * T; ++i) x[i] = (i * 7 + 3) % 37, y[i] = (i * 5 + 1) % 37;
+  std::vector<float> grads[3];
+  float loss[3];
+  for (int run = 0; run < 3; ++run) {
+    KernelPath path(run != 0);  // run 0 portable; runs 1 and 2 native (twice: determinism)
+    auto m = trident::nn::make_model(cfg);
+    m->zero_grad();
+    loss[run] = m->forward_backward(x.data(), y.data(), B, T, true);
+    grads[run].assign(m->grad_data(), m->grad_data() + m->num_params());
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0]));
+  EXPECT_LT(rel_err(grads[1], grads[0]), 1e-4);
+  EXPECT_EQ(loss[1], loss[2]);
+  EXPECT_EQ(std::memcmp(grads[1].data(), grads[2].data(), grads[1].size() * sizeof(float)), 0);
+}
+
+TEST(NativeKernels, Bf16GemmMatchesRoundedOperandsReference) {
+  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  KernelPath path(true);
+  const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65}};
+  for (const auto& s : shapes) {
+    const int M = s[0], N = s[1], K = s[2];
+    std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 21 + M));
+    std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 22 + N));
+    const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 23 + K));
+    // bfloat16 compute: operands rounded to bfloat16, then the float32 GEMM. The reference multiplies the
+    // rounded operands exactly, in double.
+    std::vector<uint16_t> h(std::max(a.size(), b.size()));
+    std::vector<float> ar(a.size()), br(b.size());
+    kc::to_bf16(h.data(), a.data(), a.size());
+    kc::from_bf16(ar.data(), h.data(), a.size());
+    kc::to_bf16(h.data(), b.data(), b.size());
+    kc::from_bf16(br.data(), h.data(), b.size());
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int acc = 0; acc < 2; ++acc) {
+          std::vector<float> A(a.size()), B(b.size());
+          for (int i = 0; i < M; ++i)
+            for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
+          for (int k = 0; k < K; ++k)
+            for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
+          std::vector<float> C = c0;
+          double worst = 0;
+          kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(), N,
+                   kc::Precision::kBFloat16);
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) {
+              double want = acc ? c0[i * N + j] : 0.0, mag = std::abs(want);
+              for (int k = 0; k < K; ++k) {
+                want += static_cast<double>(ar[i * K + k]) * br[k * N + j];
+                mag += std::abs(static_cast<double>(ar[i * K + k]) * br[k * N + j]);
+              }
+              worst = std::max(worst, std::abs(C[i * N + j] - want) / mag);
+            }
+          // float32 accumulation of K exact products: a few float32 ulps of the magnitude sum.
+          EXPECT_LT(worst, 2e-6 * std::max(1, K / 16)) << "M " << M << " N " << N << " K " << K << " trans_a " << ta
+                                                       << " trans_b " << tb << " beta " << acc;
+        }
+  }
+}
