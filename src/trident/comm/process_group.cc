@@ -74,7 +74,8 @@ std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opt
   void ProcessGroup::NAME PARAMS {                                                    \
     CollArgs a;                                                                       \
     FILL;                                                                             \
-    submit(a, o, true)->wait();                                                       \
+    validate(a);                                                                      \
+    run_blocking(a, o);                                                               \
   }
 
 TRIDENT_PG_ASYNC_AND_BLOCKING(broadcast, (void* buf, size_t count, DType dtype, int root, const CallOptions& o), _,

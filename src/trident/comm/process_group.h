@@ -81,7 +81,7 @@ class ProcessGroup {
                                    const CallOptions& o = {});
   std::shared_ptr<Work> barrier_async(const CallOptions& o = {});
 
-  // ---- blocking forms: the async form, then wait ----
+  // ---- blocking forms: the async form, then wait (a backend may run them without a Work: run_blocking) ----
   void broadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});
   void reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, int root, const CallOptions& o = {});
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, const CallOptions& o = {});
@@ -118,6 +118,10 @@ class ProcessGroup {
   // The one entry point a backend implements. `args` is validated. `blocking` says that the caller
   // will wait right away (a backend may then run the call on the caller's thread).
   virtual std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) = 0;
+  // A blocking call (`args` validated): returns when it finished, throws its error. Functionally
+  // post(args, opts, true)->wait(), which is the default; a backend may override it to run the call on the
+  // caller's thread without allocating a Work (the native backend does when nothing else is queued).
+  virtual void run_blocking(const CollArgs& args, const CallOptions& opts) { post(args, opts, true)->wait(); }
 
  private:
   std::shared_ptr<Work> submit(CollArgs args, const CallOptions& opts, bool blocking);

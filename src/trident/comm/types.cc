@@ -48,7 +48,7 @@ OpKind parse_op(std::string_view n) {
 }
 
 static const char* const kAlgoNames[kNumAlgos] = {"auto", "ring",          "rd",       "direct", "tree",
-                                                  "dissemination", "pairwise", "rh", "hier", "shm"};
+                                                  "dissemination", "pairwise", "rh", "hier", "shm", "cma"};
 
 const char* algo_name(Algo a) {
   auto i = static_cast<int>(a);
@@ -63,7 +63,7 @@ Algo parse_algo(std::string_view n) {
   if (n == "binomial") return Algo::kTree;
   if (n == "hierarchical") return Algo::kHierarchical;
   TRIDENT_THROW(InvalidArgument,
-                "unknown algorithm '{}'; use auto, ring, rd, direct, tree, dissemination, pairwise, rh, hier or shm", n);
+                "unknown algorithm '{}'; use auto, ring, rd, direct, tree, dissemination, pairwise, rh, hier, shm or cma", n);
 }
 
 std::string describe(const CollArgs& a) {

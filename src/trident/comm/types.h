@@ -48,8 +48,9 @@ enum class Algo : uint8_t {
   kRecursiveHalving,   // "rh": recursive halving reduce-scatter / Rabenseifner all-reduce
   kHierarchical,       // "hier": inside each host, across hosts, inside again
   kShm,                // "shm": shared-memory window (one host): flags + slots, or staged direct reduction
+  kCma,                // "cma": single copy between the ranks' own buffers (Linux cross-memory attach, one host)
 };
-inline constexpr int kNumAlgos = 10;
+inline constexpr int kNumAlgos = 11;
 const char* algo_name(Algo a);
 Algo parse_algo(std::string_view name);  // throws InvalidArgument listing the names
 

@@ -4,6 +4,7 @@
 #include "trident/comm/algorithms/algorithms.h"
 #include "trident/comm/algorithms/hierarchical.h"
 #include "trident/comm/algorithms/shm_fast_path.h"  // shared-memory fast path
+#include "trident/comm/algorithms/shm_cma.h"        // single-copy path (cross-memory attach)
 
 namespace trident {
 
@@ -17,11 +18,13 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
       {OpKind::kAllReduce, Algo::kHierarchical, &AllReduceHierarchical::cost, &AllReduceHierarchical::run, nullptr,
        &AllReduceHierarchical::topo_cost},
       {OpKind::kAllReduce, Algo::kShm, &AllReduceShm::cost, &AllReduceShm::run, nullptr, &AllReduceShm::topo_cost},
+      {OpKind::kAllReduce, Algo::kCma, &AllReduceCma::cost, &AllReduceCma::run, nullptr, &AllReduceCma::topo_cost},
 
       {OpKind::kBroadcast, Algo::kRing, &BroadcastRing::cost, &BroadcastRing::run},
       {OpKind::kBroadcast, Algo::kTree, &BroadcastTree::cost, &BroadcastTree::run},
       {OpKind::kBroadcast, Algo::kDirect, &BroadcastDirect::cost, &BroadcastDirect::run},
       {OpKind::kBroadcast, Algo::kShm, &BroadcastShm::cost, &BroadcastShm::run, nullptr, &BroadcastShm::topo_cost},
+      {OpKind::kBroadcast, Algo::kCma, &BroadcastCma::cost, &BroadcastCma::run, nullptr, &BroadcastCma::topo_cost},
 
       {OpKind::kReduce, Algo::kTree, &ReduceTree::cost, &ReduceTree::run},
       {OpKind::kReduce, Algo::kDirect, &ReduceDirect::cost, &ReduceDirect::run},
@@ -32,6 +35,7 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
        &AllGatherRecursiveDoubling::run, &AllGatherRecursiveDoubling::applicable},
       {OpKind::kAllGather, Algo::kHierarchical, &AllGatherHierarchical::cost, &AllGatherHierarchical::run, nullptr,
        &AllGatherHierarchical::topo_cost},
+      {OpKind::kAllGather, Algo::kCma, &AllGatherCma::cost, &AllGatherCma::run, nullptr, &AllGatherCma::topo_cost},
 
       {OpKind::kAllGatherV, Algo::kRing, &AllGatherVRing::cost, &AllGatherVRing::run},
       {OpKind::kAllGatherV, Algo::kDirect, &AllGatherVDirect::cost, &AllGatherVDirect::run},
@@ -42,6 +46,8 @@ const std::vector<AlgorithmInfo>& algorithm_table() {
        &ReduceScatterRecursiveHalving::run, &ReduceScatterRecursiveHalving::applicable},
       {OpKind::kReduceScatter, Algo::kHierarchical, &ReduceScatterHierarchical::cost, &ReduceScatterHierarchical::run,
        nullptr, &ReduceScatterHierarchical::topo_cost},
+      {OpKind::kReduceScatter, Algo::kCma, &ReduceScatterCma::cost, &ReduceScatterCma::run, nullptr,
+       &ReduceScatterCma::topo_cost},
 
       {OpKind::kGather, Algo::kDirect, &GatherDirect::cost, &GatherDirect::run},
       {OpKind::kGather, Algo::kTree, &GatherTree::cost, &GatherTree::run},

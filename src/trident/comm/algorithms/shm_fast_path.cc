@@ -57,7 +57,11 @@ void all_reduce_tiny(ShmWindow& w, const CollArgs& a, size_t bytes) {
   for (int p = 2; p < w.size(); ++p) reduce_into(a.recv, w.tiny(p), a.count, a.dtype, a.redop);
 }
 
-// Latency path: every rank reduces every slot, in rank order.
+// Latency path: every rank reduces every slot, in rank order. One phase, no "done reading" phase: this
+// rank's slot `buf` is rewritten two slot calls later, after this rank waited in the call between for every
+// peer's next phase (or tiny line), which each peer publishes only after it finished reading this call's
+// slots (the tiny path's argument; every window collective waits on every peer). So the slot is free once
+// this call's own phase is reached, which the acquire two calls later finds without waiting.
 void all_reduce_slots(ShmWindow& w, const CollArgs& a, size_t bytes) {
   const int n = w.size(), me = w.rank();
   const int buf = w.acquire_slot();
@@ -68,8 +72,7 @@ void all_reduce_slots(ShmWindow& w, const CollArgs& a, size_t bytes) {
   w.check_fingerprints();
   reduce_into3(a.recv, w.slot(0, buf), w.slot(1, buf), a.count, a.dtype, a.redop);
   for (int p = 2; p < n; ++p) reduce_into(a.recv, w.slot(p, buf), a.count, a.dtype, a.redop);
-  w.publish();
-  w.release_slot(buf, w.phase());
+  w.release_slot(buf, ready);
 }
 
 // Bandwidth path: rounds through the double-buffered staging area.
@@ -209,4 +212,10 @@ void BroadcastShm::run(AlgoContext& ctx, const CollArgs& a) {
   }
 }
 
+}  // namespace trident
+
+// ---- hook for the single-copy path (shm_cma.cc): the staged bandwidth path on a window it already began,
+// used when cross-memory attach is refused ----
+namespace trident {
+void all_reduce_shm_staged(ShmWindow& w, const AlgoContext& ctx, const CollArgs& a) { all_reduce_staged(w, ctx, a); }
 }  // namespace trident

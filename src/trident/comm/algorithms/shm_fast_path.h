@@ -9,7 +9,8 @@
 // all_reduce:
 //   latency path (bytes <= ShmWindow::kSlotBytes): copy the input into this rank's slot, publish one
 //   phase, wait for every peer's phase, reduce all slots in rank order into the output (bitwise identical
-//   on every rank), publish "done reading". One round trip, no syscalls unless a rank must sleep.
+//   on every rank). One round trip, no "done reading" phase (a slot is rewritten two slot calls later,
+//   when every peer has necessarily read it), no syscalls unless a rank must sleep.
 //   bandwidth path: rounds of at most stage_bytes() (double-buffered, reused: no allocation, no page
 //   faults). Per round each rank copies the blocks it does not own into its staging buffer; the owner of
 //   block b reduces its own input block with every peer's staged copy of b into its staging block b and
@@ -41,5 +42,8 @@ struct BroadcastShm {  // small payloads only; fallback: tree
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
+// Hook for the single-copy path (shm_cma.h): the staged bandwidth path of all_reduce on a window the caller
+// already began (ctx.shm_window()); a.send non-null and not partially overlapping a.recv.
+void all_reduce_shm_staged(ShmWindow& w, const AlgoContext& ctx, const CollArgs& a);
 
 }  // namespace trident

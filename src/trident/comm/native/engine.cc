@@ -53,7 +53,7 @@ struct Engine::Req {
 
 struct Engine::Unexpected {
   MsgHeader hdr;
-  std::vector<uint8_t> data;
+  std::unique_ptr<uint8_t[]> data;  // h.nbytes, not zero-filled (every byte is received before it is read)
   bool complete = false;
 };
 
@@ -119,6 +119,7 @@ std::string Engine::who(int r) const {
 }
 
 std::exception_ptr Engine::failure() {
+  if (!has_failure_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard<std::mutex> lock(fail_mu_);
   return failure_;
 }
@@ -126,6 +127,7 @@ std::exception_ptr Engine::failure() {
 std::exception_ptr Engine::fail(std::exception_ptr e) {
   std::lock_guard<std::mutex> lock(fail_mu_);
   if (!failure_) failure_ = e;
+  has_failure_.store(true, std::memory_order_release);
   return failure_;
 }
 
@@ -169,7 +171,7 @@ void Engine::begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_po
     for (size_t c : *args.counts) fp_count_ += c;
   }
   deadline_ = deadline;
-  next_check_ = Clock::now() + std::chrono::milliseconds(200);
+  next_check_ = Clock::time_point::max();  // armed when this call first blocks (wait): no clock read here
   reqs_.clear();
   in_collective_ = args.op != OpKind::kSend && args.op != OpKind::kRecv;
   if (in_collective_) {
@@ -312,8 +314,8 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
 void Engine::deliver_unexpected(Req& r, Unexpected& u) {
   check_size(r, u.hdr, r.peer);
   if (r.nbytes > 0) {
-    if (r.reduce) reduce_into(r.dst, u.data.data(), r.nbytes / dtype_size(r.dtype), r.dtype, r.op);
-    else std::memcpy(r.dst, u.data.data(), r.nbytes);
+    if (r.reduce) reduce_into(r.dst, u.data.get(), r.nbytes / dtype_size(r.dtype), r.dtype, r.op);
+    else std::memcpy(r.dst, u.data.get(), r.nbytes);
   }
   r.done = true;
 }
@@ -413,7 +415,7 @@ void Engine::on_header(int peer) {
   if (ps.cur_req < 0) {
     auto u = std::make_unique<Unexpected>();
     u->hdr = h;
-    u->data.resize(h.nbytes);
+    u->data.reset(new uint8_t[h.nbytes]);
     ps.cur_unexp = u.get();
     ps.unexpected.push_back(std::move(u));
   }
@@ -453,7 +455,7 @@ bool Engine::progress_rx(int peer) {
             k = ch.read_some(r.dst + ps.got, n - ps.got);
           }
         } else {
-          k = ch.read_some(ps.cur_unexp->data.data() + ps.got, n - ps.got);
+          k = ch.read_some(ps.cur_unexp->data.get() + ps.got, n - ps.got);
         }
         if (k == 0) return moved;
         moved = true;
@@ -624,9 +626,14 @@ void Engine::periodic_checks() {
     }
   }
   // ---- end shared-memory fast path ----
-  for (int p : active_peers_) {
+  for (int p : std::vector<int>(active_peers_)) {  // a copy: progress_peer may retire a peer
     const PeerInfo& info = peers_[p];
-    if (info.same_host && waiting_on(p) && !process_alive(info.pid, info.starttime)) {
+    if (!info.same_host || !waiting_on(p) || process_alive(info.pid, info.starttime)) continue;
+    // Gone. A peer that delivered everything this rank needs from it and then exited (it finished) is
+    // not a dead peer: read what it left in the channel, then ask again (as the shm window does).
+    int moved = 1;
+    while (moved > 0 && waiting_on(p)) moved = progress_peer(p, !peer_state_[p]->sendq.empty(), true);
+    if (moved >= 0 && waiting_on(p)) {
       std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(args_),
                                     seq_, name_);
       abort('D', msg);
@@ -636,8 +643,12 @@ void Engine::periodic_checks() {
 }
 
 // ---- shared-memory fast path (transport/shm.h ShmWindow, algorithms/all_reduce_shm.cc) ----
+bool Engine::has_shm_window() const {
+  return shm_ && !has_tcp_ && shm_->window() && shm_->local_size() == size_;
+}
+
 ShmWindow* Engine::shm_window() {
-  if (!shm_ || has_tcp_ || !shm_->window() || shm_->local_size() != size_) return nullptr;
+  if (!has_shm_window()) return nullptr;
   ShmWindow::Fingerprint fp;
   fp.seq = seq_;
   fp.count = fp_count_;
@@ -744,7 +755,9 @@ void Engine::wait(std::span<const Request> reqs) {
     block_once(deadline_);
     if (all_done()) return;
     auto now = Clock::now();
-    if (now >= next_check_) {
+    if (next_check_ == Clock::time_point::max()) {
+      next_check_ = now + std::chrono::milliseconds(200);  // the first periodic check, 200 ms after first blocking
+    } else if (now >= next_check_) {
       next_check_ = now + std::chrono::milliseconds(250);
       periodic_checks();
     }

@@ -88,6 +88,9 @@ class Engine final : public AlgoContext {
   Request irecv_tagged(int peer, uint32_t tag, void* data, size_t nbytes);
 
   bool uses_tcp() const { return has_tcp_; }
+  // The group has a shared-memory window (every rank on this host, no TCP peer): what the shm and cma
+  // algorithms need; without it they fall back to message-passing algorithms, so the cost model skips them.
+  bool has_shm_window() const;
   bool uses_shm() const { return has_shm_; }
   std::string transport_summary() const;
 
@@ -150,6 +153,7 @@ class Engine final : public AlgoContext {
   std::vector<std::vector<uint8_t>> scratch_;
   std::mutex fail_mu_;
   std::exception_ptr failure_;
+  std::atomic<bool> has_failure_{false};  // failure_ is set (read without fail_mu_ on every call)
   std::atomic<bool> aborted_{false};
 };
 

@@ -3,7 +3,9 @@
 //
 // Each group has its own channels, shared-memory segment, sequence numbers and (created on first async
 // use) one worker thread, so a rank can use many groups at once. Async calls run on the worker in issue
-// order; a blocking call with nothing queued runs on the caller's thread (no hand-off latency).
+// order; a blocking call with nothing queued or running runs on the caller's thread (no hand-off latency)
+// and, through run_blocking, without a Work, a heap allocation or a condition variable: one lock of the
+// group's mutex before (sequence number, memoized algorithm) and one after, one clock read (its deadline).
 #pragma once
 
 #include <condition_variable>
@@ -38,17 +40,26 @@ class NativeProcessGroup : public ProcessGroup {
 
  protected:
   std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) override;
+  void run_blocking(const CollArgs& args, const CallOptions& opts) override;
 
  private:
   struct Item {
     CollArgs args;
     std::vector<size_t> counts;
+    const AlgorithmInfo* info;  // null for send/recv
     Algo algo;
     uint64_t seq;
     Engine::Clock::time_point deadline;
     std::shared_ptr<Work> work;
   };
   void execute(Item& item);
+  // Runs one call on this thread (the group's executing thread while busy_); returns its error, if any.
+  std::exception_ptr run_call(const CollArgs& a, const AlgorithmInfo* info, Algo algo, uint64_t seq,
+                              Engine::Clock::time_point deadline);
+  // The algorithm for this call, from the memo when it is the same call as last time. Holds mu_.
+  // `description` (may be null) receives the Work description.
+  const AlgorithmInfo* choose_memoized(const CollArgs& args, Algo forced, Algo* algo, const char** source,
+                                       std::string* description);
   void worker_loop();
   std::shared_ptr<ProcessGroup> make_subgroup(const std::vector<int>& members, const std::string& name);
 
@@ -62,6 +73,7 @@ class NativeProcessGroup : public ProcessGroup {
   HostLayout layout_;                 // which rank is on which host (every rank agrees)
   std::shared_ptr<const TuningTable> tuning_;  // TRIDENT_TUNING_FILE when it covers this group, else null
   int subgroup_counter_ = 0;
+  bool debug_comm_ = false;  // TRIDENT_DEBUG covers "comm": every call is logged (through post)
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -70,10 +82,10 @@ class NativeProcessGroup : public ProcessGroup {
   bool stop_ = false;
   uint64_t next_seq_ = 1;
   std::thread worker_;
-  std::mutex exec_mu_;
 
   // ---- small-message latency: one-entry memo of the last call's algorithm choice and Work description
-  // (the cost model and the formatting cost more than a shared-memory all-reduce of a few bytes) ----
+  // (the cost model and the formatting cost more than a shared-memory all-reduce of a few bytes).
+  // Guarded by mu_. ----
   struct ChoiceMemo {
     bool valid = false;
     OpKind op = OpKind::kBarrier;
@@ -84,9 +96,9 @@ class NativeProcessGroup : public ProcessGroup {
     Algo forced = Algo::kAuto;
     Algo algo = Algo::kAuto;
     const char* source = nullptr;
+    const AlgorithmInfo* info = nullptr;
     std::string description;
   };
-  std::mutex memo_mu_;
   ChoiceMemo memo_;
   // ---- end memo ----
 };

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -59,6 +60,30 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 }
 
 }  // namespace
+
+// A fingerprint slot is rewritten by its rank at the start of a call while peers may read it from their slow
+// checks (waiting, not yet synchronised with that call): seqlock-style, seq is cleared first and written
+// last, and a reader that sees seq change (or 0) across its copy discards the copy (a torn read would
+// otherwise report a mismatch that never happened: one call's count with the next call's dtype).
+static void write_fingerprint(ShmWindow::Fingerprint& slot, const ShmWindow::Fingerprint& fp) {
+  std::atomic_ref<uint64_t> seq(slot.seq);
+  seq.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  ShmWindow::Fingerprint body = fp;
+  body.seq = 0;
+  std::memcpy(static_cast<void*>(&slot), &body, sizeof body);
+  seq.store(fp.seq, std::memory_order_release);
+}
+
+static bool read_fingerprint(ShmWindow::Fingerprint& slot, ShmWindow::Fingerprint* out) {
+  std::atomic_ref<uint64_t> seq(slot.seq);
+  const uint64_t s0 = seq.load(std::memory_order_acquire);
+  std::memcpy(static_cast<void*>(out), &slot, sizeof *out);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint64_t s1 = seq.load(std::memory_order_relaxed);
+  out->seq = s0;
+  return s0 != 0 && s0 == s1;
+}
 
 // Per-rank control of the collective window: the phase counter alone on its line, then the fingerprints.
 struct TinyLine {
@@ -384,7 +409,7 @@ void ShmWindow::begin(const Fingerprint& fp, std::chrono::steady_clock::time_poi
   poll_ = std::move(poll);
   cur_fp_ = static_cast<int>(calls_++ & 1);
   // Visible to peers with this call's first publish (release); they read it after seeing that phase.
-  ctl(me_)->fp[cur_fp_] = fp;
+  write_fingerprint(ctl(me_)->fp[cur_fp_], fp);
 }
 
 std::string ShmWindow::describe(const Fingerprint& fp) {
@@ -429,6 +454,12 @@ void ShmWindow::wait_until(Ready ready, Behind behind) {
   // The spin yields when a late peer last waited on this rank's CPU (the scheduler does put both ranks on
   // one core, for a while after start), and after kPureSpinUs in any case: the peer then runs at once.
   if (spin_limit_ > 64) {
+    // First a short spin that reads no clock and touches no shared line but the awaited ones: a peer one
+    // cache-line transfer behind (small collectives, ranks on their own cores) arrives within it.
+    for (int i = 0; i < 16; ++i) {
+      window_relax();
+      if (ready()) return;
+    }
     const auto start = std::chrono::steady_clock::now();
     const auto spin_until = start + std::chrono::microseconds(kSpinUs);
     int cpu = sched_getcpu();
@@ -522,7 +553,8 @@ void ShmWindow::slow_checks_for(const std::vector<int>& missing, const std::func
   if (poll_) poll_();  // the engine's message progress: a message-based collective at this seq is a mismatch
   // A peer waiting on another path of the window at this sequence number (e.g. tiny against slots).
   for (int p : missing) {
-    const Fingerprint f = ctl(p)->fp[cur_fp_];
+    Fingerprint f;
+    if (!read_fingerprint(ctl(p)->fp[cur_fp_], &f)) continue;  // being rewritten: the peer moved on
     if (f.seq == fp_.seq) check_one(p, f);
   }
   for (int p : missing)
@@ -592,11 +624,39 @@ int ShmWindow::acquire_stage() {
   return buf;
 }
 
+// ---- single-copy path (algorithms/shm_cma.cc) ----
+int32_t ShmWindow::peer_pid(int r) const { return seg_->pid(r); }
+
+void ShmWindow::check_abort() {
+  if (seg_->aborted()) raise_aborted();
+}
+
+void ShmWindow::fail_peer_access(int peer, int err, const std::string& what) {
+  // Another rank failed first (the peer then left the collective and may have freed its buffers): its reason.
+  check_abort();
+  // A peer that is exiting has lost its memory before /proc shows it dead: give it a moment.
+  bool gone = err == ESRCH;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !process_alive(seg_->pid(peer), seg_->starttime(peer));
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    check_abort();
+  }
+  if (gone)
+    fail('D', fmt::format("{} died during {} (sequence number {}) in group '{}' ({} failed: {})", who(peer),
+                          describe(fp_), fp_.seq, group_, what, std::strerror(err)),
+         peer);
+  fail('N', fmt::format("{} on rank {} failed for {} during {} (sequence number {}) in group '{}': {}", what, me_,
+                        who(peer), describe(fp_), fp_.seq, group_, std::strerror(err)),
+       peer);
+}
+// ---- end single-copy path ----
+
 int ShmWindow::peer_at_seq(uint64_t seq, Fingerprint* theirs) const {
   for (int p = 0; p < n_; ++p) {
     if (p == me_) continue;
     for (int k = 0; k < 2; ++k) {
-      Fingerprint f = ctl(p)->fp[k];
+      Fingerprint f;
+      if (!read_fingerprint(ctl(p)->fp[k], &f)) continue;
       if (f.seq == seq && f.algo != 0) {
         if (theirs) *theirs = f;
         return p;

@@ -140,6 +140,21 @@ class ShmWindow {
 
   static std::string describe(const Fingerprint& fp);
 
+  // ---- single-copy path (algorithms/shm_cma.cc) ----
+  // pid of local rank r, as the segment published it at open (for process_vm_readv/writev).
+  int32_t peer_pid(int r) const;
+  // An access to local rank `peer`'s memory failed with errno `err` while doing `what`: PeerDiedError when
+  // the peer is gone (ESRCH, or not alive any more), NetworkError otherwise; sets the segment's abort flag
+  // so every local rank wakes and reports the same reason. Never returns.
+  [[noreturn]] void fail_peer_access(int peer, int err, const std::string& what);
+  // Throws the recorded error when any local rank has aborted (cheap: one load); called between chunks,
+  // so that no rank keeps writing into the buffers of a peer that already left the failed collective.
+  void check_abort();
+  // Whether cross-memory attach works between every pair of this window's ranks, decided together by
+  // the first single-copy call: 0 not tried yet, 1 usable, -1 refused (the staged path is used instead).
+  int cma_state = 0;
+  // ---- end single-copy path ----
+
   struct Ctl;  // per-rank control lines (shm.cc)
 
  private:

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -21,17 +23,29 @@
 namespace trident {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 constexpr uint32_t kGreetingMagic = 0x54524443;  // "TRDC"
+// Receive staging for reductions (peek): reduced from while it is still in L2.
 constexpr size_t kStaging = 256 * 1024;
-constexpr int kSockBuf = 4 << 20;
+// Requested socket buffers when TRIDENT_TCP_SOCKBUF is 0: the kernel clamps to net.core.{w,r}mem_max
+// (and doubles for its bookkeeping), so this asks for "as large as allowed".
+constexpr int kSockBufMax = 64 << 20;
+// After a send or recv found the socket full or empty, calls in that direction return 0 without a system
+// call for kDryNs: the engine spins over its channels between polls, and a syscall per spin round (about
+// 1 us each, taking the socket lock the peer's delivery needs) stretched a spin of a few thousand rounds
+// to milliseconds of CPU. Time-based, so a poll() that slept longer always finds the next call real.
+constexpr int64_t kDryNs = 2000;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 struct Greeting {
   uint32_t magic;
   int32_t rank;
   uint64_t group_id;
 };
-
-using Clock = std::chrono::steady_clock;
 
 int remaining_ms(Clock::time_point deadline) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -41,7 +55,8 @@ int remaining_ms(Clock::time_point deadline) {
 void tune_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  int buf = kSockBuf;
+  const int64_t want = env::tcp_sockbuf();
+  int buf = want > 0 ? static_cast<int>(std::min<int64_t>(want, kSockBufMax)) : kSockBufMax;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
@@ -66,27 +81,40 @@ bool io_full(int fd, void* data, size_t n, bool write, Clock::time_point deadlin
   return true;
 }
 
+// One connection. Sends go straight from the caller's buffer (one send() takes as much as the socket
+// buffer holds; the engine hands over whole payloads). Receives go straight into the destination
+// (read_some) or, for reductions, into a small staging buffer that the engine reduces from (peek).
 class TcpChannel : public Channel {
  public:
-  TcpChannel(int fd, int peer, std::string addr) : fd_(fd), peer_(peer), addr_(std::move(addr)), staging_(kStaging) {
+  TcpChannel(int fd, int peer, std::string addr)
+      : fd_(fd), peer_(peer), addr_(std::move(addr)), staging_(kStaging) {
     int flags = fcntl(fd_, F_GETFL, 0);
     fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+    const int64_t cap = env::tcp_max_io();
+    max_io_ = cap > 0 ? static_cast<size_t>(cap) : SIZE_MAX;
   }
   ~TcpChannel() override {
     if (fd_ >= 0) ::close(fd_);
   }
 
   size_t write_some(const void* data, size_t n) override {
+    if (n == 0) return 0;
+    if (tx_dry_until_ != 0 && now_ns() < tx_dry_until_) return 0;
     for (;;) {
-      ssize_t k = ::send(fd_, data, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k >= 0) return static_cast<size_t>(k);
+      ssize_t k = ::send(fd_, data, std::min(n, max_io_), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) return static_cast<size_t>(k);
+      if (k == 0) return 0;
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        tx_dry_until_ = now_ns() + kDryNs;
+        return 0;
+      }
       fail("send", errno);
     }
   }
 
   size_t read_some(void* data, size_t n) override {
+    if (n == 0) return 0;
     if (begin_ < end_) {
       size_t m = std::min(n, end_ - begin_);
       std::memcpy(data, staging_.data() + begin_, m);
@@ -94,25 +122,29 @@ class TcpChannel : public Channel {
       return m;
     }
     if (eof_) closed();
+    if (rx_dry()) return 0;
     for (;;) {
-      ssize_t k = ::recv(fd_, data, n, MSG_DONTWAIT);
+      ssize_t k = ::recv(fd_, data, std::min(n, max_io_), MSG_DONTWAIT);
       if (k > 0) return static_cast<size_t>(k);
       if (k == 0) closed();
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        rx_dry_until_ = now_ns() + kDryNs;
+        return 0;
+      }
       fail("recv", errno);
     }
   }
 
   std::span<const uint8_t> peek() override {
-    if (end_ - begin_ < 4096 && !eof_) {
+    if (end_ - begin_ < 4096 && !eof_ && !rx_dry()) {
       if (begin_ > 0) {
         std::memmove(staging_.data(), staging_.data() + begin_, end_ - begin_);
         end_ -= begin_;
         begin_ = 0;
       }
       for (;;) {
-        ssize_t k = ::recv(fd_, staging_.data() + end_, staging_.size() - end_, MSG_DONTWAIT);
+        ssize_t k = ::recv(fd_, staging_.data() + end_, std::min(staging_.size() - end_, max_io_), MSG_DONTWAIT);
         if (k > 0) {
           end_ += static_cast<size_t>(k);
           break;
@@ -122,7 +154,10 @@ class TcpChannel : public Channel {
           break;
         }
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          rx_dry_until_ = now_ns() + kDryNs;
+          break;
+        }
         fail("recv", errno);
       }
       if (eof_ && begin_ == end_) closed();
@@ -136,6 +171,7 @@ class TcpChannel : public Channel {
   std::string describe() const override { return "tcp " + addr_; }
 
  private:
+  bool rx_dry() const { return rx_dry_until_ != 0 && now_ns() < rx_dry_until_; }
   [[noreturn]] void closed() {
     throw NetworkError(fmt::format("connection to rank {} ({}) closed: that rank exited, died or aborted", peer_, addr_),
                        -1, peer_, "recv");
@@ -149,6 +185,8 @@ class TcpChannel : public Channel {
   std::string addr_;
   std::vector<uint8_t> staging_;
   size_t begin_ = 0, end_ = 0;
+  size_t max_io_ = SIZE_MAX;
+  int64_t rx_dry_until_ = 0, tx_dry_until_ = 0;  // now_ns() before which that direction is not retried
   bool eof_ = false;
 };
 
