@@ -43,8 +43,60 @@ double MemoryReport::total() const {
   return t;
 }
 
+namespace {
+
+constexpr size_t kChunk = 2048;  // elements converted at a time through stack scratch
+
+// bf16 values stored at byte offset 2L of the float32 range p[0, L) widened in place to p[0, L). Forward in
+// chunks, each read (into scratch) before it is written: writing float i (bytes [4i, 4i+4)) overwrites only
+// bf16 elements j <= i (bytes [2L+2j, 2L+2j+2)), all read by then. memcpy keeps the compiler from
+// reordering the typed loads and stores across each other.
+void widen_in_place(float* p, size_t L) {
+  char* base = reinterpret_cast<char*>(p);
+  uint16_t h[kChunk];
+  float f[kChunk];
+  for (size_t i = 0; i < L; i += kChunk) {
+    const size_t w = std::min(kChunk, L - i);
+    std::memcpy(h, base + 2 * L + 2 * i, 2 * w);
+    kernels::cpu::from_bf16(f, h, w);
+    std::memcpy(base + 4 * i, f, 4 * w);
+  }
+}
+
+// float32 p[0, L) rounded to bf16 in place into the first 2L bytes (forward: writing bf16 i, bytes
+// [2i, 2i+2), overwrites only floats j <= i/2, already read).
+void narrow_in_place(float* p, size_t L) {
+  char* base = reinterpret_cast<char*>(p);
+  uint16_t h[kChunk];
+  float f[kChunk];
+  for (size_t i = 0; i < L; i += kChunk) {
+    const size_t w = std::min(kChunk, L - i);
+    std::memcpy(f, base + 4 * i, 4 * w);
+    kernels::cpu::to_bf16(h, f, w);
+    std::memcpy(base + 2 * i, h, 2 * w);
+  }
+}
+
+double sum_squares_bf16(const uint16_t* x, size_t n) {
+  float f[kChunk];
+  double s = 0;
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t w = std::min(kChunk, n - i);
+    kernels::cpu::from_bf16(f, x + i, w);
+    s += kernels::cpu::sum_squares(f, w);
+  }
+  return s;
+}
+
+double resident(const void* p, size_t bytes) { return static_cast<double>(nn::resident_bytes(p, bytes)); }
+
+}  // namespace
+
 DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, DataParallelOptions options)
     : model_(model), pg_(std::move(pg)), options_(options), rank_(pg_->rank()), world_(pg_->size()) {
+  TRIDENT_CHECK(options_.storage_dtype == DType::kFloat32 || options_.storage_dtype == DType::kBFloat16, InvalidArgument,
+                "data parallel: storage dtype {} is not supported; use float32 or bfloat16 (--param_dtype)",
+                dtype_name(options_.storage_dtype));
   const size_t n = model_.num_params();
   padded_ = (n + world_ - 1) / world_ * world_;
   if (options_.strategy == Strategy::kDdp) {
@@ -109,6 +161,10 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
   for (auto& b : buckets_) b.pending = b.params;
   timings_.assign(buckets_.size(), BucketTiming{});
   if (sharded_grads()) build_units_from_buckets();
+  if (bf16() && options_.strategy != Strategy::kZero3) {
+    if (model_.blocks().empty()) always_materialized_ = true;  // no hooks: the model stays materialised
+    else build_param_units();
+  }
   model_.set_grad_ready_hook([this](size_t idx) { on_grad_ready(idx); });
 
   // Optimizer state for this rank's shard only.
@@ -126,28 +182,39 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
       i = j;
     }
   }
-  if (sharded_grads()) {
-    shard_grads_.assign(shard_numel_, 0.0f);
-    // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.
-    model_.set_zero_grad_releases_pages(true);
+  if (sharded_grads() && !bf16()) shard_grads_.assign(shard_numel_, 0.0f);
+  if (options_.strategy == Strategy::kZero3 && !bf16()) shard_params_.assign(shard_numel_, 0.0f);
+  if (bf16()) {
+    const bool zero3 = options_.strategy == Strategy::kZero3;
+    master_.assign(sharded_grads() ? shard_numel_ : shard_end_ - shard_begin_, 0.0f);
+    params16_.assign(zero3 ? shard_numel_ : padded_, 0);
+    grads16_.assign(sharded_grads() ? shard_numel_ : n, 0);
+    rs_stage_.clear();  // bf16 reduce-scatters read their own unit's float32 range (2x the bf16 bytes)
+    stage16_.resize(units_.size());
+    for (size_t i = 0; i < units_.size(); ++i) {
+      const size_t L = units_[i].end - units_[i].begin;
+      if (world_ * units_[i].piece > 2 * L) stage16_[i].assign(world_ * units_[i].piece, 0);  // tiny unit
+    }
   }
-  if (options_.strategy == Strategy::kZero3) {
-    shard_params_.assign(shard_numel_, 0.0f);
-    param_state_.assign(units_.size(), ParamState::kGathered);  // the model's buffer holds everything now
-    gather_work_.resize(units_.size());
+  // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.
+  if (sharded_grads() || bf16()) model_.set_zero_grad_releases_pages(true);
+  if (block_hooks()) {
+    param_state_.assign(punits_.size(), ParamState::kGathered);  // the model's buffer holds everything now
+    gather_work_.resize(punits_.size());
     model_.set_block_hook([this](int b, nn::Model::BlockEvent e) { on_block(b, e); });
   }
   if (rank_ == 0)
-    log_info("data parallel: {} on {} ranks, {} parameters ({} padded), {} gradient buckets of <= {} MiB",
+    log_info("data parallel: {} on {} ranks, {} parameters ({} padded), {} gradient buckets of <= {} MiB, {} storage",
              strategy_name(options_.strategy), world_, n, sharded_grads() ? shard_numel_ * world_ : padded_,
-             buckets_.size(), options_.bucket_bytes / double(1 << 20));
+             buckets_.size(), options_.bucket_bytes / double(1 << 20), dtype_name(options_.storage_dtype));
 }
 
-// zero3: one unit per run of parameters (in flat order) owned by the same block, a parameter being owned
-// by the first block that lists it. Buckets are the units, highest offset first (backward's order).
-void DataParallel::build_zero3_units() {
+// Parameter units: one per run of parameters (in flat order) owned by the same block, a parameter being
+// owned by the first block that lists it; punits_ highest offset first (backward's order), tiling [0, n).
+void DataParallel::build_param_units() {
   const auto& params = model_.parameters();
   const auto blocks = model_.blocks();
+  const char* who = options_.strategy == Strategy::kZero3 ? "zero3" : "bfloat16 storage";
   TRIDENT_CHECK(!blocks.empty(), InvalidArgument,
                 "zero3: model kind '{}' does not describe its blocks (nn::Model::blocks()); use zero2, or implement "
                 "blocks() and set_block_hook() for it",
@@ -156,19 +223,19 @@ void DataParallel::build_zero3_units() {
   std::vector<int> owner(params.size(), -1);
   for (size_t b = 0; b < blocks.size(); ++b)
     for (size_t k : blocks[b].params) {
-      TRIDENT_CHECK(k < params.size(), InvalidArgument, "zero3: block {} lists parameter {} of {}", blocks[b].name, k,
+      TRIDENT_CHECK(k < params.size(), InvalidArgument, "{}: block {} lists parameter {} of {}", who, blocks[b].name, k,
                     params.size());
       if (owner[k] < 0) owner[k] = static_cast<int>(b);
     }
   for (size_t k = 0; k < params.size(); ++k)
     TRIDENT_CHECK(owner[k] >= 0 || params[k].numel == 0, InvalidArgument,
-                  "zero3: parameter '{}' is in none of the model's blocks, so nothing would gather it before use; "
+                  "{}: parameter '{}' is in none of the model's blocks, so nothing would materialise it before use; "
                   "list it in the block that reads it (nn::Model::blocks())",
-                  params[k].name);
+                  who, params[k].name);
   std::vector<size_t> order(params.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].offset < params[b].offset; });
-  // Ascending units first.
+  // Ascending runs first.
   struct Run {
     size_t begin;
     int owner;
@@ -180,19 +247,20 @@ void DataParallel::build_zero3_units() {
     runs.back().params.push_back(k);
   }
   const size_t U = runs.size();
-  buckets_.clear();
-  for (size_t i = U; i-- > 0;) {  // reverse: buckets_[0] is the highest range
-    Bucket b{i == 0 ? 0 : runs[i].begin, i + 1 == U ? n : runs[i + 1].begin, 0, static_cast<int>(runs[i].params.size()),
-             nullptr};
-    for (size_t k : runs[i].params) bucket_of_param_[k] = static_cast<int>(buckets_.size());
-    buckets_.push_back(b);
+  punits_.clear();
+  punit_params_.clear();
+  std::vector<int> unit_of(params.size(), -1);
+  for (size_t i = U; i-- > 0;) {  // reverse: punits_[0] is the highest range
+    punits_.emplace_back(i == 0 ? 0 : runs[i].begin, i + 1 == U ? n : runs[i + 1].begin);
+    punit_params_.push_back(static_cast<int>(runs[i].params.size()));
+    for (size_t k : runs[i].params) unit_of[k] = static_cast<int>(punits_.size() - 1);
   }
   block_units_.assign(blocks.size(), {});
   last_fwd_.assign(U, -1);
   last_bwd_.assign(U, -1);
   for (size_t b = 0; b < blocks.size(); ++b) {
     auto& us = block_units_[b];
-    for (size_t k : blocks[b].params) us.push_back(static_cast<size_t>(bucket_of_param_[k]));
+    for (size_t k : blocks[b].params) us.push_back(static_cast<size_t>(unit_of[k]));
     std::sort(us.begin(), us.end());
     us.erase(std::unique(us.begin(), us.end()), us.end());
     for (size_t u : us) {
@@ -200,6 +268,16 @@ void DataParallel::build_zero3_units() {
       if (last_bwd_[u] < 0) last_bwd_[u] = static_cast<int>(b);  // lowest block index reading u
     }
   }
+  punit_of_param_ = std::move(unit_of);
+}
+
+// zero3: the gradient buckets are the parameter units.
+void DataParallel::build_zero3_units() {
+  build_param_units();
+  buckets_.clear();
+  for (size_t i = 0; i < punits_.size(); ++i)
+    buckets_.push_back(Bucket{punits_[i].first, punits_[i].second, 0, punit_params_[i], nullptr});
+  bucket_of_param_ = punit_of_param_;
 }
 
 void DataParallel::build_units_from_buckets() {
@@ -230,8 +308,8 @@ void DataParallel::build_units_from_buckets() {
 
 DataParallel::~DataParallel() {
   model_.set_grad_ready_hook(nullptr);
-  if (options_.strategy == Strategy::kZero3) model_.set_block_hook(nullptr);
-  if (sharded_grads()) model_.set_zero_grad_releases_pages(false);
+  if (block_hooks()) model_.set_block_hook(nullptr);
+  if (sharded_grads() || bf16()) model_.set_zero_grad_releases_pages(false);
   for (auto& b : buckets_)
     if (b.work) {
       try {
@@ -255,13 +333,15 @@ void DataParallel::account(const std::string& kind, double bytes) {
 
 void DataParallel::broadcast_parameters() {
   const size_t n = model_.num_params();
-  if (options_.strategy == Strategy::kZero3 && sharded_) {
-    // Parameters live in the shards: rank 0's full model is gathered first, then broadcast.
+  const bool owns_state = options_.strategy == Strategy::kZero3 || bf16();
+  if (owns_state && sharded_) {
+    // Parameters live in the shards (bf16: the master copy): rank 0's full model is gathered first, then
+    // broadcast.
     gather_full_parameters();
   }
   pg_->broadcast(model_.param_data(), n, DType::kFloat32, 0);
   account("broadcast", rank_ == 0 ? static_cast<double>(n) * 4 : 0.0);
-  if (options_.strategy == Strategy::kZero3) {
+  if (owns_state) {
     sharded_ = false;  // re-take the shards from the broadcast values
     materialized_ = false;
     ensure_sharded();
@@ -271,6 +351,35 @@ void DataParallel::broadcast_parameters() {
 void DataParallel::launch(Bucket& b) {
   const size_t bi = static_cast<size_t>(&b - buckets_.data());
   b.launched_ns = Timeline::now_ns();
+  b.launched = true;
+  if (bf16()) {
+    if (sharded_grads()) {
+      // Round the bucket's float32 gradients to bf16 in place (first half of its range), zero the padding
+      // lanes up to world x piece, and reduce-scatter (avg) in bf16 into the bf16 shard.
+      const ShardUnit& u = units_[bi];
+      const size_t L = u.end - u.begin, total = world_ * u.piece;
+      float* g = model_.grad_data() + u.begin;
+      narrow_in_place(g, L);
+      uint16_t* src = reinterpret_cast<uint16_t*>(g);
+      if (!stage16_[bi].empty()) {
+        std::memcpy(stage16_[bi].data(), src, L * 2);
+        src = stage16_[bi].data();
+      }
+      std::fill(src + L, src + total, uint16_t{0});
+      b.work = pg_->reduce_scatter_async(src, grads16_.data() + u.shard_offset, u.piece, DType::kBFloat16, ReduceOp::kAvg);
+      account("reduce_scatter", static_cast<double>(world_ - 1) * u.piece * 2);
+      return;
+    }
+    // ddp/zero1: round into the persistent bf16 gradients, hand the float32 pages back, all-reduce in place.
+    const size_t count = b.end - b.begin;
+    kernels::cpu::to_bf16(grads16_.data() + b.begin, model_.grad_data() + b.begin, count);
+    nn::release_pages(model_.grad_data() + b.begin, count);
+    b.grads_released = true;
+    if (world_ == 1) return;
+    b.work = pg_->all_reduce_async(grads16_.data() + b.begin, count, DType::kBFloat16, ReduceOp::kAvg);
+    account("all_reduce", 2.0 * (world_ - 1) / world_ * count * 2);
+    return;
+  }
   if (sharded_grads()) {
     const ShardUnit& u = units_[bi];
     const float* src = model_.grad_data() + u.begin;
@@ -325,7 +434,7 @@ void DataParallel::finish_gradient_sync() {
   if (!require_sync_) return;
   const int64_t window_end = Timeline::now_ns();  // backward is over (before any non-overlapped launch)
   for (auto& b : buckets_)
-    if (!b.work && (world_ > 1 || sharded_grads())) launch(b);  // not overlapped
+    if (!b.launched && (world_ > 1 || sharded_grads() || bf16())) launch(b);  // not overlapped
   if (sharded_grads()) release_finished_grads(true);
   for (auto& b : buckets_)
     if (b.work) b.work->wait();
@@ -334,6 +443,7 @@ void DataParallel::finish_gradient_sync() {
     b.work.reset();
     b.launched_ns = 0;
     b.grads_released = false;
+    b.launched = false;
     b.pending = b.params;
   }
 }
@@ -374,6 +484,22 @@ void DataParallel::record_overlap(int64_t window_end, int64_t sync_end) {
 
 double DataParallel::clip_grad_norm(float max_norm) {
   double sq = 0;
+  if (bf16()) {
+    // The norm of the bf16 gradients; the scale is applied in float32 by step() (no second rounding).
+    if (sharded_grads()) {
+      for (const auto& u : units_) sq += sum_squares_bf16(grads16_.data() + u.shard_offset, u.mine_count);
+      if (world_ > 1) pg_->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
+    } else {
+      sq = sum_squares_bf16(grads16_.data(), model_.num_params());
+    }
+    const double norm = std::sqrt(sq);
+    clip_coef_ = 1.0f;
+    if (max_norm > 0) {
+      const double coef = max_norm / (norm + 1e-6);
+      if (coef < 1.0) clip_coef_ = static_cast<float>(coef);
+    }
+    return norm;
+  }
   if (sharded_grads()) {
     for (const auto& u : units_) sq += kernels::cpu::sum_squares(shard_grads_.data() + u.shard_offset, u.mine_count);
     if (world_ > 1) pg_->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
@@ -409,9 +535,66 @@ void DataParallel::adamw_range(float* p, const float* g, float* m, float* v, siz
   }
 }
 
+void DataParallel::adamw_bf16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* out16,
+                              size_t flat_begin, size_t count, float lr) {
+  float g[kChunk];
+  for (size_t o = 0; o < count; o += kChunk) {
+    const size_t w = std::min(kChunk, count - o);
+    kernels::cpu::from_bf16(g, g16 + o, w);
+    if (clip_coef_ != 1.0f) kernels::cpu::scale_inplace(g, clip_coef_, w);
+    adamw_range(master + o, g, m + o, v + o, flat_begin + o, w, lr);
+    kernels::cpu::to_bf16(out16 + o, master + o, w);
+  }
+}
+
 void DataParallel::step(float lr) {
   ++step_count_;
   float* p = model_.param_data();
+  if (bf16()) {
+    ensure_sharded();
+    if (block_hooks()) release_all_units();  // materialised float32 copies are stale after the update
+    const size_t n = model_.num_params();
+    if (options_.strategy == Strategy::kZero3) {
+      for (const auto& u : units_) {
+        const size_t o = u.shard_offset;
+        adamw_bf16(master_.data() + o, grads16_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o,
+                   params16_.data() + o, u.mine_begin, u.mine_count, lr);
+      }
+    } else if (options_.strategy == Strategy::kZero2) {
+      std::vector<uint16_t> mine(shard_numel_, 0);
+      for (const auto& u : units_) {
+        const size_t o = u.shard_offset;
+        adamw_bf16(master_.data() + o, grads16_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, mine.data() + o,
+                   u.mine_begin, u.mine_count, lr);
+      }
+      std::vector<std::shared_ptr<Work>> works;
+      for (size_t i = 0; i < units_.size(); ++i) {
+        const auto& u = units_[i];
+        works.push_back(
+            pg_->all_gatherv_async(mine.data() + u.shard_offset, params16_.data() + u.begin, counts_[i], DType::kBFloat16));
+        if (world_ > 1) account("all_gather", static_cast<double>(world_ - 1) * u.piece * 2);
+      }
+      for (auto& w : works) w->wait();
+    } else if (options_.strategy == Strategy::kZero1) {
+      const size_t s = padded_ / world_;
+      std::vector<uint16_t> mine(s, 0);
+      adamw_bf16(master_.data(), grads16_.data() + shard_begin_, exp_avg_.data(), exp_avg_sq_.data(), mine.data(),
+                 shard_begin_, shard_end_ - shard_begin_, lr);
+      if (world_ > 1) {
+        pg_->all_gather(mine.data(), params16_.data(), s, DType::kBFloat16);
+        account("all_gather", static_cast<double>(world_ - 1) / world_ * padded_ * 2);
+      } else {
+        std::memcpy(params16_.data() + shard_begin_, mine.data(), (shard_end_ - shard_begin_) * 2);
+      }
+    } else {
+      adamw_bf16(master_.data(), grads16_.data(), exp_avg_.data(), exp_avg_sq_.data(), params16_.data(), 0, n, lr);
+    }
+    clip_coef_ = 1.0f;
+    if (always_materialized_) kernels::cpu::from_bf16(p, params16_.data(), n);
+    last_stats_ = stats_;
+    stats_ = CommStats{};
+    return;
+  }
   if (options_.strategy == Strategy::kZero3) {
     ensure_sharded();
     // Gathered copies are stale after the update.
@@ -458,52 +641,119 @@ void DataParallel::step(float lr) {
 // ---- zero3: parameter shards and the block schedule ----
 
 void DataParallel::ensure_sharded() {
-  if (sharded_ || options_.strategy != Strategy::kZero3) return;
+  if (sharded_ || (options_.strategy != Strategy::kZero3 && !bf16())) return;
   const float* p = model_.param_data();
-  for (const auto& u : units_) std::memcpy(shard_params_.data() + u.shard_offset, p + u.mine_begin, u.mine_count * sizeof(float));
+  const size_t n = model_.num_params();
+  if (!bf16()) {
+    for (const auto& u : units_)
+      std::memcpy(shard_params_.data() + u.shard_offset, p + u.mine_begin, u.mine_count * sizeof(float));
+  } else if (sharded_grads()) {
+    for (const auto& u : units_) {
+      std::memcpy(master_.data() + u.shard_offset, p + u.mine_begin, u.mine_count * sizeof(float));
+      if (options_.strategy == Strategy::kZero3)
+        kernels::cpu::to_bf16(params16_.data() + u.shard_offset, p + u.mine_begin, u.mine_count);
+    }
+    if (options_.strategy == Strategy::kZero2) kernels::cpu::to_bf16(params16_.data(), p, n);
+  } else {
+    std::memcpy(master_.data(), p + shard_begin_, (shard_end_ - shard_begin_) * sizeof(float));
+    kernels::cpu::to_bf16(params16_.data(), p, n);
+  }
   sharded_ = true;
   materialized_ = false;
+  if (always_materialized_) {
+    kernels::cpu::from_bf16(model_.param_data(), params16_.data(), n);  // the model reads the bf16 values
+    return;
+  }
   for (auto& s : param_state_) s = ParamState::kGathered;
-  gathered_ = model_.num_params();
+  gathered_ = n;
   release_all_units();
   peak_gathered_ = gathered_;
 }
 
 void DataParallel::gather_unit(size_t ui) {
   if (param_state_[ui] != ParamState::kReleased) return;
+  if (options_.strategy != Strategy::kZero3) return;  // local bf16 source: widened when waited for
   const ShardUnit& u = units_[ui];
-  gather_work_[ui] = pg_->all_gatherv_async(shard_params_.data() + u.shard_offset, model_.param_data() + u.begin,
-                                            counts_[ui], DType::kFloat32);
+  if (bf16()) {
+    // Into the upper half of the unit's float32 range; wait_unit widens it in place.
+    uint16_t* dst = reinterpret_cast<uint16_t*>(model_.param_data() + u.begin) + (u.end - u.begin);
+    gather_work_[ui] =
+        pg_->all_gatherv_async(params16_.data() + u.shard_offset, dst, counts_[ui], DType::kBFloat16);
+    account("all_gather", static_cast<double>(world_ - 1) * u.piece * 2);
+  } else {
+    gather_work_[ui] = pg_->all_gatherv_async(shard_params_.data() + u.shard_offset, model_.param_data() + u.begin,
+                                              counts_[ui], DType::kFloat32);
+    account("all_gather", static_cast<double>(world_ - 1) * u.piece * 4);
+  }
   param_state_[ui] = ParamState::kInFlight;
   gathered_ += u.end - u.begin;
   peak_gathered_ = std::max(peak_gathered_, gathered_);
-  account("all_gather", static_cast<double>(world_ - 1) * u.piece * 4);
 }
 
 void DataParallel::wait_unit(size_t ui) {
   gather_unit(ui);
+  const auto [b, e] = punits_[ui];
   if (param_state_[ui] == ParamState::kInFlight) {
     gather_work_[ui]->wait();
     gather_work_[ui].reset();
+    if (bf16()) widen_in_place(model_.param_data() + b, e - b);
     param_state_[ui] = ParamState::kGathered;
+  } else if (param_state_[ui] == ParamState::kReleased) {
+    // bf16 ddp/zero1/zero2: from the local bf16 copy.
+    kernels::cpu::from_bf16(model_.param_data() + b, params16_.data() + b, e - b);
+    param_state_[ui] = ParamState::kGathered;
+    gathered_ += e - b;
+    peak_gathered_ = std::max(peak_gathered_, gathered_);
   }
 }
 
 void DataParallel::release_unit(size_t ui) {
   if (param_state_[ui] == ParamState::kReleased) return;
   if (param_state_[ui] == ParamState::kInFlight) wait_unit(ui);
-  const ShardUnit& u = units_[ui];
-  nn::release_pages(model_.param_data() + u.begin, u.end - u.begin);
+  const auto [b, e] = punits_[ui];
+  nn::release_pages(model_.param_data() + b, e - b);
   param_state_[ui] = ParamState::kReleased;
-  gathered_ -= u.end - u.begin;
+  gathered_ -= e - b;
 }
 
 void DataParallel::release_all_units() {
-  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+  for (size_t u = 0; u < punits_.size(); ++u) release_unit(u);
   materialized_ = false;
 }
 
+void DataParallel::write_master_to_model() {
+  float* p = model_.param_data();
+  const size_t n = model_.num_params();
+  for (size_t u = 0; u < punits_.size(); ++u)  // no gather may still be writing into the buffer
+    if (param_state_[u] == ParamState::kInFlight) wait_unit(u);
+  if (options_.strategy == Strategy::kDdp) {
+    std::memcpy(p, master_.data(), n * sizeof(float));
+  } else if (options_.strategy == Strategy::kZero1) {
+    const size_t s = padded_ / world_;
+    std::vector<float> mine(s, 0.0f), all(padded_);
+    std::memcpy(mine.data(), master_.data(), (shard_end_ - shard_begin_) * sizeof(float));
+    pg_->all_gather(mine.data(), all.data(), s, DType::kFloat32);
+    std::memcpy(p, all.data(), n * sizeof(float));
+  } else {
+    for (size_t i = 0; i < units_.size(); ++i)
+      pg_->all_gatherv(master_.data() + units_[i].shard_offset, p + units_[i].begin, counts_[i], DType::kFloat32);
+  }
+}
+
 void DataParallel::gather_full_parameters() {
+  if (bf16()) {
+    // The float32 master weights, materialised for forward-only passes until the next backward or step().
+    ensure_sharded();
+    write_master_to_model();
+    for (size_t u = 0; u < punits_.size(); ++u)
+      if (param_state_[u] == ParamState::kReleased) {
+        param_state_[u] = ParamState::kGathered;
+        gathered_ += punits_[u].second - punits_[u].first;
+      }
+    peak_gathered_ = std::max(peak_gathered_, gathered_);
+    materialized_ = !punits_.empty();
+    return;
+  }
   if (options_.strategy != Strategy::kZero3) return;
   ensure_sharded();
   for (size_t u = 0; u < units_.size(); ++u) gather_unit(u);
@@ -532,10 +782,11 @@ void DataParallel::on_block(int b, nn::Model::BlockEvent e) {
     case E::kBeforeRecompute:
     case E::kBeforeBackward:
       if (materialized_) {
-        // A backward pass after a checkpoint's full gather: back to shards, keeping what this block reads.
+        // A backward pass after a checkpoint's full gather: back to shards, keeping what this block reads
+        // (bf16: the buffer holds the master weights, so this block re-materialises its bf16 values too).
         materialized_ = false;
-        for (size_t u = 0; u < units_.size(); ++u)
-          if (std::find(mine.begin(), mine.end(), u) == mine.end()) release_unit(u);
+        for (size_t u = 0; u < punits_.size(); ++u)
+          if (bf16() || std::find(mine.begin(), mine.end(), u) == mine.end()) release_unit(u);
       }
       for (size_t u : mine) wait_unit(u);
       if (b > 0)
@@ -556,6 +807,22 @@ void DataParallel::on_block(int b, nn::Model::BlockEvent e) {
 MemoryReport DataParallel::memory() const {
   MemoryReport m;
   const double n = static_cast<double>(model_.num_params());
+  if (bf16()) {
+    double gathered = 0;  // float32 working copies of the parameters materialised now
+    if (always_materialized_ || !sharded_) gathered = n;
+    else
+      for (size_t u = 0; u < punits_.size(); ++u)
+        if (param_state_[u] != ParamState::kReleased)
+          gathered += static_cast<double>(punits_[u].second - punits_[u].first);
+    double stage = 0;
+    for (const auto& s : stage16_) stage += static_cast<double>(s.size()) * 2;
+    m.bytes["parameters"] = static_cast<double>(params16_.size()) * 2 + gathered * 4;
+    m.bytes["gradients"] = static_cast<double>(grads16_.size()) * 2;
+    m.bytes["master_weights"] = static_cast<double>(master_.size()) * 4;
+    m.bytes["optimizer_state"] = static_cast<double>(exp_avg_.size() + exp_avg_sq_.size()) * 4;
+    m.bytes["comm_buffers"] = stage;
+    return m;
+  }
   if (options_.strategy == Strategy::kZero3) {
     double gathered = 0;
     for (size_t u = 0; u < units_.size(); ++u)
@@ -580,14 +847,18 @@ MemoryReport DataParallel::resident_memory() const {
   m.bytes["parameters"] = static_cast<double>(nn::resident_bytes(model.param_data(), n * 4)) + res(shard_params_);
   m.bytes["gradients"] = static_cast<double>(nn::resident_bytes(model.grad_data(), n * 4)) + res(shard_grads_);
   m.bytes["optimizer_state"] = res(exp_avg_) + res(exp_avg_sq_);
-  m.bytes["master_weights"] = 0;
+  m.bytes["master_weights"] = res(master_);
   m.bytes["comm_buffers"] = res(rs_stage_);
+  m.bytes["parameters"] += resident(params16_.data(), params16_.size() * 2);
+  m.bytes["gradients"] += resident(grads16_.data(), grads16_.size() * 2);
+  for (const auto& s : stage16_) m.bytes["comm_buffers"] += resident(s.data(), s.size() * 2);
   return m;
 }
 
 nlohmann::json DataParallel::report() const {
   nlohmann::json j;
   j["strategy"] = strategy_name(options_.strategy);
+  j["storage_dtype"] = dtype_name(options_.storage_dtype);
   j["world"] = world_;
   j["buckets"] = buckets_.size();
   for (auto& [k, v] : memory().bytes) j["memory_bytes"][k] = v;
@@ -609,6 +880,25 @@ nlohmann::json DataParallel::report() const {
 // ---- checkpoints ----
 
 void DataParallel::gather_optimizer_state(std::vector<float>* m, std::vector<float>* v, int64_t* step) {
+  gather_moments(m, v, step);
+  if (bf16()) {
+    // The float32 master weights into the model's buffer for the save that follows. The units stay marked
+    // released (their pages hold the master weights until the next pass re-materialises the bf16 values
+    // and releases them), so training after the save runs exactly as without it.
+    ensure_sharded();
+    write_master_to_model();
+    for (size_t u = 0; u < punits_.size(); ++u)
+      if (param_state_[u] == ParamState::kGathered) {
+        param_state_[u] = ParamState::kReleased;
+        gathered_ -= punits_[u].second - punits_[u].first;
+      }
+    materialized_ = false;
+    return;
+  }
+  if (options_.strategy == Strategy::kZero3) gather_full_parameters();  // the save writes the whole model
+}
+
+void DataParallel::gather_moments(std::vector<float>* m, std::vector<float>* v, int64_t* step) {
   const size_t n = model_.num_params();
   *step = step_count_;
   if (options_.strategy == Strategy::kDdp || (world_ == 1 && !sharded_grads())) {
@@ -623,7 +913,6 @@ void DataParallel::gather_optimizer_state(std::vector<float>* m, std::vector<flo
         pg_->all_gatherv(src->data() + units_[i].shard_offset, dst->data() + units_[i].begin, counts_[i],
                          DType::kFloat32);
     }
-    gather_full_parameters();  // zero3: the save that follows writes the whole model
     return;
   }
   const size_t s = padded_ / world_;

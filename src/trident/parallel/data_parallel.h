@@ -30,14 +30,51 @@
 // clipping/stepping.
 // Memory (float32, Psi = flat parameter count, per rank, persistent between steps): ddp 16 Psi (params 4,
 // grads 4, moments 8), zero1 8 Psi + 8 Psi/N, zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N, plus per-unit
-// padding and the partial pages at unit edges. memory() reports held sizes, resident_memory() measures
+// padding and the partial pages at unit edges (bfloat16 storage: see below). memory() reports held sizes, resident_memory() measures
 // the buffers' resident pages with mincore().
 // Overlap accounting (always on: a few clock reads per bucket, no allocation per step): per synced step,
 // the backward window (from the first grad-ready hook of the syncing micro-step to the call of
 // finish_gradient_sync()), each gradient bucket's collective as it really ran on the group's worker
 // (Work::started_ns/finished_ns), and the time finish_gradient_sync() blocked. Hidden fraction = the
 // collectives' time inside the window / their total time (0 when nothing overlapped, e.g. overlap=false).
-// Checkpoints under zero3: gather_optimizer_state() (the trainer's before_save path) also materialises the
+// bfloat16 storage (DataParallelOptions::storage_dtype = kBFloat16; PyTorch FSDP's MixedPrecision with
+// param_dtype = reduce_dtype = bfloat16, DeepSpeed's bf16 mode): persistent per rank are bfloat16
+// parameters (ddp/zero1/zero2: all of them; zero3: this rank's pieces), bfloat16 gradients (ddp/zero1:
+// all; zero2/zero3: the shard) and float32 master weights and AdamW moments (ddp: all; zero1/2/3: this
+// rank's shard), K = 12 bytes of optimizer state per parameter:
+//   ddp 16 Psi, zero1 4 Psi + 12 Psi/N, zero2 2 Psi + 14 Psi/N, zero3 16 Psi/N.
+// The model's float32 flat buffers become transient working buffers. Parameters are materialised
+// (bf16 -> fp32, exact) per "parameter unit" by the same block hooks zero3 uses: a unit is the run of
+// parameters one block owns; its source is the local bf16 copy (ddp/zero1/zero2) or the all-gathered
+// bf16 pieces (zero3: gathered into the upper half of the unit's float32 range and widened in place, so
+// no staging buffer); its pages are released after the last block of the pass that reads it. Models
+// without blocks keep the whole model materialised (one unit, refreshed after every step: +4 Psi).
+// Gradients: when a bucket is ready (syncing micro-step) its float32 gradients are rounded to bf16
+// (round to nearest even): ddp/zero1 into the persistent bf16 gradient buffer, then all-reduce (avg) in
+// bf16 in place; zero2/zero3 in place into the first half of the bucket's float32 range, then
+// reduce-scatter (avg) in bf16 into the bf16 shard. The float32 pages then go back to the OS. The
+// comm layer (comm/reduce.h) combines bf16 pairwise in float32 and rounds each partial result to bf16:
+// one rounding per combine, N-1 per element for N ranks (then the average's division, exact for N a
+// power of two), not one float32 accumulation over all ranks. At N = 2 that is a single rounding whatever
+// the algorithm, so all stages give bit-identical results (tested; the clip norm is summed in float64 in
+// different orders, which could only matter at a float rounding boundary of the coefficient); at N > 2
+// the order of the roundings follows the algorithm's chunking. Accumulation: no_sync micro-steps accumulate in the model's float32 gradient buffer
+// (exact, like the float32 mode; costs 4 Psi of transient gradient pages until the syncing micro-step)
+// rather than in bf16 (which would round every micro-step's sum and save those pages): accuracy first.
+// clip_grad_norm() computes the norm of the bf16 gradients and defers the scale to step(), which runs
+// AdamW on the float32 master with fp32(bf16 grad) x coef and then rounds: bf16 params = round(master);
+// zero1/zero2 all-gather the bf16 parameters, zero3 keeps its bf16 pieces. Communication is the float32
+// table with 2-byte elements. Checkpoints: gather_optimizer_state() writes the float32 MASTER weights
+// into the model's flat buffer (every strategy; the next forward re-materialises the bf16 values, so a
+// run that saves stays on the run that does not), gather_full_parameters() does the same and keeps them
+// materialised for forward-only passes (sampling; the first training forward after it reads the master
+// weights); broadcast_parameters() takes master and bf16 copies from the model's buffer, so a float32
+// checkpoint loads into a bf16 run and vice versa. Change param_data() only before
+// broadcast_parameters() (or the first forward): afterwards the master copy is the truth. Cost: every
+// materialisation faults the released pages back in (zeroed by the kernel): forward and backward each
+// re-fault the parameters, each step the gradients (about +10% CPU per step for nanoGPT on 2 ranks,
+// nearly all system time; docs/PERFORMANCE.md).
+// Checkpoints under zero3 (float32 storage): gather_optimizer_state() (the trainer's before_save path) also materialises the
 // full parameters in the model's buffer on every rank, so the existing save path writes the whole model;
 // they stay materialised (forward passes then gather nothing) until the next backward pass, which
 // releases them, or step().
@@ -73,6 +110,9 @@ struct DataParallelOptions {
   size_t bucket_bytes = 25u << 20;  // PyTorch DDP's default (25 MiB)
   bool overlap = true;              // start each bucket during backward (false: all after backward)
   optim::AdamWConfig adamw;
+  // Storage of parameters and gradients between uses: kFloat32 (parameters are their own master
+  // weights) or kBFloat16 (float32 master weights and moments; see the header comment). Others throw.
+  DType storage_dtype = DType::kFloat32;
 };
 
 // Bytes moved by this rank, per collective kind, in the last completed step (nccl-tests' convention:
@@ -141,17 +181,21 @@ class DataParallel {
   void step(float lr);
 
   Strategy strategy() const { return options_.strategy; }
+  DType storage_dtype() const { return options_.storage_dtype; }
   // The range [begin, end) of the flat buffers this rank owns (ddp: everything; zero1: one contiguous
   // shard). zero2/zero3 own one piece of every unit instead (units()); both are 0 for them.
   size_t shard_begin() const { return shard_begin_; }
   size_t shard_end() const { return shard_end_; }
   size_t num_buckets() const { return buckets_.size(); }
   const CommStats& last_step_comm() const { return last_stats_; }
-  // Bytes held per category (buffer sizes; zero3 parameters: the shard plus the units gathered now).
+  // Bytes held per category: parameters, gradients, master_weights, optimizer_state, comm_buffers (buffer
+  // sizes; zero3 and bf16 parameters: the stored copy plus the float32 units materialised now; float32
+  // mode: master_weights 0, the parameters are their own master).
   MemoryReport memory() const;
   // Bytes measured resident in RAM per category (mincore on each buffer's pages, a partial page at either
-  // end of a buffer counted in full): the model's flat parameter and gradient buffers, the shards, the
-  // moments and the persistent staging buffers.
+  // end of a buffer counted in full): the model's flat parameter and gradient buffers (counted under
+  // parameters and gradients), the shards, the bf16 copies, the master weights, the moments and the
+  // persistent staging buffers.
   MemoryReport resident_memory() const;
   nlohmann::json report() const;  // memory (held and resident) + communication + overlap, for the end of training
   // Overlap of the gradient collectives with backward in the last synced step (zero before the first), its
@@ -162,6 +206,9 @@ class DataParallel {
   const OverlapStats& overlap_totals() const { return overlap_totals_; }
   void reset_overlap_stats() { overlap_totals_ = OverlapStats{}; }
 
+  // Parameter units materialised by the block hooks (zero3, and bf16 storage): ranges of the flat buffer,
+  // highest offset first; for zero3 the same ranges as units().
+  size_t num_param_units() const { return punits_.size(); }
   // zero2/zero3: the units this rank's shard is made of (empty for ddp and zero1) and the shard's size
   // (sum of the units' pieces, including padding).
   const std::vector<ShardUnit>& units() const { return units_; }
@@ -189,18 +236,29 @@ class DataParallel {
     std::shared_ptr<Work> work;
     bool grads_released = false;  // zero2/3: the full-gradient pages went back to the OS after the RS
     int64_t launched_ns = 0;      // when `work` was posted
+    bool launched = false;        // launch() ran in this step (bf16: its gradients were rounded)
   };
   void record_overlap(int64_t window_end_ns, int64_t sync_end_ns);
+  void gather_moments(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq, int64_t* step);
   enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
   void account(const std::string& kind, double bytes);
   bool sharded_grads() const { return strategy() == Strategy::kZero2 || strategy() == Strategy::kZero3; }
   void build_units_from_buckets();
+  void build_param_units();  // punits_, block_units_, last_fwd_/last_bwd_ from the model's blocks
   void build_zero3_units();
+  bool bf16() const { return options_.storage_dtype == DType::kBFloat16; }
+  bool block_hooks() const { return strategy() == Strategy::kZero3 || (bf16() && !punits_.empty()); }
+  // bf16: the float32 master weights into the model's flat buffer on every rank (collective for zero*).
+  void write_master_to_model();
+  // bf16: AdamW over `count` elements of master/moments with bf16 gradients (times clip_coef_), writing
+  // the rounded parameters to out16.
+  void adamw_bf16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* out16, size_t flat_begin,
+                  size_t count, float lr);
   void release_finished_grads(bool wait);
   void adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count, float lr);
-  // zero3
+  // zero3 and bf16 storage: parameter units
   void ensure_sharded();
   void on_block(int block, nn::Model::BlockEvent e);
   void gather_unit(size_t u);  // starts the all-gather of unit u unless gathered or in flight
@@ -225,14 +283,26 @@ class DataParallel {
   std::vector<float> shard_grads_, shard_params_;
   std::vector<float> rs_stage_;  // reduce-scatter staging for the last unit when it would run past the buffer
   std::vector<std::vector<size_t>> counts_;  // per unit: all_gatherv counts
-  // zero3 block schedule: units each block reads; the last block of a forward pass (highest index) and
+  // Parameter units (zero3: = units_; bf16 ddp/zero1/zero2: the block runs) and the block schedule: units
+  // each block reads; the last block of a forward pass (highest index) and
   // of a backward pass (lowest index) that reads each unit.
+  std::vector<std::pair<size_t, size_t>> punits_;
+  std::vector<int> punit_params_, punit_of_param_;  // parameters per unit; the unit of each parameter
   std::vector<std::vector<size_t>> block_units_;
   std::vector<int> last_fwd_, last_bwd_;
   std::vector<ParamState> param_state_;
   std::vector<std::shared_ptr<Work>> gather_work_;
   bool sharded_ = false, materialized_ = false;
   size_t gathered_ = 0, peak_gathered_ = 0;  // elements of units not released
+  // bf16 storage: float32 master weights (ddp: all; zero1: [shard_begin, shard_end); zero2/3: the shard),
+  // bf16 parameters (ddp/zero1/zero2: the padded flat buffer; zero3: the shard) and gradients (ddp/zero1:
+  // the flat buffer; zero2/3: the shard), staging for a reduce-scatter that reads past its unit's range,
+  // and the clip coefficient step() applies.
+  std::vector<float> master_;
+  std::vector<uint16_t> params16_, grads16_;
+  std::vector<std::vector<uint16_t>> stage16_;  // per unit; empty unless world * piece > 2 x its length
+  float clip_coef_ = 1.0f;
+  bool always_materialized_ = false;  // bf16 without model blocks: the model's buffer stays materialised
   // Optimizer (moments only for this rank's shard).
   std::vector<float> exp_avg_, exp_avg_sq_;
   struct Segment {

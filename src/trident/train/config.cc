@@ -63,6 +63,8 @@ const std::vector<Key>& keys() {
       {"seed", &TrainConfig::seed, ">=0", "seed of initialization and data sampling"},
       {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
       {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
+      {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
+       "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
       {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
       {"pp", &TrainConfig::pp, ">=1", "pipeline-parallel stages (at most n_layer / virtual_stages)"},
       {"dp", &TrainConfig::dp, ">=0", "data-parallel replicas (0: world size / (tp * pp))"},
@@ -291,6 +293,13 @@ void TrainConfig::validate() const {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
   }
   if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
+  if (param_dtype != "float32" && tp * pp > 1) {
+    TRIDENT_THROW(InvalidArgument,
+                  "param_dtype={} is not supported with model parallelism (tp={} x pp={}): bfloat16 parameter and "
+                  "gradient storage is implemented by the data-parallel wrapper only; use --param_dtype float32 with "
+                  "--tp/--pp, or --tp 1 --pp 1 with --param_dtype bfloat16",
+                  param_dtype, tp, pp);
+  }
   validate_model_parallel(*this);
 }
 

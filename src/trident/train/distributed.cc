@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "trident/comm/process_group.h"
@@ -48,6 +49,7 @@ struct Loop {
     in.heads = cfg.n_head;
     in.vocab = vocab;
     in.activation_checkpointing = cfg.activation_checkpointing;
+    in.storage_bytes = cfg.param_dtype == "bfloat16" ? 2 : 4;
     const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
     in.cal = calibrate(model, cfg.batch_size, cfg.block_size, vocab, pg);
     prediction = predict(in);
@@ -90,11 +92,13 @@ struct Loop {
   MpPredictionInput mp_in;
   MpPrediction mp;
   double mp_dp_optimizer = 0;  // DataParallel's moments (not yet built when the resident size is read)
+  double mp_cpu0 = 0, mp_wall0 = 0;  // process CPU and wall clock after the calibration (cores the run used)
 
   // Call in on_ready after the pipeline engine exists, before DataParallel hooks the model (calibration runs
   // backward) and before the timeline is enabled.
   void before_model_parallel(const TrainConfig& cfg, Trainer& t, parallel::ParallelModel& pm,
-                             const parallel::DeviceMesh& mesh, const DistributedOptions& opts, std::FILE* out) {
+                             const parallel::DeviceMesh& mesh, const DistributedOptions& opts, std::FILE* out,
+                             const std::function<void()>& rehearse = {}) {
     enabled = cfg.model == "gpt" && !cfg.eval_only && t.start_step() < cfg.max_iters;
     if (!enabled) return;
     ProcessGroup& world = *mesh.world();
@@ -126,7 +130,7 @@ struct Loop {
     in.cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
     const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
     in.cal = calibrate_model_parallel(pm, mesh, cfg.batch_size / in.microbatches, cfg.block_size,
-                                      t.dataset().tokenizer().vocab_size());
+                                      t.dataset().tokenizer().vocab_size(), 0, rehearse, in.microbatches);
     mp = predict_model_parallel(in);
     mp_dp_optimizer = in.dp > 1 ? mp.memory_bytes.at("optimizer_state") - 8.0 * static_cast<double>(in.num_params) : 0.0;
     mp.peak_rss = rss0 + mp.memory_bytes.at("activations") + mp_dp_optimizer;
@@ -172,6 +176,8 @@ struct Loop {
       }
       std::fflush(out);
     }
+    mp_cpu0 = process_cpu_seconds();
+    mp_wall0 = static_cast<double>(Timeline::now_ns()) * 1e-9;
   }
 
   // Call on every rank after training, with the measured mean bubble (over ranks) and the pipeline windows.
@@ -186,6 +192,12 @@ struct Loop {
                                              cfg.gradient_accumulation_steps * mesh.dp_size() / res.tokens_per_s
                                        : 0.0;
     world.all_reduce(&step, 1, DType::kFloat64, ReduceOp::kMax);
+    // Cores the run's ranks used from the calibration to here (sum of CPU / wall; one host), and the model's
+    // step at that share: tells a model error from a machine that gave the run less than its cores.
+    const double wall = static_cast<double>(Timeline::now_ns()) * 1e-9 - mp_wall0;
+    double cores_used = (process_cpu_seconds() - mp_cpu0) / std::max(1e-9, wall);
+    world.all_reduce(&cores_used, 1, DType::kFloat64, ReduceOp::kSum);
+    const double at_used = mp.step_s + step_at_cores_used(mp_in, cores_used) - predict_model_parallel(mp_in).step_s;
     // The measured per-microbatch compute times replayed through the schedule (the bubble without p2p).
     double replayed_bubble = 0;
     if (P > 1) {
@@ -226,6 +238,8 @@ struct Loop {
                           {"step_s", step},
                           {"bubble_fraction", measured_bubble},
                           {"replayed_bubble_fraction", replayed_bubble},
+                          {"cores_used", cores_used},
+                          {"step_at_cores_used_s", at_used},
                           {"predicted_over_measured", {{"step_s", ratio(mp.step_s, step)}}}};
     for (int r = 0; r < world.size(); ++r) {
       const double* f = all.data() + static_cast<size_t>(r) * kF;
@@ -248,7 +262,8 @@ struct Loop {
                           "schedule %.1f%%; uniform theory %.1f%%)",
                      100 * measured_bubble, 100 * mp.bubble_fraction, 100 * replayed_bubble, 100 * mp.bubble_theory);
       }
-      std::fprintf(out, "\n");
+      std::fprintf(out, "; the ranks used %.2f cores: at that share the model predicts %.1f ms (ratio %.2f)\n", cores_used,
+                   at_used * 1e3, ratio(at_used, step));
       for (int r = 0; r < world.size(); ++r) {
         const double* f = all.data() + static_cast<size_t>(r) * kF;
         std::fprintf(out, "  rank %d: memory %.2f MB (predicted %.2f, ratio %.3f; activations peak %.2f MB, predicted "
@@ -382,7 +397,18 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     }
     // Prediction before training (collective): after the engine's groups exist (resident), before
     // DataParallel hooks the model (calibration runs backward) and before the timeline starts.
-    loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, hooks.out ? hooks.out : stdout);
+    {
+      // The calibration rehearses real steps of this run (synthetic tokens, same on every rank).
+      const int B = cfg.batch_size, T = cfg.block_size, V = trainer->dataset().tokenizer().vocab_size();
+      std::vector<int32_t> rx(static_cast<size_t>(B) * T), ry(rx.size());
+      for (size_t i = 0; i < rx.size(); ++i)
+        rx[i] = static_cast<int32_t>((i * 7919) % V), ry[i] = static_cast<int32_t>((i * 104729 + 1) % V);
+      auto rehearse = [&] {
+        if (engine) engine->run(rx.data(), ry.data(), B, T, true, 1.0f);
+        else pm->forward_backward(rx.data(), ry.data(), B, T, true, 1.0f);
+      };
+      loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, hooks.out ? hooks.out : stdout, rehearse);
+    }
     if (dp_size > 1) {
       parallel::DataParallelOptions dpo;
       dpo.strategy = parallel::parse_strategy(opts.parallel);
@@ -595,6 +621,8 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
       TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs at least {} processes; start them with --nproc {}", cfg.tp,
                     cfg.pp, cfg.tp * cfg.pp, cfg.tp * cfg.pp);
     }
+    // bfloat16 storage lives in the data-parallel wrapper: one process runs it over a group of one.
+    if (cfg.param_dtype != "float32") return train_distributed(cfg, opts, std::move(hooks), init_process_group());
     return train_distributed(cfg, opts, std::move(hooks), nullptr);
   }
   return train_distributed(cfg, opts, std::move(hooks), init_process_group());
@@ -606,7 +634,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   Loop loop;
   if (world && cfg.tp * cfg.pp > 1) return train_model_parallel(cfg, opts, std::move(hooks), world);
   if (world && world->size() > 1 && cfg.dp > 0 && cfg.dp != world->size()) cfg.resolved_dp(world->size());
-  if (!world || world->size() <= 1) {
+  if (!world || (world->size() <= 1 && cfg.param_dtype == "float32")) {
     Trainer* trainer = nullptr;
     auto user_ready = hooks.on_ready;
     hooks.on_ready = [&](nn::Model& model) {
@@ -633,6 +661,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   dpo.strategy = parallel::parse_strategy(opts.parallel);
   dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
   dpo.overlap = opts.overlap;
+  dpo.storage_dtype = parse_dtype(cfg.param_dtype);
   dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
   dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
   dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
@@ -701,8 +730,8 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   TrainResult res = t.run();
   if (pg->rank() == 0 && dp) {
     auto r = dp->report();
-    std::printf("data parallel (%s, %d ranks): persistent bytes per rank:", r["strategy"].get<std::string>().c_str(),
-                pg->size());
+    std::printf("data parallel (%s, %d ranks, %s storage): persistent bytes per rank:",
+                r["strategy"].get<std::string>().c_str(), pg->size(), r["storage_dtype"].get<std::string>().c_str());
     for (auto& [k, v] : r["memory_bytes"].items()) std::printf(" %s %.2f MB", k.c_str(), v.get<double>() / 1e6);
     if (r.contains("resident_bytes")) {
       std::printf("\n  resident (measured with mincore):");

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -58,19 +60,26 @@ Prediction predict(const PredictionInput& in) {
     shard = std::min(n, (in.rank + 1) * s) - std::min(n, in.rank * s);
   }
 
-  // Memory per rank: DataParallel::memory()'s categories, float32 throughout.
-  p.memory_bytes["parameters"] = n * 4;
-  p.memory_bytes["gradients"] = n * 4;
-  p.memory_bytes["optimizer_state"] = 2 * shard * 4;
-  p.memory_bytes["master_weights"] = 0;
+  // Memory per rank: DataParallel::memory()'s categories (parallel/data_parallel.h). e = bytes per stored
+  // parameter/gradient; with bfloat16 storage the float32 master weights are a category of their own
+  // (float32: the parameters are the master weights). "own" is what this rank keeps of a sharded tensor:
+  // zero1 its contiguous shard, zero2/3 one piece of every unit (padded / N elements).
+  const bool bf16 = in.storage_bytes == 2;
+  const double e = in.storage_bytes;
+  const bool sharded_grads = N > 1 && (in.strategy == parallel::Strategy::kZero2 || in.strategy == parallel::Strategy::kZero3);
+  const bool sharded_params = N > 1 && in.strategy == parallel::Strategy::kZero3;
+  const double pieces = padded / N;
+  const double own = sharded_grads ? pieces : shard;
+  p.memory_bytes["parameters"] = (sharded_params ? pieces : n) * e;
+  p.memory_bytes["gradients"] = (sharded_grads ? pieces : n) * e;
+  p.memory_bytes["optimizer_state"] = 2 * own * 4;
+  p.memory_bytes["master_weights"] = bf16 ? own * 4 : 0.0;
   p.memory_bytes["comm_buffers"] = 0.0;
   if (in.strategy == parallel::Strategy::kZero2 && N > 1) {
-    // zero2 (parallel/data_parallel.h): fixed chunks of a multiple of N elements from the top; a rank keeps
-    // a padded/N shard of gradients and moments; staging only when one partial chunk is the whole buffer.
-    const double chunk = std::ceil(std::max(16.0, std::floor(in.bucket_bytes / 4.0)) / N) * N;
-    p.memory_bytes["gradients"] = padded / N * 4;
-    p.memory_bytes["optimizer_state"] = 2 * padded / N * 4;
-    p.memory_bytes["comm_buffers"] = padded != n && n < chunk ? padded * 4 : 0.0;
+    // zero2: fixed chunks of a multiple of N elements from the top; staging only when one partial chunk is
+    // the whole buffer.
+    const double chunk = std::ceil(std::max(16.0, std::floor(in.bucket_bytes / e)) / N) * N;
+    p.memory_bytes["comm_buffers"] = padded != n && n < chunk ? padded * e : 0.0;
   }
   plan::ModelSpec spec;
   spec.name = "this-run";
@@ -87,14 +96,16 @@ Prediction predict(const PredictionInput& in) {
   p.memory_bytes["activations"] = plan::activation_bytes_per_layer(spec, ac) * in.layers +
                                   static_cast<double>(in.batch) * in.block * in.vocab * 4;
 
-  // Communication per step, bytes this rank sends.
+  // Communication per step, bytes this rank sends (elements of e bytes): ddp all-reduce; zero1 all-reduce +
+  // parameter all-gather; zero2 reduce-scatter + all-gather; zero3 reduce-scatter + an all-gather before
+  // forward and another before backward.
   if (N > 1) {
-    if (in.strategy == parallel::Strategy::kZero2) {
-      p.comm_bytes["reduce_scatter"] = (N - 1.0) / N * padded * 4;
+    if (sharded_grads) {
+      p.comm_bytes["reduce_scatter"] = (N - 1.0) / N * padded * e;
     } else {
-      p.comm_bytes["all_reduce"] = 2.0 * (N - 1) / N * n * 4;
+      p.comm_bytes["all_reduce"] = 2.0 * (N - 1) / N * n * e;
     }
-    if (zero) p.comm_bytes["all_gather"] = (N - 1.0) / N * padded * 4;
+    if (zero) p.comm_bytes["all_gather"] = (sharded_params ? 2.0 : 1.0) * (N - 1.0) / N * padded * e;
   }
 
   // Time.
@@ -111,7 +122,7 @@ Prediction predict(const PredictionInput& in) {
       if (kind == "all_reduce" && in.overlap) {
         // Buckets start during the last micro-step's backward (about 2/3 of forward+backward); what does
         // not fit under it is exposed, and the last bucket always is.
-        const double last_bucket = t * std::min(1.0, static_cast<double>(in.bucket_bytes) / std::max(1.0, n * 4));
+        const double last_bucket = t * std::min(1.0, static_cast<double>(in.bucket_bytes) / std::max(1.0, n * e));
         exposed += std::max(last_bucket, t - fb * 2.0 / 3.0);
       } else {
         exposed += t;
@@ -144,10 +155,13 @@ nlohmann::json Prediction::to_json() const {
 std::string Prediction::summary() const {
   std::string s = fmt::format(
       "prediction: step {:.1f} ms (compute {:.1f}, comm {:.1f} exposed {:.1f}), memory per rank {:.2f} MB "
-      "(parameters {:.2f}, gradients {:.2f}, optimizer {:.2f}, comm buffers {:.2f}, activations {:.2f}), "
+      "(parameters {:.2f}, gradients {:.2f}, {}optimizer {:.2f}, comm buffers {:.2f}, activations {:.2f}), "
       "comm per step {:.2f} MB, peak RSS {:.2f} MB",
       step_s * 1e3, compute_s * 1e3, comm_s * 1e3, exposed_comm_s * 1e3, memory_total() / 1e6,
       memory_bytes.at("parameters") / 1e6, memory_bytes.at("gradients") / 1e6,
+      memory_bytes.count("master_weights") && memory_bytes.at("master_weights") > 0
+          ? fmt::format("master weights {:.2f}, ", memory_bytes.at("master_weights") / 1e6)
+          : std::string(),
       memory_bytes.at("optimizer_state") / 1e6, memory_bytes.at("comm_buffers") / 1e6,
       memory_bytes.at("activations") / 1e6, comm_total() / 1e6, peak_rss / 1e6);
   return s;
@@ -259,7 +273,14 @@ nlohmann::json StageCalibration::to_json() const {
           {"p2p_latency_s", p2p_latency_s},
           {"p2p_Bps", p2p_Bps},
           {"dp_allreduce_bus_Bps", dp_allreduce_bus_Bps},
-          {"optimizer_s_per_param", optimizer_s_per_param}};
+          {"optimizer_s_per_param", optimizer_s_per_param},
+          {"forward_cpu_s", forward_cpu_s},
+          {"backward_cpu_s", backward_cpu_s},
+          {"cores_received", cores_received},
+          {"handoff_loaded_s", handoff_loaded_s},
+          {"rehearsal_factor", rehearsal_factor},
+          {"rehearsal_wall_s", rehearsal_wall_s},
+          {"seconds", seconds}};
 }
 
 double MpPrediction::memory_total() const { return sum_map(memory_bytes); }
@@ -293,37 +314,47 @@ double schedule_peak_activation_bytes(const std::vector<parallel::Action>& actio
 }
 
 parallel::ReplayResult replay_shared_cores(const parallel::Schedule& s, int P, int v, const parallel::DurationFn& duration,
-                                           double latency, double cores) {
+                                           double latency, double cores, double wake_latency, double background) {
   using parallel::Action;
   TRIDENT_CHECK(cores > 0 && static_cast<int>(s.size()) == P, InvalidArgument,
                 "replay_shared_cores: need cores > 0 (got {}) and one action list per rank ({} lists for P = {})",
                 cores, s.size(), P);
+  TRIDENT_CHECK(wake_latency >= 0 && background >= 0, InvalidArgument,
+                "replay_shared_cores: wake latency ({}) and background tasks ({}) must be >= 0", wake_latency,
+                background);
   const int S = P * v;
   int m = 0;
   for (const auto& acts : s)
     for (const auto& a : acts) m = std::max(m, a.mb + 1);
   const double kInf = std::numeric_limits<double>::infinity();
+  const size_t Pz = static_cast<size_t>(P);
+  const int slots = std::max(1, static_cast<int>(std::ceil(cores - 1e-9)));
   // done[type][stage][mb] = finish time (inf: not yet).
   std::vector<std::vector<double>> fdone(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(m), kInf)),
       bdone = fdone;
   parallel::ReplayResult r;
-  r.start.assign(static_cast<size_t>(P), {});
-  r.finish.assign(static_cast<size_t>(P), {});
-  for (int p = 0; p < P; ++p) {
-    r.start[static_cast<size_t>(p)].assign(s[static_cast<size_t>(p)].size(), 0.0);
-    r.finish[static_cast<size_t>(p)].assign(s[static_cast<size_t>(p)].size(), 0.0);
+  r.start.assign(Pz, {});
+  r.finish.assign(Pz, {});
+  for (size_t p = 0; p < Pz; ++p) {
+    r.start[p].assign(s[p].size(), 0.0);
+    r.finish[p].assign(s[p].size(), 0.0);
   }
-  std::vector<size_t> next(static_cast<size_t>(P), 0);
-  std::vector<double> remaining(static_cast<size_t>(P), 0.0), free_at(static_cast<size_t>(P), 0.0);
-  std::vector<bool> running(static_cast<size_t>(P), false);
-  // When rank p's next action may start (inf: a dependency has not finished).
-  auto ready_time = [&](int p) {
+  std::vector<size_t> next(Pz, 0);
+  std::vector<double> remaining(Pz, 0.0), free_at(Pz, 0.0), wake_at(Pz, kInf), queued_at(Pz, kInf);
+  std::vector<bool> running(Pz, false);
+  // When rank p's next action may start (inf: a dependency has not finished); *blocked: the rank was free
+  // before its last cross-rank dependency arrived (it sleeps on a receive and must be woken).
+  auto ready_time = [&](int p, bool* blocked) {
     const Action& a = s[static_cast<size_t>(p)][next[static_cast<size_t>(p)]];
     const int st = a.chunk * P + p;
-    double t = free_at[static_cast<size_t>(p)];
+    const double free = free_at[static_cast<size_t>(p)];
+    double t = free;
+    bool waited = false;
     auto dep = [&](double fin, int other_stage) {
-      const int other_rank = other_stage % P;
-      t = std::max(t, fin + (other_rank != p ? latency : 0.0));
+      const bool remote = other_stage % P != p;
+      const double arrive = fin + (remote ? latency : 0.0);
+      if (remote && arrive > free + 1e-12) waited = true;
+      t = std::max(t, arrive);
     };
     if (a.type == Action::kForward) {
       if (st > 0) dep(fdone[static_cast<size_t>(st - 1)][static_cast<size_t>(a.mb)], st - 1);
@@ -331,31 +362,69 @@ parallel::ReplayResult replay_shared_cores(const parallel::Schedule& s, int P, i
       dep(fdone[static_cast<size_t>(st)][static_cast<size_t>(a.mb)], st);
       if (st < S - 1) dep(bdone[static_cast<size_t>(st + 1)][static_cast<size_t>(a.mb)], st + 1);
     }
+    if (blocked != nullptr) *blocked = waited && std::isfinite(t);
     return t;
+  };
+  auto count = [](const std::vector<bool>& b) {
+    int n = 0;
+    for (bool x : b) n += x ? 1 : 0;
+    return n;
   };
   double now = 0;
   size_t left = 0;
   for (const auto& acts : s) left += acts.size();
   while (left > 0) {
-    // Start every rank whose next action is ready now.
+    // Ranks whose next action became ready join the run queue: first those that did not sleep (their data
+    // was there, or the dependency is local: they keep their core), then those woken by a receive, which
+    // join at once if a core is free (running + queued + background < cores) or wake_latency later.
+    std::vector<bool> queued(Pz);
+    for (size_t pi = 0; pi < Pz; ++pi) queued[pi] = std::isfinite(queued_at[pi]);
+    std::vector<int> woken;
     for (int p = 0; p < P; ++p) {
       const size_t pi = static_cast<size_t>(p);
-      if (running[pi] || next[pi] >= s[pi].size()) continue;
-      if (ready_time(p) <= now + 1e-15) {
-        running[pi] = true;
-        remaining[pi] = duration(p, s[pi][next[pi]]);
-        r.start[pi][next[pi]] = now;
+      if (running[pi] || queued[pi] || next[pi] >= s[pi].size()) continue;
+      if (std::isfinite(wake_at[pi])) {
+        if (wake_at[pi] <= now + 1e-15) queued_at[pi] = wake_at[pi], queued[pi] = true, wake_at[pi] = kInf;
+        continue;
       }
+      bool blocked = false;
+      const double rt = ready_time(p, &blocked);
+      if (rt > now + 1e-15) continue;
+      if (blocked && wake_latency > 0) woken.push_back(p);
+      else queued_at[pi] = rt, queued[pi] = true;
     }
-    int n_run = 0;
-    for (bool b : running) n_run += b ? 1 : 0;
-    const double rate = n_run > 0 ? std::min(1.0, cores / n_run) : 1.0;
+    for (int p : woken) {
+      const size_t pi = static_cast<size_t>(p);
+      if (count(running) + count(queued) + background < cores - 1e-12) queued_at[pi] = now, queued[pi] = true;
+      else wake_at[pi] = now + wake_latency;
+    }
+    // Free cores take the longest-waiting ranks (FIFO; ties by rank). A started action runs to its end.
+    while (count(running) < slots) {
+      int best = -1;
+      for (int p = 0; p < P; ++p) {
+        const size_t pi = static_cast<size_t>(p);
+        if (queued[pi] && (best < 0 || queued_at[pi] < queued_at[static_cast<size_t>(best)] - 1e-15)) best = p;
+      }
+      if (best < 0) break;
+      const size_t bi = static_cast<size_t>(best);
+      queued[bi] = false;
+      queued_at[bi] = kInf;
+      running[bi] = true;
+      remaining[bi] = duration(best, s[bi][next[bi]]);
+      TRIDENT_CHECK(remaining[bi] >= 0, InvalidArgument, "replay_shared_cores: negative duration for {} on rank {}",
+                    parallel::to_string(s[bi][next[bi]]), best);
+      r.start[bi][next[bi]] = now;
+    }
+    // The run's k ready ranks get cores x k / (k + background) of the machine, shared by the running ones.
+    const int n_run = count(running), k = n_run + count(queued);
+    const double rate = n_run > 0 ? std::min(1.0, cores * k / (k + background) / n_run) : 1.0;
     double t_next = kInf;
     for (int p = 0; p < P; ++p) {
       const size_t pi = static_cast<size_t>(p);
       if (running[pi]) t_next = std::min(t_next, now + remaining[pi] / rate);
-      else if (next[pi] < s[pi].size()) {
-        const double rt = ready_time(p);
+      else if (std::isfinite(wake_at[pi])) t_next = std::min(t_next, wake_at[pi]);
+      else if (!queued[pi] && next[pi] < s[pi].size()) {
+        const double rt = ready_time(p, nullptr);
         if (rt > now) t_next = std::min(t_next, rt);
       }
     }
@@ -399,6 +468,20 @@ parallel::ReplayResult replay_shared_cores(const parallel::Schedule& s, int P, i
   return r;
 }
 
+double background_tasks(double received, int world, double cores) {
+  if (received <= 0 || world <= 0 || cores <= 0) return 0.0;
+  const double alone = std::min(static_cast<double>(world), cores);
+  if (received >= 0.95 * alone) return 0.0;
+  // received = world x cores / (world + b)  =>  b = world x cores / received - world.
+  return std::max(0.0, world * cores / received - world);
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 MpPrediction predict_model_parallel(const MpPredictionInput& in) {
   const int P = std::max(1, in.pp), v = std::max(1, in.virtual_stages);
   const int m = P > 1 ? std::max(1, in.microbatches) : 1;  // pp = 1: the whole batch is one microbatch
@@ -412,6 +495,7 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
   TRIDENT_CHECK(in.pp_rank >= 0 && in.pp_rank < P, InvalidArgument, "predict_model_parallel: pp_rank {} not in [0, {})",
                 in.pp_rank, P);
   MpPrediction p;
+  p.cores = in.cores;
   const auto kind = P > 1 ? in.schedule : parallel::ScheduleKind::k1F1B;
   const parallel::Schedule sched = parallel::make_schedule(kind, P, m, kind == parallel::ScheduleKind::kInterleaved ? v : 1);
   const double rows = static_cast<double>(in.batch) / m;
@@ -424,13 +508,30 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
   };
   const int replicas = std::max(1, in.tp) * std::max(1, in.dp);
   const double pipeline_cores = in.cores > 0 ? in.cores / replicas : 0.0;
-  p.shared_cores = pipeline_cores > 0 && in.world > in.cores;
-  // The calibration timed every rank at once, i.e. each at cores / world of a core: back to a whole core
-  // before the replay shares the cores again action by action.
-  const double calibrated_share = p.shared_cores ? in.cores / in.world : 1.0;
-  auto uncontended = [&](int rank, const parallel::Action& a) { return duration(rank, a) * calibrated_share; };
-  parallel::ReplayResult r = p.shared_cores ? replay_shared_cores(sched, P, v, uncontended, p2p, pipeline_cores)
-                                            : parallel::replay(sched, P, v, duration, [&](int, int) { return p2p; });
+  // Other runnable tasks the calibration saw (reported, and replayed as step_loaded_s; not in step_s: a
+  // rank that spins for the probe gets a smaller share of a busy machine than a pipeline rank that sleeps
+  // between actions, so the probe overstates the background, 2-3x under heavy load here).
+  p.background = in.cores > 0 ? background_tasks(cal.cores_received, in.world, in.cores) : 0.0;
+  p.shared_cores = pipeline_cores > 0 && in.world > in.cores + 1e-9;
+  // Shared cores: the replay runs each action's processor time (the work itself) x its rank's rehearsal
+  // factor (what a real step costs beyond its actions). Without them (older calibrations), the wall times.
+  const bool have_cpu = cal.forward_cpu_s.size() == S && cal.backward_cpu_s.size() == S;
+  const bool have_factor = cal.rehearsal_factor.size() == static_cast<size_t>(P);
+  auto work = [&](int rank, const parallel::Action& a) {
+    const double k = have_factor ? cal.rehearsal_factor[static_cast<size_t>(rank)] : 1.0;
+    if (!have_cpu) return duration(rank, a) * k;
+    const size_t s = static_cast<size_t>(a.chunk) * P + rank;
+    return (a.type == parallel::Action::kForward ? cal.forward_cpu_s[s] : cal.backward_cpu_s[s]) * k;
+  };
+  // Waking a rank that sleeps on a receive when every core is taken costs the loaded hand-off's excess over
+  // the idle one.
+  p.wake_s = p.shared_cores ? std::max(0.0, cal.handoff_loaded_s - cal.p2p_latency_s) : 0.0;
+  parallel::ReplayResult r = p.shared_cores
+                                 ? replay_shared_cores(sched, P, v, work, p2p, pipeline_cores, p.wake_s, 0.0)
+                                 : parallel::replay(sched, P, v, duration, [&](int, int) { return p2p; });
+  double loaded_makespan = r.makespan;
+  if (p.background > 0 && pipeline_cores > 0)
+    loaded_makespan = replay_shared_cores(sched, P, v, work, p2p, pipeline_cores, p.wake_s, p.background / replicas).makespan;
   p.pipeline_s = r.makespan * in.accum;
   // As the training printout measures it: each rank's idle share of the window, averaged over ranks.
   double idle = 0;
@@ -485,7 +586,47 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
   const double shard = D > 1 && in.strategy != parallel::Strategy::kDdp ? padded / D : n;
   p.optimizer_s = cal.optimizer_s_per_param * shard;
   p.step_s = p.pipeline_s + p.tied_sync_s + p.dp_comm_s + p.optimizer_s;
+  p.step_loaded_s = p.step_s + (loaded_makespan - r.makespan) * in.accum;
   return p;
+}
+
+double step_at_cores_used(const MpPredictionInput& in, double cores_used) {
+  const MpPrediction base = predict_model_parallel(in);
+  if (in.cores <= 0 || cores_used <= 0) return base.step_s;
+  // With a core per rank the prediction replays wall times; this check replays processor times on shared
+  // cores in every case (equal to the plain replay when nothing is shared).
+  const double rest = base.step_s - base.pipeline_s;
+  const int P = std::max(1, in.pp), v = std::max(1, in.virtual_stages);
+  const int m = P > 1 ? std::max(1, in.microbatches) : 1;
+  const auto kind = P > 1 ? in.schedule : parallel::ScheduleKind::k1F1B;
+  const parallel::Schedule sched = parallel::make_schedule(kind, P, m, kind == parallel::ScheduleKind::kInterleaved ? v : 1);
+  const auto& cal = in.cal;
+  const size_t S = static_cast<size_t>(P) * v;
+  const bool have_cpu = cal.forward_cpu_s.size() == S && cal.backward_cpu_s.size() == S;
+  const bool have_factor = cal.rehearsal_factor.size() == static_cast<size_t>(P);
+  auto work = [&](int rank, const parallel::Action& a) {
+    const size_t s = static_cast<size_t>(a.chunk) * P + rank;
+    const bool f = a.type == parallel::Action::kForward;
+    const double k = have_factor ? cal.rehearsal_factor[static_cast<size_t>(rank)] : 1.0;
+    return k * (have_cpu ? (f ? cal.forward_cpu_s[s] : cal.backward_cpu_s[s]) : (f ? cal.forward_s[s] : cal.backward_s[s]));
+  };
+  const int replicas = std::max(1, in.tp) * std::max(1, in.dp);
+  const double pipeline_cores = in.cores / replicas;
+  double total = 0;
+  for (int q = 0; q < P; ++q)
+    for (const auto& a : sched[static_cast<size_t>(q)]) total += work(q, a);
+  auto makespan = [&](double bg) {
+    return replay_shared_cores(sched, P, v, work, base.p2p_s, pipeline_cores, base.wake_s, bg).makespan;
+  };
+  const double m0 = makespan(0.0), target = cores_used / replicas;
+  if (total / m0 <= target) return rest + m0 * in.accum;  // the run got at least what the replay uses alone
+  double lo = 0, hi = 1;
+  while (total / makespan(hi) > target && hi < 1e4) lo = hi, hi *= 2;
+  for (int i = 0; i < 50; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (total / makespan(mid) > target ? lo : hi) = mid;
+  }
+  return rest + makespan(hi) * in.accum;
 }
 
 nlohmann::json MpPrediction::to_json() const {
@@ -501,6 +642,9 @@ nlohmann::json MpPrediction::to_json() const {
                       {"optimizer_s", optimizer_s},
                       {"inflight_microbatches", inflight},
                       {"shared_cores", shared_cores},
+                      {"background_tasks", background},
+                      {"step_loaded_s", step_loaded_s},
+                      {"wake_s", wake_s},
                       {"memory_bytes_total", memory_total()},
                       {"persistent_bytes", persistent_bytes()},
                       {"peak_rss_bytes", peak_rss}};
@@ -518,14 +662,21 @@ std::string MpPrediction::summary() const {
       "{:.2f}, DP comm {:.1f}, optimizer {:.1f}), memory {:.2f} MB (parameters {:.2f}, gradients {:.2f}, "
       "optimizer {:.2f}, activations {:.2f} = {} microbatch(es) in flight), comm per step {:.2f} MB, peak RSS "
       "{:.2f} MB",
-      step_s * 1e3, pipeline_s * 1e3, shared_cores ? " on shared cores" : "", 100 * bubble_fraction, 100 * bubble_theory, p2p_s * 1e3, tied_sync_s * 1e3,
+      step_s * 1e3, pipeline_s * 1e3,
+      shared_cores ? fmt::format(" on {:g} shared cores [wake-up {:.2f} ms; calibration saw {:.1f} other task(s): "
+                                 "{:.1f} ms with them]",
+                                 cores, wake_s * 1e3, background, step_loaded_s * 1e3)
+                   : std::string(), 100 * bubble_fraction, 100 * bubble_theory, p2p_s * 1e3, tied_sync_s * 1e3,
       dp_comm_s * 1e3, optimizer_s * 1e3, memory_total() / 1e6, memory_bytes.at("parameters") / 1e6,
       memory_bytes.at("gradients") / 1e6, memory_bytes.at("optimizer_state") / 1e6,
       memory_bytes.at("activations") / 1e6, inflight, comm / 1e6, peak_rss / 1e6);
 }
 
 StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const parallel::DeviceMesh& mesh, int rows,
-                                          int block, int vocab) {
+                                          int block, int vocab, int cores, const std::function<void()>& rehearse,
+                                          int microbatches) {
+  const auto cal_t0 = Clock::now();
+  if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   StageCalibration c;
   ProcessGroup& world = *mesh.world();
   const int P = mesh.pp_size(), v = pm.num_chunks(), p = mesh.pp_rank();
@@ -533,6 +684,8 @@ StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const par
   c.forward_s.assign(S, 0.0);
   c.backward_s.assign(S, 0.0);
   c.activation_bytes.assign(S, 0.0);
+  c.forward_cpu_s.assign(S, 0.0);
+  c.backward_cpu_s.assign(S, 0.0);
   const size_t tokens = static_cast<size_t>(rows) * block;
   std::vector<int32_t> x(tokens), y(tokens);
   std::mt19937 rng(12345);  // the same tokens on every rank (TP ranks must agree)
@@ -556,21 +709,23 @@ StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const par
     // in the pipeline); round 0 warms up; the MEDIAN of the other rounds' actions is the calibrated time
     // (millisecond actions: the minimum is optimistic, the mean hostage to one preemption).
     constexpr int kInFlight = 2, kRounds = 9;
-    std::vector<double> tf, tb;
+    std::vector<double> tf, tb, cf, cb;
     for (int k = 0; k < kRounds; ++k) {
       world.barrier();  // every rank computes at the same moment: timed under the run's contention
       const size_t before = st.activation_bytes();
       for (int mb = 0; mb < kInFlight; ++mb) {
+        const double c0 = process_cpu_seconds();
         auto t0 = Clock::now();
         st.forward(mb, x.data(), y.data(), inp, outp, rows, block, 1.0f, true);
-        if (k > 0) tf.push_back(since(t0));
+        if (k > 0) tf.push_back(since(t0)), cf.push_back(process_cpu_seconds() - c0);
       }
       c.activation_bytes[static_cast<size_t>(ch) * P + p] =
           static_cast<double>(st.activation_bytes() - before) / kInFlight;
       for (int mb = 0; mb < kInFlight; ++mb) {
+        const double c0 = process_cpu_seconds();
         auto t0 = Clock::now();
         st.backward(mb, doutp, dinp);
-        if (k > 0) tb.push_back(since(t0));
+        if (k > 0) tb.push_back(since(t0)), cb.push_back(process_cpu_seconds() - c0);
       }
     }
     auto median = [](std::vector<double> v) {
@@ -579,6 +734,31 @@ StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const par
     };
     c.forward_s[static_cast<size_t>(ch) * P + p] = median(tf);
     c.backward_s[static_cast<size_t>(ch) * P + p] = median(tb);
+    c.forward_cpu_s[static_cast<size_t>(ch) * P + p] = median(cf);
+    c.backward_cpu_s[static_cast<size_t>(ch) * P + p] = median(cb);
+  }
+  // The cores this run gets: every rank computes over the same kWindow of wall time (3 windows; rank 0 names
+  // the start on the host's monotonic clock, which every process reads alike); the world's sum of CPU /
+  // kWindow is the cores its ranks received (one host). Median of 3.
+  if (world.size() > 1) {
+    constexpr double kWindow = 0.010;
+    std::vector<double> got;
+    for (int k = 0; k < 3; ++k) {
+      double start = std::chrono::duration<double>(Clock::now().time_since_epoch()).count() + 0.003;
+      world.broadcast(&start, 1, DType::kFloat64, 0);
+      const auto t_start = Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(start)));
+      const auto t_end = t_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kWindow));
+      std::this_thread::sleep_until(t_start);
+      const double c0 = process_cpu_seconds();
+      volatile double sink = 1.0;
+      while (Clock::now() < t_end)
+        for (int i = 0; i < 2000; ++i) sink = sink * 1.0000001 + 1e-9;
+      double share = (process_cpu_seconds() - c0) / kWindow;
+      world.all_reduce(&share, 1, DType::kFloat64, ReduceOp::kSum);
+      got.push_back(share);
+    }
+    std::sort(got.begin(), got.end());
+    c.cores_received = got[1];
   }
   // AdamW rate on scratch memory (as calibrate()).
   const size_t slice = std::min<size_t>(std::max<size_t>(pm.num_params(), 1), size_t{1} << 17);
@@ -625,6 +805,63 @@ StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const par
     c.p2p_latency_s = t_small;
     c.p2p_Bps = t_big > t_small ? static_cast<double>(numel) * 4 / (t_big - t_small) : 0.0;
   }
+  // Ranks outnumber cores: a hand-off to a rank asleep on its receive while the other ranks compute (it must
+  // get a core back). Pipeline ranks 0 and 1 of the first replica ping-pong 1 float for kPing of wall time
+  // (then send a stop value); every other rank computes for kPing + kMargin. One-way = elapsed / (2 x round
+  // trips). Mean, not a median: every hand-off of the run pays its share of the slow ones.
+  if (P > 1 && world.size() > cores) {
+    constexpr double kPing = 0.024, kMargin = 0.006;
+    auto pg = mesh.pp_group();
+    const bool pinger = mesh.tp_rank() == 0 && mesh.dp_rank() == 0 && p <= 1;
+    double one_way = 0;
+    world.barrier();
+    const auto w0 = Clock::now();
+    if (pinger) {
+      float msg = 1.0f;
+      int trips = 0;
+      for (;;) {
+        if (p == 0) {
+          msg = since(w0) < kPing ? 1.0f : 0.0f;
+          pg->send(&msg, 1, DType::kFloat32, 1, 7003);
+          if (msg == 0.0f) break;
+          pg->recv(&msg, 1, DType::kFloat32, 1, 7004);
+          ++trips;
+        } else {
+          pg->recv(&msg, 1, DType::kFloat32, 0, 7003);
+          if (msg == 0.0f) break;
+          pg->send(&msg, 1, DType::kFloat32, 0, 7004);
+        }
+      }
+      if (p == 0 && trips > 0) one_way = since(w0) / (2.0 * trips);
+    } else {
+      volatile double sink = 1.0;
+      while (since(w0) < kPing + kMargin)
+        for (int i = 0; i < 2000; ++i) sink = sink * 1.0000001 + 1e-9;
+    }
+    world.all_reduce(&one_way, 1, DType::kFloat64, ReduceOp::kMax);
+    c.handoff_loaded_s = one_way;
+  }
+  // Rehearsal: real steps of the schedule, this rank's processor time per step over its actions' sum.
+  if (rehearse) {
+    world.barrier();
+    rehearse();  // warm-up (buffers, first touch)
+    constexpr int kSteps = 3;
+    world.barrier();
+    const double c0 = process_cpu_seconds();
+    const auto w0 = Clock::now();
+    for (int k = 0; k < kSteps; ++k) rehearse();
+    const double cpu = (process_cpu_seconds() - c0) / kSteps;
+    c.rehearsal_wall_s = since(w0) / kSteps;
+    double actions = 0;  // this rank's actions in one step: every chunk's forward and backward of m microbatches
+    for (int ch = 0; ch < v; ++ch) {
+      const size_t st = static_cast<size_t>(ch) * P + p;
+      actions += std::max(1, microbatches) * (c.forward_cpu_s[st] + c.backward_cpu_s[st]);
+    }
+    c.rehearsal_factor.assign(static_cast<size_t>(P), 0.0);
+    c.rehearsal_factor[static_cast<size_t>(p)] = actions > 0 ? std::max(1.0, cpu / actions) : 1.0;
+    world.all_reduce(&c.rehearsal_wall_s, 1, DType::kFloat64, ReduceOp::kMax);
+    pm.zero_grad();
+  }
   if (mesh.dp_size() > 1) {
     auto dg = mesh.dp_group();
     const int D = dg->size();
@@ -645,9 +882,14 @@ StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const par
   // Every rank gets every stage's figures: the slowest replica of each (TP ranks and DP replicas).
   world.all_reduce(c.forward_s.data(), S, DType::kFloat64, ReduceOp::kMax);
   world.all_reduce(c.backward_s.data(), S, DType::kFloat64, ReduceOp::kMax);
+  if (!c.rehearsal_factor.empty())
+    world.all_reduce(c.rehearsal_factor.data(), c.rehearsal_factor.size(), DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(c.forward_cpu_s.data(), S, DType::kFloat64, ReduceOp::kMax);
+  world.all_reduce(c.backward_cpu_s.data(), S, DType::kFloat64, ReduceOp::kMax);
   world.all_reduce(c.activation_bytes.data(), S, DType::kFloat64, ReduceOp::kMax);
   world.all_reduce(&c.optimizer_s_per_param, 1, DType::kFloat64, ReduceOp::kMax);
   world.all_reduce(&c.p2p_latency_s, 1, DType::kFloat64, ReduceOp::kMax);
+  c.seconds = since(cal_t0);
   return c;
 }
 

@@ -19,11 +19,12 @@
 // Model parallelism (tp x pp x dp, predict_model_parallel): the step is the pipeline's makespan from
 // parallel::replay() of the run's own schedule (make_schedule) with each virtual stage's calibrated forward
 // and backward time of one microbatch (B/m rows; TP all-reduces are inside them, timed on the real
-// ParallelModel with every rank computing at the same moment, so ranks that share cores are timed sharing
-// them) and a p2p hand-off (latency + bytes / bandwidth, from a ping-pong of one activation between pipeline
-// neighbours) on every dependency between ranks; with more ranks than cores the replay shares the cores
-// (replay_shared_cores). Then the tied-embedding gradient sum, the DP all-reduce of the shard (fully
-// exposed: with P > 1 gradients are final only after the flush) and the optimizer.
+// ParallelModel with every rank computing at the same moment) and a p2p hand-off (latency + bytes /
+// bandwidth, from a ping-pong of one activation between pipeline neighbours) on every dependency between
+// ranks. With more ranks than cores the replay is replay_shared_cores(): actions run to their end on at most
+// `cores` cores, ready ranks queue for one (FIFO), from each action's calibrated processor time. Then the
+// tied-embedding gradient sum, the DP all-reduce of the shard (fully exposed: with P > 1 gradients are final
+// only after the flush) and the optimizer.
 // Memory per rank: the shard's parameters and gradients, the trainer's AdamW moments (+ DataParallel's over
 // the DP group), and the activations of the microbatches the schedule keeps in flight (walked action by
 // action: GPipe m, 1F1B min(m, P - p)) times each chunk's measured bytes of one microbatch.
@@ -34,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +69,7 @@ struct PredictionInput {
   int batch = 1, block = 1, accum = 1;              // per-rank micro-batch, sequence, accumulation
   int layers = 1, hidden = 1, heads = 1, vocab = 1;  // the model's shapes (for activations and FLOPs)
   bool activation_checkpointing = false;            // only each layer's input is stored
+  int storage_bytes = 4;  // bytes per stored parameter/gradient: 4 float32, 2 bfloat16 (--param_dtype)
   Calibration cal;
 };
 
@@ -117,6 +120,22 @@ struct StageCalibration {
   double p2p_Bps = 0;        // ... and bandwidth, bytes/s
   double dp_allreduce_bus_Bps = 0;  // DP group, all-reduce of the shard's gradients (0 when dp = 1)
   double optimizer_s_per_param = 0;
+  // Processor time (CLOCK_PROCESS_CPUTIME_ID) of the same actions, median: the work itself, without the time
+  // the rank was preempted; what replay_shared_cores() runs. Empty when not measured.
+  std::vector<double> forward_cpu_s, backward_cpu_s;
+  // Cores this run's ranks received while all of them computed at once (sum over the world of CPU / window
+  // over the same 10 ms window; median of 3 windows); 0 when not measured (one rank).
+  double cores_received = 0;
+  // One hand-off between pipeline neighbours while the other ranks compute (the receiver sleeps and must
+  // get a core back); measured only when ranks outnumber cores, else 0.
+  double handoff_loaded_s = 0;
+  // Rehearsal: real pipeline steps (the engine running the schedule, hand-offs and all) timed by processor
+  // time: per pipeline rank, that CPU over the sum of the processor times of its actions in one step (the
+  // switching, waking, copying and cache refills the actions alone do not pay; >= 1), the slowest TP / DP
+  // replica; empty when not rehearsed. Replays on shared cores scale each action by its rank's factor.
+  std::vector<double> rehearsal_factor;
+  double rehearsal_wall_s = 0;  // mean wall time of one rehearsed step (reported only)
+  double seconds = 0;  // wall time the calibration took on this rank
   nlohmann::json to_json() const;
 };
 
@@ -130,8 +149,9 @@ struct MpPredictionInput {
   int batch = 1, block = 1, accum = 1;  // per DP rank (split into microbatches when pp > 1)
   int hidden = 1, local_layers = 1;     // n_embd and the layers of this rank's chunks (TP traffic)
   // Processors the world's ranks share (0: a core per rank). With fewer cores than ranks each pipeline of P
-  // ranks gets cores / (tp x dp) of them and the pipeline is replayed with replay_shared_cores(), from the
-  // calibrated times x cores / world (they were timed with every rank of the world running at once).
+  // ranks gets cores / (tp x dp) of them and the pipeline is replayed with replay_shared_cores() from the
+  // calibrated processor times x the rehearsal factors (without them, the wall times) and the loaded
+  // hand-off's extra wake-up latency. The calibration's background tasks go into step_loaded_s only.
   double cores = 0;
   int world = 1;
   StageCalibration cal;
@@ -144,7 +164,11 @@ struct MpPrediction {
   double p2p_s = 0;             // one hand-off
   double tied_sync_s = 0, dp_comm_s = 0, optimizer_s = 0;
   double step_s = 0;            // this rank; the Loop takes the max over ranks
+  double step_loaded_s = 0;     // the same with the calibration's background tasks (see predict_model_parallel)
+  double cores = 0;             // the host's processors (MpPredictionInput::cores)
   bool shared_cores = false;    // the pipeline was replayed with replay_shared_cores (more ranks than cores)
+  double background = 0;        // other runnable tasks the calibration saw on the host (in step_loaded_s only)
+  double wake_s = 0;            // extra latency of a hand-off to a sleeping rank when no core is free
   int inflight = 0;             // microbatches whose activations this rank holds at its peak (all chunks)
   std::map<std::string, double> memory_bytes;  // parameters, gradients, optimizer_state, comm_buffers, activations
   std::map<std::string, double> comm_bytes;    // tp_all_reduce, pp_send_recv, dp_* bytes this rank sends per step
@@ -155,13 +179,26 @@ struct MpPrediction {
   std::string summary() const;
 };
 
-// parallel::replay() for ranks that share `cores` processors (processor sharing: the running actions each
-// progress at min(1, cores / running) of their calibrated speed; a rank waiting for a dependency uses no
-// core). With cores >= P it equals parallel::replay(); with one core the makespan is the total work (plus
-// latencies where nothing can run). busy[p] = sum over rank p's actions of finish - start (wall time, as the
-// training timeline measures a span). Throws InvalidArgument on a schedule that cannot complete.
+// parallel::replay() for ranks that share `cores` processors, as the kernel runs them: an action, once on a
+// core, runs to its end (millisecond actions fit in a scheduler time slice: the calibration's median action
+// takes the same wall and processor time even with 4 ranks on 2 cores); a rank whose action is ready waits
+// in a FIFO run queue for a free core (at most ceil(cores) actions run at once); a rank waiting for a
+// dependency uses no core. `background` = other runnable tasks on the machine (a measured mean): the run's k
+// ready ranks get cores x k / (k + background) of the machine, shared by its running actions (rate at most
+// 1). Wake-up: a rank that went to sleep on a receive (its cross-rank dependency arrived after it was free)
+// joins the queue when the data arrives if a core is free then (running + queued + background < cores),
+// else `wake_latency` later. With cores >= P and no background it equals parallel::replay(); with one core
+// the makespan is the total work (plus latencies where nothing can run). busy[p] = sum over rank p's
+// actions of finish - start (wall time, as the training timeline measures a span). Throws InvalidArgument
+// on a schedule that cannot complete or negative inputs.
 parallel::ReplayResult replay_shared_cores(const parallel::Schedule& s, int P, int v, const parallel::DurationFn& duration,
-                                           double latency, double cores);
+                                           double latency, double cores, double wake_latency = 0.0,
+                                           double background = 0.0);
+
+// Other runnable tasks (a mean) implied by `received` cores measured while `world` ranks of this run all ran
+// on a host of `cores` processors: received = world x min(1, cores / (world + background)). 0 when the run got
+// what it would alone (within 5%); never negative.
+double background_tasks(double received, int world, double cores);
 
 // Pure: throws InvalidArgument when the calibration does not have P*v stage entries.
 MpPrediction predict_model_parallel(const MpPredictionInput& in);
@@ -172,8 +209,24 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in);
 // actions of each kind), the p2p ping-pong (P > 1) and the DP all-reduce of the gradients (dp > 1);
 // all-gathers the per-stage times (max over the TP and DP replicas) so every
 // rank returns the same stage vectors. Leaves gradients zero and the stages' activation peaks reset.
+// With more than one rank it also measures the cores the run receives (every rank computes over the same
+// 3 x 10 ms windows: sum of CPU / window) and, when ranks outnumber `cores` (0: the host's), a hand-off
+// while the others compute.
+// `rehearse` (optional): runs one real forward+backward step of the run (the pipeline engine's run() over
+// `microbatches` microbatches); it is called 1 + 3 times (warm-up, then timed), gradients zeroed after.
 StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, const parallel::DeviceMesh& mesh, int rows,
-                                          int block, int vocab);
+                                          int block, int vocab, int cores = 0,
+                                          const std::function<void()>& rehearse = {}, int microbatches = 1);
+
+// After the run, to tell a model error from a busier machine: the step the model gives when the run's ranks
+// receive only `cores_used` cores in all (measured: the world's CPU / wall over the training): the
+// processor times replayed on shared cores (replay_shared_cores, cores / (tp x dp) per pipeline) with the
+// background tasks that make the replay use that many (bisection), + the prediction's non-pipeline terms.
+// in.cores = 0: the plain prediction.
+double step_at_cores_used(const MpPredictionInput& in, double cores_used);
+
+// Processor time of this process (CLOCK_PROCESS_CPUTIME_ID), seconds.
+double process_cpu_seconds();
 
 // Peak bytes of saved activations the rank holds walking `actions` (forward of chunk c adds bytes[c],
 // backward frees it), and the microbatches in flight at that peak.
