@@ -86,25 +86,6 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 constexpr size_t kStreamBytes = size_t{8} << 20;
 constexpr size_t kStagedOutOfPlaceBytes = size_t{8} << 20;
 
-// Copy with non-temporal stores (as shm_fast_path.cc's, for this rank's own output); the caller fences.
-void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
-  const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-}
-
 enum class Dir { kRead, kWrite };
 
 // Moves n bytes between `local` in this process and `remote` in local rank `peer`; partial transfers are
@@ -292,12 +273,12 @@ void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
       if (k == 1) reduce_into3(dst, in + pos, theirs, m, a.dtype, a.redop);
       else reduce_into(dst, theirs, m, a.dtype, a.redop);
     }
-    if (stream) stream_copy(out + pos, reduced, len);
+    if (stream) shm_stream_copy(out + pos, reduced, len);
     // The reduced chunk (in cache) into every peer's output.
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (uint8_t* theirs = s.recv_map(p)) {
-        if (stream) stream_copy(theirs + pos, dst, len);
+        if (stream) shm_stream_copy(theirs + pos, dst, len);
         else std::memcpy(theirs + pos, dst, len);
       } else {
         transfer(*w, p, Dir::kWrite, dst, s.peer(p).recv + pos, len);

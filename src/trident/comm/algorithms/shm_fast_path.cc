@@ -13,25 +13,10 @@
 
 namespace trident {
 
-namespace {
-
-// The window's phases cost a store and a load of a shared cache line, not a message: a fraction of a
-// shared-memory message latency. Groups across hosts cannot use the window at all.
-constexpr double kPhaseAlpha = 0.25;
-
-TopoCost single_host_only(Cost c, const HostLayout& layout) {
-  TopoCost t;
-  t.intra = c;
-  if (layout.hosts() > 1) t.intra.alpha_terms = std::numeric_limits<double>::infinity();
-  return t;
-}
-
-uint8_t* at(void* p, size_t elems, size_t es) { return static_cast<uint8_t*>(p) + elems * es; }
-
 // Copy into the caller's output with non-temporal stores (no read-for-ownership of lines this rank never
 // read: out of place, the output is otherwise read once before it is written). The stores are ordered
 // before the call returns by the sfence in all_reduce_staged.
-void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
+void shm_stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
   const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
   std::memcpy(dst, src, head);
   dst += head, src += head, n -= head;
@@ -48,6 +33,21 @@ void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
   }
   std::memcpy(dst + i, src + i, n - i);
 }
+
+namespace {
+
+// The window's phases cost a store and a load of a shared cache line, not a message: a fraction of a
+// shared-memory message latency. Groups across hosts cannot use the window at all.
+constexpr double kPhaseAlpha = 0.25;
+
+TopoCost single_host_only(Cost c, const HostLayout& layout) {
+  TopoCost t;
+  t.intra = c;
+  if (layout.hosts() > 1) t.intra.alpha_terms = std::numeric_limits<double>::infinity();
+  return t;
+}
+
+uint8_t* at(void* p, size_t elems, size_t es) { return static_cast<uint8_t*>(p) + elems * es; }
 
 // Tiny path: one cache line per rank carries stamp, fingerprint and payload.
 void all_reduce_tiny(ShmWindow& w, const CollArgs& a, size_t bytes) {
@@ -86,7 +86,7 @@ void all_reduce_staged(ShmWindow& w, const AlgoContext& ctx, const CollArgs& a) 
   // Out of place and too big to stay cached: write the output with non-temporal stores.
   const bool stream = a.send != a.recv && a.count * es >= (size_t{8} << 20);
   auto out_copy = [stream](uint8_t* dst, const uint8_t* src, size_t n) {
-    if (stream) stream_copy(dst, src, n);
+    if (stream) shm_stream_copy(dst, src, n);
     else std::memcpy(dst, src, n);
   };
   for (size_t s = 0; s < a.count; s += per_round) {

@@ -25,6 +25,9 @@
 //   every other rank copies it out (one copy in, one copy out per receiver).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "trident/comm/algorithms/algorithm.h"
 
 namespace trident {
@@ -45,5 +48,9 @@ struct BroadcastShm {  // small payloads only; fallback: tree
 // Hook for the single-copy path (shm_cma.h): the staged bandwidth path of all_reduce on a window the caller
 // already began (ctx.shm_window()); a.send non-null and not partially overlapping a.recv.
 void all_reduce_shm_staged(ShmWindow& w, const AlgoContext& ctx, const CollArgs& a);
+
+// Copies n bytes with non-temporal stores (no read-for-ownership of output lines this rank never read);
+// the caller orders them (sfence) before publishing. Used by the staged path and by shm_cma.
+void shm_stream_copy(uint8_t* dst, const uint8_t* src, size_t n);
 
 }  // namespace trident
