@@ -235,6 +235,7 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, DataParallelParity,
     ::testing::Values(Case{"ddp", 2, 1, true, 4096}, Case{"ddp", 3, 2, true, 4096}, Case{"ddp", 4, 1, false, 1 << 20},
                       Case{"zero1", 2, 1, true, 4096}, Case{"zero1", 3, 1, true, 1 << 20},
+                      Case{"zero1", 4, 2, true, 4096},
                       Case{"zero2", 2, 2, true, 4096}, Case{"zero2", 4, 1, true, 4096},
                       Case{"zero2", 3, 1, true, 4096, "mlp_untied"}, Case{"zero3", 2, 1, true, 0},
                       Case{"zero3", 3, 2, true, 0}, Case{"zero3", 4, 1, false, 0},
