@@ -199,6 +199,31 @@ __attribute__((always_inline)) static inline float hsum(Vec16 v) {
 
 __attribute__((always_inline)) static inline int round_up(int n) { return (n + kW - 1) / kW * kW; }
 
+// Softmax of one causal row in place: row[j] * scale for j < n, over the row padded to round_up(n) lanes
+// (lanes j >= n are masked to -inf-like before, and 0 after, the exp). Returns the log-sum-exp.
+__attribute__((always_inline)) static inline float masked_softmax_row(float* row, int n, float scale) {
+  const int n16 = round_up(n);
+  Vec16 vmax = splat(-3.0e38f);
+  for (int jb = 0; jb < n16; jb += kW) {
+    Vec16 x = load16(row + jb) * scale;
+    x = lanes(jb) < n ? x : splat(-3.0e38f);
+    store16(row + jb, x);
+    vmax = x > vmax ? x : vmax;
+  }
+  const float mx = hmax(vmax);
+  Vec16 vsum = {};
+  for (int jb = 0; jb < n16; jb += kW) {
+    Vec16 e = fast_exp16(load16(row + jb) - mx);
+    e = lanes(jb) < n ? e : Vec16{};
+    store16(row + jb, e);
+    vsum += e;
+  }
+  const float sum = hsum(vsum);
+  const float inv = 1.0f / sum;
+  for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
+  return mx + std::log(sum);
+}
+
 TRIDENT_CLONES
 static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc) {
   const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
@@ -210,27 +235,8 @@ static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C
     const int n = i + 1;
     const int n16 = round_up(n);
     row_times_matrix(row, qkv + i * ld, kt, tp, hd, n16, scale);
-    // Softmax over the padded row: lanes j >= n are masked to -inf-like before, and 0 after, the exp.
-    Vec16 vmax = splat(-3.0e38f);
-    for (int jb = 0; jb < n16; jb += kW) {
-      Vec16 x = load16(row + jb);
-      x = lanes(jb) < n ? x : splat(-3.0e38f);
-      store16(row + jb, x);
-      vmax = x > vmax ? x : vmax;
-    }
-    const float mx = hmax(vmax);
-    Vec16 vsum = {};
-    for (int jb = 0; jb < n16; jb += kW) {
-      Vec16 e = fast_exp16(load16(row + jb) - mx);
-      e = lanes(jb) < n ? e : Vec16{};
-      store16(row + jb, e);
-      vsum += e;
-    }
-    const float sum = hsum(vsum);
-    const float inv = 1.0f / sum;
-    for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
+    lse[i] = masked_softmax_row(row, n, 1.0f);  // already scaled (x 1 is exact)
     weighted_row_sum(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
-    lse[i] = mx + std::log(sum);
   }
 }
 
@@ -247,26 +253,8 @@ static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float sc
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up(n);
     float* row = S + i * tp;
-    Vec16 vmax = splat(-3.0e38f);
-    for (int jb = 0; jb < n16; jb += kW) {
-      Vec16 x = load16(row + jb) * scale;
-      x = lanes(jb) < n ? x : splat(-3.0e38f);
-      store16(row + jb, x);
-      vmax = x > vmax ? x : vmax;
-    }
-    const float mx = hmax(vmax);
-    Vec16 vsum = {};
-    for (int jb = 0; jb < n16; jb += kW) {
-      Vec16 e = fast_exp16(load16(row + jb) - mx);
-      e = lanes(jb) < n ? e : Vec16{};
-      store16(row + jb, e);
-      vsum += e;
-    }
-    const float sum = hsum(vsum);
-    const float inv = 1.0f / sum;
-    for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
+    lse[i] = masked_softmax_row(row, n, scale);
     for (int jb = n16; jb < tend; jb += kW) store16(row + jb, Vec16{});
-    lse[i] = mx + std::log(sum);
   }
 }
 
