@@ -19,6 +19,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
+      {"TRIDENT_CACHE_BYTES", "0",
+       "bytes of last-level cache a collective's buffers may assume (0: a quarter of the L3); beyond it cma "
+       "all_reduce streams its output"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
@@ -146,6 +149,7 @@ int64_t tcp_sockbuf() { return get_int("TRIDENT_TCP_SOCKBUF", 0, true); }
 int64_t tcp_max_io() { return get_int("TRIDENT_TCP_MAX_IO", 0, true); }
 int64_t shm_window_bytes() { return get_int("TRIDENT_SHM_WINDOW_BYTES", 0, true); }
 bool cma() { return get_bool("TRIDENT_CMA", true); }
+int64_t cache_bytes() { return get_int("TRIDENT_CACHE_BYTES", 0, true); }
 std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
 std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
 std::string host_id() { return get_string("TRIDENT_HOST_ID", ""); }

@@ -45,6 +45,7 @@ int64_t tcp_sockbuf();            // TRIDENT_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF of
 int64_t tcp_max_io();             // TRIDENT_TCP_MAX_IO: cap on bytes per TCP send/recv call (0: none; tests)
 int64_t shm_window_bytes();       // TRIDENT_SHM_WINDOW_BYTES (0: by local ranks; shm fast path staging)
 bool cma();                       // TRIDENT_CMA: 0 = no cross-memory attach (the cma algorithm stages instead)
+int64_t cache_bytes();            // TRIDENT_CACHE_BYTES (0: a quarter of the L3): footprint a collective keeps cached
 std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench comm --tune` ("" = cost model)
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
 std::string host_id();            // TRIDENT_HOST_ID: host identity (wins over TRIDENT_HOSTNAME and the hostname)

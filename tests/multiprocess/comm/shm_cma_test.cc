@@ -177,8 +177,9 @@ TEST(ShmCma, BitwiseIdenticalAcrossRanksMixedWithOtherAlgorithms) {
   EXPECT_EQ(testing::failures(res), "");
 }
 
-// Large calls where some rank is out of place (that path stages through the window instead; the choice is
-// made from every rank's post, so it is the same on every rank even when placements differ).
+// Calls too large for the cache where some rank is out of place (that path stages through the window
+// instead; the choice is made from every rank's post, so it is the same on every rank even when
+// placements differ). TRIDENT_CACHE_BYTES makes 8 MiB "too large" on any machine.
 TEST(ShmCma, LargeMixedPlacementsAgree) {
   for (int world : {2, 3}) {
     auto res = testing::run_processes(world, [](int r, int n, std::shared_ptr<Store> st) {
@@ -198,7 +199,7 @@ TEST(ShmCma, LargeMixedPlacementsAgree) {
           TRIDENT_RANK_CHECK(got[i] == want, "call {} element {}: {} != {}", call, i, got[i], want);
         }
       }
-    }, {.deadline_s = 120});
+    }, {.deadline_s = 120, .env = {{"TRIDENT_CACHE_BYTES", "16M"}}});
     EXPECT_EQ(testing::failures(res), "") << "world " << world;
   }
 }

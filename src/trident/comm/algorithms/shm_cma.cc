@@ -83,8 +83,19 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return an != 0 && bn != 0 && a0 < b0 + bn && b0 < a0 + an;
 }
 
-constexpr size_t kStreamBytes = size_t{8} << 20;
-constexpr size_t kStagedOutOfPlaceBytes = size_t{8} << 20;
+// Whether an all_reduce of `bytes` per rank over n local ranks leaves the cache: its footprint (every
+// rank's input and output, 2 n bytes) against a quarter of the last-level cache (the share a call can
+// expect to keep on a shared machine; measured on the development VM, whose 480 MiB L3 held 16 MiB
+// calls on 2 ranks (64 MiB footprint) but not 32 MiB ones). 8 MiB per rank when the size is unknown.
+// TRIDENT_CACHE_BYTES sets the budget instead.
+bool leaves_cache(size_t bytes, int n) {
+  static const size_t limit = [] {
+    if (const int64_t set = env::cache_bytes(); set > 0) return static_cast<size_t>(set);
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? std::max<size_t>(static_cast<size_t>(l3) / 4, size_t{8} << 20) : size_t{32} << 20;
+  }();
+  return 2 * static_cast<size_t>(n) * bytes >= limit;
+}
 
 enum class Dir { kRead, kWrite };
 
@@ -240,11 +251,13 @@ void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
   }
   const int n = w->size(), me = w->rank();
   const size_t per = std::max<size_t>(1, chunk_bytes_of(ctx) / es);
-  // Large and out of place on some rank whose output the peers cannot map: the kernel would write that
-  // output's lines without having them in cache (a read for ownership of each line first), which measured
-  // 1.7x slower than the staged path at 64 MiB (and in place 1.2-1.4x faster than it): stage instead.
-  // Decided from every rank's post, so every rank takes the same path.
-  if (bytes >= kStagedOutOfPlaceBytes) {
+  // Out of cache and out of place on some rank whose output the peers cannot map: the kernel would write
+  // that output's lines without having them in cache (a read for ownership of each line first), which
+  // measured 1.7x slower than the staged path at 64 MiB (and in place 1.2-1.4x faster than it): stage
+  // instead. Decided from every rank's post, so every rank takes the same path. (While the data stays
+  // in cache the kernel's writes are cheap: 16 MiB out of place ran 8.4-9.1 GB/s direct, 6.6-7.6 staged.)
+  const bool big = leaves_cache(bytes, n);
+  if (big) {
     bool plain_out_of_place = false;
     for (int r = 0; r < n; ++r) plain_out_of_place |= s.peer(r).send != s.peer(r).recv && !s.peer(r).shared[1];
     if (plain_out_of_place) {
@@ -257,7 +270,7 @@ void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
   auto* scratch = static_cast<uint8_t*>(ctx.scratch(scratch_bytes));
   // Out of place and too big to stay cached: reduce into a second cache-resident buffer and write this
   // rank's output from it with non-temporal stores (no read-for-ownership of output lines never read).
-  const bool stream = a.send != a.recv && bytes >= kStreamBytes;
+  const bool stream = a.send != a.recv && big;
   auto* reduced = stream ? static_cast<uint8_t*>(ctx.scratch(scratch_bytes, 1)) : nullptr;
   const auto* in = static_cast<const uint8_t*>(a.send);
   auto* out = static_cast<uint8_t*>(a.recv);

@@ -25,9 +25,10 @@
 //   its own input's block (1/n) and the peers' blocks ((n-1)/n): 1; writes its output block (1/n) and the
 //   peers' output blocks ((n-1)/n): 1. Minimal: all n inputs must be read once and all n outputs written
 //   once, n + n bytes for n ranks. In place works (only rank b touches block b anywhere, and it reads a
-//   chunk from every peer before writing it back). From 8 MiB, when some rank is out of place and its
-//   output is not a ShmBuffer, every rank takes the staged "shm" path instead (the kernel writes output
-//   lines it does not hold in cache, with a read for ownership each: measured slower than staging).
+//   chunk from every peer before writing it back). Once the call's footprint (2 n bytes) passes a quarter
+//   of the last-level cache, when some rank is out of place and its output is not a ShmBuffer, every
+//   rank takes the staged "shm" path instead (the kernel writes output lines it does not hold in cache,
+//   with a read for ownership each: measured slower than staging; while they stay cached it is faster).
 //   Registered buffers (transport/shm_buffer.h): a peer's ShmBuffer is mapped and read/written in place
 //   with plain loads and stores instead of the kernel copies (zero copy).
 // reduce_scatter: as all_reduce's first half: rank r reads block r of every peer's input, reduces into recv.
