@@ -53,7 +53,8 @@ struct Engine::Req {
 
 struct Engine::Unexpected {
   MsgHeader hdr;
-  std::unique_ptr<uint8_t[]> data;  // h.nbytes, not zero-filled (every byte is received before it is read)
+  std::unique_ptr<uint8_t[]> data;  // >= h.nbytes, not zero-filled; null until the payload is read
+  size_t capacity = 0;              // of data
   bool complete = false;
 };
 
@@ -318,6 +319,77 @@ void Engine::deliver_unexpected(Req& r, Unexpected& u) {
     else std::memcpy(r.dst, u.data.get(), r.nbytes);
   }
   r.done = true;
+  give_buffer(std::move(u.data), u.capacity);
+}
+
+namespace {
+bool same_key(const MsgHeader& a, const MsgHeader& b) {
+  return a.kind == b.kind && (a.kind == kKindColl ? (a.seq == b.seq && a.step == b.step) : a.tag == b.tag);
+}
+// Smaller payloads come from the heap without a fresh mapping: not worth keeping.
+constexpr size_t kSpareMinBytes = size_t{64} << 10;
+}  // namespace
+
+// Flow control: an eager receiver that buffered every early message would let a sender that runs ahead
+// (a broadcast root, a pipeline stage) grow this rank's memory without bound, each buffer a fresh mapping
+// faulted in page by page (~10 us per 4 KiB on the development VM: a 1 MiB tree broadcast ran at
+// 1.7 GB/s). So the payload of a message for a later collective stays in the channel, and the channel's
+// capacity holds the sender back, unless this rank waits for something else from that peer (which may lie
+// behind it: then it is buffered, as before).
+bool Engine::start_early_payload(int peer) {
+  Peer& ps = *peer_state_[peer];
+  Unexpected* u = ps.cur_unexp;
+  const MsgHeader& h = u->hdr;
+  bool first = true;  // order per key: only the first early message with this key may be delivered
+  for (auto& e : ps.unexpected) {
+    if (e.get() == u) break;
+    if (same_key(e->hdr, h)) first = false;
+  }
+  for (size_t i = 0; first && i < ps.posted.size(); ++i) {
+    Req& r = reqs_[ps.posted[i]];
+    const bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
+    if (!match) continue;
+    check_size(r, h, peer);
+    ps.cur_req = ps.posted[i];
+    ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+    for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it)
+      if (it->get() == u) {
+        ps.unexpected.erase(it);
+        break;
+      }
+    ps.cur_unexp = nullptr;
+    return true;
+  }
+  const bool later_collective = h.kind == kKindColl && (!in_collective_ || h.seq > seq_);
+  if (later_collective && ps.posted.empty()) return false;
+  u->data = take_buffer(h.nbytes, &u->capacity);
+  return true;
+}
+
+std::unique_ptr<uint8_t[]> Engine::take_buffer(size_t nbytes, size_t* capacity) {
+  if (nbytes >= kSpareMinBytes) {
+    // The smallest kept buffer that fits, unless more than half of it would go unused.
+    auto it = spare_.lower_bound(nbytes);
+    if (it != spare_.end() && it->first / 2 <= nbytes) {
+      *capacity = it->first;
+      spare_bytes_ -= it->first;
+      auto buf = std::move(it->second);
+      spare_.erase(it);
+      return buf;
+    }
+  }
+  *capacity = nbytes;
+  return std::unique_ptr<uint8_t[]>(new uint8_t[nbytes]);
+}
+
+void Engine::give_buffer(std::unique_ptr<uint8_t[]> buf, size_t capacity) {
+  if (!buf || capacity < kSpareMinBytes || capacity > kSpareBytes) return;
+  spare_bytes_ += capacity;
+  spare_.emplace(capacity, std::move(buf));
+  while (spare_bytes_ > kSpareBytes) {  // the smallest go first: the large ones cost the most to fault in
+    spare_bytes_ -= spare_.begin()->first;
+    spare_.erase(spare_.begin());
+  }
 }
 
 Request Engine::isend(int peer, uint32_t step, const void* data, size_t nbytes) {
@@ -415,7 +487,6 @@ void Engine::on_header(int peer) {
   if (ps.cur_req < 0) {
     auto u = std::make_unique<Unexpected>();
     u->hdr = h;
-    u->data.reset(new uint8_t[h.nbytes]);
     ps.cur_unexp = u.get();
     ps.unexpected.push_back(std::move(u));
   }
@@ -438,6 +509,7 @@ bool Engine::progress_rx(int peer) {
     }
     if (ps.rx == Peer::kPayload) {
       const size_t n = ps.cur.nbytes;
+      if (ps.cur_req < 0 && !ps.cur_unexp->data && !start_early_payload(peer)) return moved;
       while (ps.got < n) {
         size_t k = 0;
         if (ps.cur_req >= 0) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,6 +113,13 @@ class Engine final : public AlgoContext {
   bool progress_rx(int peer);
   void on_header(int peer);
   void deliver_unexpected(Req& r, Unexpected& u);
+  // Before the payload of an early message (no receive posted when its header arrived) is read: a
+  // receive posted since takes it directly; else it is read into a buffer, or left in the channel (false).
+  bool start_early_payload(int peer);
+  // Payload buffers for early arrivals: delivered ones are kept (up to kSpareBytes) and reused, so an
+  // early message lands in memory that is already faulted in.
+  std::unique_ptr<uint8_t[]> take_buffer(size_t nbytes, size_t* capacity);
+  void give_buffer(std::unique_ptr<uint8_t[]> buf, size_t capacity);
   void check_fingerprint(int peer, const MsgHeader& h);
   void check_size(const Req& r, const MsgHeader& h, int peer);
   void block_once(Clock::time_point deadline);
@@ -121,6 +129,10 @@ class Engine final : public AlgoContext {
   [[noreturn]] void raise_encoded(const std::string& encoded);
   std::string who(int r) const;
   std::string describe_header(const MsgHeader& h) const;
+
+  static constexpr size_t kSpareBytes = size_t{64} << 20;
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> spare_;  // capacity -> buffer
+  size_t spare_bytes_ = 0;
 
   std::string name_;
   int rank_, size_;
