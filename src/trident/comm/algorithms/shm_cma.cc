@@ -404,9 +404,17 @@ void AllGatherCma::run(AlgoContext& ctx, const CollArgs& args) {
 
 // ---- broadcast ----
 
+// Past 1 MiB the kernel's copy into the non-roots' buffers (pinned page by page, written without the
+// lines in cache) ran slower than the window's two cached copies: 2 ranks, 2 MiB 11.7-11.9 GB/s against
+// 13.0-13.3, 64 MiB 5.4-5.7 against 7.9-8.4 (1 MiB: 16.9-21.7 against 13.4-13.5, 256 KiB 26-30 against
+// 16-17: the cost below is half the staged path's bytes). So broadcast takes the staged shm path there
+// (cost and run alike).
+constexpr size_t kCmaBroadcastMaxBytes = size_t{1} << 20;
+
 Cost BroadcastCma::cost(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {2 * kPhaseAlpha + kSyscallAlpha, kBetaFactor * static_cast<double>(bytes), 0.0};
+  if (bytes > kCmaBroadcastMaxBytes) return BroadcastShm::cost(bytes, n);
+  return {2 * kPhaseAlpha + kSyscallAlpha, kBetaFactor * BroadcastShm::cost(bytes, n).beta_bytes, 0.0};
 }
 
 TopoCost BroadcastCma::topo_cost(size_t bytes, const HostLayout& layout) {
@@ -418,6 +426,7 @@ void BroadcastCma::run(AlgoContext& ctx, const CollArgs& a) {
   ShmWindow* w = ctx.shm_window();
   if (!w || w->cma_state < 0) return BroadcastTree::run(ctx, a);
   const size_t bytes = a.count * dtype_size(a.dtype);
+  if (bytes > kCmaBroadcastMaxBytes) return BroadcastShm::run(ctx, a);
   Session s(*w, a.recv, bytes, a.recv, bytes);
   if (!s.ok()) {
     s.finish();

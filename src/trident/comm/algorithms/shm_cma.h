@@ -33,7 +33,8 @@
 //   with plain loads and stores instead of the kernel copies (zero copy).
 // reduce_scatter: as all_reduce's first half: rank r reads block r of every peer's input, reduces into recv.
 // all_gather: rank r copies its own input into recv block r and reads every peer's input into block p.
-// broadcast: every non-root reads the root's buffer into its own (one copy).
+// broadcast: every non-root reads the root's buffer into its own (one copy); past 1 MiB the staged "shm"
+//   broadcast instead (measured faster there: the kernel writes lines it does not hold in cache).
 // Fallbacks: one rank or count 0: nothing to move; no window (TCP, several hosts, a subcontext): the
 // message-based algorithm (all_reduce: as "shm"; reduce_scatter, all_gather: ring; broadcast: tree);
 // CMA refused (EPERM/ENOSYS, another pid namespace, TRIDENT_CMA=0): all_reduce takes the staged "shm"
