@@ -179,7 +179,8 @@ TEST(ShmCma, BitwiseIdenticalAcrossRanksMixedWithOtherAlgorithms) {
 
 // Calls too large for the cache where some rank is out of place (that path stages through the window
 // instead; the choice is made from every rank's post, so it is the same on every rank even when
-// placements differ). TRIDENT_CACHE_BYTES makes 8 MiB "too large" on any machine.
+// placements differ), and an all_gather past the cache. TRIDENT_CACHE_BYTES makes 8 MiB "too large" on
+// any machine.
 TEST(ShmCma, LargeMixedPlacementsAgree) {
   for (int world : {2, 3}) {
     auto res = testing::run_processes(world, [](int r, int n, std::shared_ptr<Store> st) {
@@ -199,6 +200,15 @@ TEST(ShmCma, LargeMixedPlacementsAgree) {
           TRIDENT_RANK_CHECK(got[i] == want, "call {} element {}: {} != {}", call, i, got[i], want);
         }
       }
+      // all_gather out of place past the cache: this rank's own block goes out with streaming stores.
+      const size_t per = (size_t{1} << 20) + 3;
+      std::vector<int32_t> mine(per), all(per * n, -7);
+      for (size_t i = 0; i < per; ++i) mine[i] = value(r, i, 9);
+      pg->all_gather(mine.data(), all.data(), per, DType::kInt32, cma());
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < per; i += 1 + i % 5)
+          TRIDENT_RANK_CHECK(all[q * per + i] == value(q, i, 9), "all_gather block {} element {}: {}", q, i,
+                             all[q * per + i]);
     }, {.deadline_s = 120, .env = {{"TRIDENT_CACHE_BYTES", "16M"}}});
     EXPECT_EQ(testing::failures(res), "") << "world " << world;
   }

@@ -32,7 +32,8 @@
 //   Registered buffers (transport/shm_buffer.h): a peer's ShmBuffer is mapped and read/written in place
 //   with plain loads and stores instead of the kernel copies (zero copy).
 // reduce_scatter: as all_reduce's first half: rank r reads block r of every peer's input, reduces into recv.
-// all_gather: rank r copies its own input into recv block r and reads every peer's input into block p.
+// all_gather: rank r copies its own input into recv block r (with non-temporal stores once the call
+//   leaves the cache) and reads every peer's input into block p.
 // broadcast: every non-root reads the root's buffer into its own (one copy); past 1 MiB the staged "shm"
 //   broadcast instead (measured faster there: the kernel writes lines it does not hold in cache).
 // Fallbacks: one rank or count 0: nothing to move; no window (TCP, several hosts, a subcontext): the
