@@ -30,6 +30,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_TCP_SOCKBUF", "0", "SO_SNDBUF/SO_RCVBUF of every TCP connection (0 = the largest the kernel allows)"},
       {"TRIDENT_TCP_MAX_IO", "0", "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
+      {"TRIDENT_MPI_CHECK", "0",
+       "backend mpi: 1 = before every collective, check that every rank issues the same one (one 32-byte "
+       "all-gather per call; a mismatch raises MismatchError naming the ranks instead of a hang or a timeout)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -271,6 +272,45 @@ TEST(MpiWorker, DISABLED_Timeout) {
   std::fflush(stdout);
 }
 
+// TRIDENT_MPI_CHECK=1: ranks that issue different collectives (count, then kind) get MismatchError naming
+// the other rank and both calls, instead of a hang; the group is failed, the world group stays usable.
+TEST(MpiWorker, DISABLED_Mismatch) {
+  if (!is_worker()) GTEST_SKIP() << "runs only as a rank under mpirun (TRIDENT_MPI_WORKER=1); see MpiBackend.*";
+  GroupOptions o;
+  o.backend = "mpi";
+  o.timeout = Seconds(30);
+  auto world = init_process_group(o);
+  const int rank = world->rank(), size = world->size();
+  WORKER_CHECK(size >= 2, "needs 2 ranks, got {}", size);
+  auto expect_mismatch = [&](ProcessGroup& g, const std::function<void()>& call, const std::string& theirs) {
+    try {
+      call();
+    } catch (const MismatchError& e) {
+      const std::string m = e.what();
+      WORKER_CHECK(m.find("collective mismatch") != std::string::npos && m.find(theirs) != std::string::npos &&
+                       m.find(g.name()) != std::string::npos,
+                   "mismatch message lacks the group or the other call ({}): {}", theirs, m);
+      std::printf("rank %d got the expected MismatchError: %s\n", rank, m.c_str());
+      return;
+    }
+    worker_fail(rank, "mismatched collectives did not raise MismatchError");
+  };
+  std::vector<float> v(5, 1.0f);
+  auto g1 = world->split(0, rank);
+  // Rank 0 all-reduces 4 elements, the others 5.
+  expect_mismatch(*g1, [&] { g1->all_reduce(v.data(), rank == 0 ? 4 : 5, DType::kFloat32, ReduceOp::kSum); },
+                  rank == 0 ? "all_reduce(count=5, float32, sum)" : "all_reduce(count=4, float32, sum)");
+  auto g2 = world->split(0, rank);
+  // Rank 0 broadcasts, the others all-reduce.
+  expect_mismatch(*g2, [&] {
+    if (rank == 0) g2->broadcast(v.data(), 5, DType::kFloat32, 0);
+    else g2->all_reduce(v.data(), 5, DType::kFloat32, ReduceOp::kSum);
+  }, rank == 0 ? "all_reduce(count=5, float32, sum)" : "broadcast(count=5, float32, root=0)");
+  world->barrier();
+  std::printf("%s%d of %d\n", kOkLine, rank, size);
+  std::fflush(stdout);
+}
+
 // ---- the driver side ----
 
 std::string find_mpirun() {
@@ -381,6 +421,32 @@ TEST(MpiBackendTimeout, AbandonedCollectiveFailsTheGroup) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
   EXPECT_EQ(count_ok(r.output), 2) << r.output;
+}
+
+TEST(MpiBackendCheck, MismatchedCollectivesAreNamed) {
+  if (is_worker()) GTEST_SKIP() << "driver test; not run inside a worker";
+  bool skip;
+  skip_unless_mpi(skip);
+  if (skip) return;
+  for (int np : {2, 3}) {
+    RunResult r = run_workers(np, "Mismatch", "-x TRIDENT_MPI_CHECK=1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+    EXPECT_EQ(count_ok(r.output), np) << r.output;
+  }
+}
+
+// The check on matching calls (every collective of the sweep, all_gatherv's counts included): no false
+// mismatch.
+TEST(MpiBackendCheck, CollectiveSweepWithTheCheckOn) {
+  if (is_worker()) GTEST_SKIP() << "driver test; not run inside a worker";
+  bool skip;
+  skip_unless_mpi(skip);
+  if (skip) return;
+  RunResult r = run_workers(3, "Sweep", "-x TRIDENT_MPI_CHECK=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+  EXPECT_EQ(count_ok(r.output), 3) << r.output;
 }
 
 }  // namespace

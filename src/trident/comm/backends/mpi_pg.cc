@@ -37,6 +37,7 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(int, int, const GroupOptions
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -376,6 +377,7 @@ class MpiProcessGroup final : public ProcessGroup {
     if (log_debug_enabled("comm"))
       log_debug("comm", "group '{}' rank {}: seq {} {} -> MPI", name(), rank(), op->seq, describe(args));
     try {
+      if (collective && check_) check_same_collective_locked(*op);
       start(*op);  // posted under mu_: MPI sees this group's calls in issue order
     } catch (...) {
       auto e = std::current_exception();
@@ -403,6 +405,75 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
  private:
+  struct Op;
+  // TRIDENT_MPI_CHECK=1: the native backend's fingerprint check, done the only way MPI allows: every rank
+  // all-gathers (seq, op, dtype, reduction, root, count) of its next collective before posting it, under
+  // the call's deadline, and a difference raises MismatchError naming the first rank that differs and
+  // both calls (MPI would hang, fail with a truncation or, worse, combine the wrong buffers). Costs one
+  // small blocking all-gather per collective, also for async calls: a debugging aid, as PyTorch's
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL.
+  struct Fingerprint {
+    uint64_t seq = 0, count = 0;
+    int32_t op = 0, dtype = 0, redop = 0, root = 0;
+  };
+  static_assert(sizeof(Fingerprint) == 32);
+  struct Check {  // lives on the heap: a timed-out request is abandoned with its buffers
+    Fingerprint mine;
+    std::vector<Fingerprint> all;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+
+  static CollArgs args_of(const Fingerprint& f) {
+    CollArgs a;
+    a.op = static_cast<OpKind>(f.op);
+    a.dtype = static_cast<DType>(f.dtype);
+    a.redop = static_cast<ReduceOp>(f.redop);
+    a.root = f.root;
+    a.count = f.count;
+    return a;
+  }
+
+  void check_same_collective_locked(const Op& op) {
+    auto c = std::make_unique<Check>();
+    const CollArgs& a = op.args;
+    c->mine.seq = op.seq;
+    c->mine.count = a.count;
+    if (a.counts) c->mine.count = std::accumulate(a.counts->begin(), a.counts->end(), uint64_t{0});
+    c->mine.op = static_cast<int32_t>(a.op);
+    c->mine.dtype = static_cast<int32_t>(a.dtype);
+    c->mine.redop = static_cast<int32_t>(a.redop);
+    c->mine.root = a.root;
+    c->all.resize(static_cast<size_t>(size()));
+    const std::string what = fmt::format("{} (seq {}) in group '{}': TRIDENT_MPI_CHECK", describe(a), op.seq, name());
+    TRIDENT_MPI(rt_, MPI_Iallgather(&c->mine, sizeof(Fingerprint), MPI_BYTE, c->all.data(), sizeof(Fingerprint),
+                                    MPI_BYTE, comm_, &c->req),
+                what);
+    for (int idle = 0;; ++idle) {
+      int flag = 0;
+      TRIDENT_MPI(rt_, MPI_Test(&c->req, &flag, MPI_STATUS_IGNORE), what);
+      if (flag) break;
+      if (Clock::now() >= op.deadline) {
+        abandon(rt_, &c.release()->req);
+        throw TimeoutError(
+            fmt::format("{}: not every rank reached this collective within {:.3g} s (rank {}); group '{}' is now "
+                        "failed: check that every rank issues the same collectives in the same order",
+                        what, op.timeout.count(), rank(), name()),
+            rank(), op_name(a.op), static_cast<long>(op.seq));
+      }
+      if (idle > 64) std::this_thread::sleep_for(std::chrono::microseconds(idle > 4096 ? 50 : 0));
+    }
+    for (int r = 0; r < size(); ++r) {
+      const Fingerprint& f = c->all[static_cast<size_t>(r)];
+      if (std::memcmp(&f, &c->mine, sizeof f) == 0) continue;
+      throw MismatchError(
+          fmt::format("collective mismatch in group '{}' (backend mpi, TRIDENT_MPI_CHECK): rank {} issued {} as its "
+                      "collective #{}, rank {} issued {} as its collective #{}; every rank must issue the same "
+                      "collectives in the same order with the same count, dtype, reduction and root",
+                      name(), rank(), describe(a), op.seq, r, describe(args_of(f)), f.seq),
+          rank(), r, op_name(a.op), static_cast<long>(op.seq));
+    }
+  }
+
   struct Op {
     CollArgs args;
     std::vector<size_t> counts;
@@ -712,6 +783,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   Runtime& rt_;
   MPI_Comm comm_;
+  const bool check_ = env::get_bool("TRIDENT_MPI_CHECK", false);
   GroupOptions options_;
   std::vector<int> global_ranks_;
   int subgroup_counter_ = 0;

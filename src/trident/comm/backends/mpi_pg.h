@@ -17,9 +17,12 @@
 // cancel a collective, so the group is then failed: pending and later calls fail at once with that error,
 // and trident skips MPI_Finalize at exit (it could hang on the abandoned request). abort() fails the group
 // on this rank only (MPI has no way to wake other ranks short of MPI_Abort, which ends the job).
-// Differences from the native backend: no collective fingerprints (MPI itself does not detect ranks that
-// issue different collectives; they time out instead), CallOptions::algo other than auto is ignored (MPI
-// chooses), counts above INT_MAX elements per call are an InvalidArgument.
+// Differences from the native backend: collective fingerprints only on request (MPI itself does not
+// detect ranks that issue different collectives; they time out instead): TRIDENT_MPI_CHECK=1 all-gathers
+// each collective's fingerprint (sequence number, op, dtype, reduction, root, count) before posting it and
+// raises MismatchError naming the first rank that differs and both calls, at the price of one small
+// blocking all-gather per call. CallOptions::algo other than auto is ignored (MPI chooses), counts above
+// INT_MAX elements per call are an InvalidArgument.
 #pragma once
 
 #include <memory>
