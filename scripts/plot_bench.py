@@ -5,8 +5,9 @@ Usage:
   scripts/plot_bench.py [--out DIR] [--placement out|in|best] [--title-suffix TEXT] LABEL=FILE.json ...
 
 Each LABEL=FILE pair is one source: a trident --json file (a JSON array of records with op, algo,
-algo_forced, inplace, size, busbw, ...), or a peer file in the same shape (records with at least op, size,
-busbw; optional algo). Every (label, algorithm) becomes one line: trident's forced algorithms as
+algo_forced, inplace, size, busbw, ...), a peer file in the same shape (records with at least op, size,
+busbw; optional algo), or a peer's own table as shared/peers/mpi_bench and gloo_bench print it (Gloo's
+"allreduce_ring" rows become the line "LABEL ring"). Every (label, algorithm) becomes one line: trident's forced algorithms as
 "LABEL ring", "LABEL direct", ..., its automatic choice as "LABEL auto". A PNG per collective goes to DIR
 (default docs/img) as busbw_<op>.png. Needs matplotlib (Debian: python3-matplotlib).
 """
@@ -17,8 +18,35 @@ import os
 import sys
 
 
+# The peers' own tables (shared/peers/mpi_bench, gloo_bench): "NAME SIZE COUNT ITERS US_AVG US_MAX ALGBW BUSBW
+# CHECK" per row, NAME a collective ("allreduce", "bcast", ...) or, for Gloo, collective_algorithm
+# ("allreduce_new_ring").
+PEER_OPS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+            "bcast": "broadcast", "broadcast": "broadcast"}
+
+
+def load_peer_table(f):
+    recs = []
+    for line in f:
+        p = line.split()
+        if len(p) != 9 or not p[1].isdigit():
+            continue
+        name, _, algo = p[0].partition("_")
+        if name not in PEER_OPS:
+            continue
+        rec = {"op": PEER_OPS[name], "size": int(p[1]), "time_us": float(p[4]), "busbw": float(p[7])}
+        if algo:
+            rec["algo"] = algo
+        recs.append(rec)
+    return recs
+
+
 def load(path):
     with open(path) as f:
+        head = f.read(1)
+        f.seek(0)
+        if head not in "[{":  # a peer's table
+            return load_peer_table(f)
         data = json.load(f)
     if isinstance(data, dict):  # tolerate {"rows": [...]}
         data = data.get("rows", [])
@@ -47,7 +75,8 @@ def main(argv):
     ap.add_argument("sources", nargs="+", help="LABEL=FILE.json")
     ap.add_argument("--out", default="docs/img", help="output folder (default docs/img)")
     ap.add_argument("--placement", choices=["out", "in", "best"], default="best",
-                    help="which trident run to plot per size: out-of-place, in-place, or the faster (default)")
+                    help="which trident run to plot per size: out-of-place, in-place, or the faster (default); "
+                         "a collective measured in one placement only (broadcast) is plotted as it is")
     ap.add_argument("--title-suffix", default="", help="appended to each plot's title (e.g. the machine)")
     args = ap.parse_args(argv)
 
@@ -64,11 +93,17 @@ def main(argv):
         if "=" not in src:
             sys.exit(f"source '{src}' is not LABEL=FILE.json")
         label, path = src.split("=", 1)
-        for rec in load(path):
+        recs = load(path)
+        # Collectives run in one placement only (broadcast is in place only) keep it under --placement.
+        placements = collections.defaultdict(set)
+        for rec in recs:
+            if "inplace" in rec:
+                placements[rec.get("op")].add(bool(rec["inplace"]))
+        for rec in recs:
             op, size, busbw = rec.get("op"), rec.get("size", 0), rec.get("busbw")
             if op is None or busbw is None or size <= 0:
                 continue
-            if "inplace" in rec:
+            if "inplace" in rec and len(placements[op]) > 1:
                 if args.placement == "out" and rec["inplace"]:
                     continue
                 if args.placement == "in" and not rec["inplace"]:
