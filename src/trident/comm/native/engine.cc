@@ -278,6 +278,12 @@ Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, c
   return Request{id};
 }
 
+// Whether message h (from the request's peer) is what receive r waits for: a collective message of this
+// call's sequence number and step, or a point-to-point message with r's tag.
+bool Engine::matches(const Req& r, const MsgHeader& h) const {
+  return r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
+}
+
 Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
                           DType dtype, ReduceOp op) {
   if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
@@ -301,8 +307,7 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   // An early arrival? Match in order.
   for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {
     Unexpected& u = **it;
-    bool match = u.hdr.kind == kind && (kind == kKindColl ? (u.hdr.seq == seq_ && u.hdr.step == step) : u.hdr.tag == tag);
-    if (!match) continue;
+    if (!matches(reqs_[id], u.hdr)) continue;
     if (!u.complete) break;  // still arriving: it will be delivered from the unexpected buffer when done
     deliver_unexpected(reqs_[id], u);
     ps.unexpected.erase(it);
@@ -323,6 +328,7 @@ void Engine::deliver_unexpected(Req& r, Unexpected& u) {
 }
 
 namespace {
+// Whether two messages of a peer share a key (they must then be delivered in order).
 bool same_key(const MsgHeader& a, const MsgHeader& b) {
   return a.kind == b.kind && (a.kind == kKindColl ? (a.seq == b.seq && a.step == b.step) : a.tag == b.tag);
 }
@@ -347,8 +353,7 @@ bool Engine::start_early_payload(int peer) {
   }
   for (size_t i = 0; first && i < ps.posted.size(); ++i) {
     Req& r = reqs_[ps.posted[i]];
-    const bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
-    if (!match) continue;
+    if (!matches(r, h)) continue;
     check_size(r, h, peer);
     ps.cur_req = ps.posted[i];
     ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
@@ -477,8 +482,7 @@ void Engine::on_header(int peer) {
   ps.cur_unexp = nullptr;
   for (size_t i = 0; i < ps.posted.size(); ++i) {
     Req& r = reqs_[ps.posted[i]];
-    bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
-    if (!match) continue;
+    if (!matches(r, h)) continue;
     check_size(r, h, peer);
     ps.cur_req = ps.posted[i];
     ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
@@ -553,15 +557,12 @@ bool Engine::progress_rx(int peer) {
         for (size_t i = 0; i < ps.posted.size(); ++i) {
           Req& r = reqs_[ps.posted[i]];
           const MsgHeader& h = ps.cur_unexp->hdr;
-          bool match = r.kind == h.kind && (h.kind == kKindColl ? (h.seq == seq_ && h.step == r.step) : h.tag == r.tag);
-          if (!match) continue;
+          if (!matches(r, h)) continue;
           // Only the first unexpected message with this key may be delivered (order per key).
           bool earlier = false;
           for (auto& u : ps.unexpected) {
             if (u.get() == ps.cur_unexp) break;
-            if (u->hdr.kind == h.kind && (h.kind == kKindColl ? (u->hdr.seq == h.seq && u->hdr.step == h.step)
-                                                               : u->hdr.tag == h.tag))
-              earlier = true;
+            if (same_key(u->hdr, h)) earlier = true;
           }
           if (earlier) break;
           deliver_unexpected(r, *ps.cur_unexp);
