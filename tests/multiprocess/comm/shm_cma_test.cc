@@ -179,7 +179,7 @@ TEST(ShmCma, BitwiseIdenticalAcrossRanksMixedWithOtherAlgorithms) {
 
 // Calls too large for the cache where some rank is out of place (that path stages through the window
 // instead; the choice is made from every rank's post, so it is the same on every rank even when
-// placements differ), and an all_gather past the cache. TRIDENT_CACHE_BYTES makes 8 MiB "too large" on
+// placements differ), and an all_gather and a reduce_scatter past the cache. TRIDENT_CACHE_BYTES makes 8 MiB "too large" on
 // any machine.
 TEST(ShmCma, LargeMixedPlacementsAgree) {
   for (int world : {2, 3}) {
@@ -209,6 +209,15 @@ TEST(ShmCma, LargeMixedPlacementsAgree) {
         for (size_t i = 0; i < per; i += 1 + i % 5)
           TRIDENT_RANK_CHECK(all[q * per + i] == value(q, i, 9), "all_gather block {} element {}: {}", q, i,
                              all[q * per + i]);
+      // reduce_scatter out of place past the cache: the reduced block goes out with streaming stores.
+      std::vector<int32_t> whole(per * n), mine_sum(per, -7);
+      for (size_t i = 0; i < whole.size(); ++i) whole[i] = value(r, i, 11);
+      pg->reduce_scatter(whole.data(), mine_sum.data(), per, DType::kInt32, ReduceOp::kSum, cma());
+      for (size_t i = 0; i < per; i += 1 + i % 5) {
+        int64_t want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, r * per + i, 11);
+        TRIDENT_RANK_CHECK(mine_sum[i] == want, "reduce_scatter element {}: {} != {}", i, mine_sum[i], want);
+      }
     }, {.deadline_s = 120, .env = {{"TRIDENT_CACHE_BYTES", "16M"}}});
     EXPECT_EQ(testing::failures(res), "") << "world " << world;
   }

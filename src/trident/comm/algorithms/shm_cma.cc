@@ -344,17 +344,24 @@ void ReduceScatterCma::run(AlgoContext& ctx, const CollArgs& args) {
   const size_t per = std::max<size_t>(1, chunk_bytes_of(ctx) / es);
   auto* scratch = static_cast<uint8_t*>(ctx.scratch(std::min(per, cnt) * es));
   auto* out = static_cast<uint8_t*>(a.recv);
+  // Out of cache (every rank's send and recv: n (n + 1) bytes) and not in place: reduce into a second
+  // cache-resident buffer and stream it into recv (no read for ownership of recv's lines).
+  const bool stream = a.recv != block && leaves_cache(static_cast<size_t>(n) * (n + 1) * bytes);
+  auto* reduced = stream ? static_cast<uint8_t*>(ctx.scratch(std::min(per, cnt) * es, 1)) : nullptr;
   const uint64_t remote_off = static_cast<uint64_t>(me) * bytes;
   for (size_t c = 0; c < cnt; c += per) {
     const size_t m = std::min(per, cnt - c), pos = c * es, len = m * es;
+    uint8_t* dst = stream ? reduced : out + pos;
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       const uint8_t* theirs = s.send_map(p) ? s.send_map(p) + remote_off + pos : scratch;
       if (!s.send_map(p)) transfer(*w, p, Dir::kRead, scratch, s.peer(p).send + remote_off + pos, len);
-      if (k == 1) reduce_into3(out + pos, block + pos, theirs, m, a.dtype, a.redop);
-      else reduce_into(out + pos, theirs, m, a.dtype, a.redop);
+      if (k == 1) reduce_into3(dst, block + pos, theirs, m, a.dtype, a.redop);
+      else reduce_into(dst, theirs, m, a.dtype, a.redop);
     }
+    if (stream) shm_stream_copy(out + pos, reduced, len);
   }
+  if (stream) _mm_sfence();
   s.finish();
 }
 

@@ -31,7 +31,8 @@
 //   with a read for ownership each: measured slower than staging; while they stay cached it is faster).
 //   Registered buffers (transport/shm_buffer.h): a peer's ShmBuffer is mapped and read/written in place
 //   with plain loads and stores instead of the kernel copies (zero copy).
-// reduce_scatter: as all_reduce's first half: rank r reads block r of every peer's input, reduces into recv.
+// reduce_scatter: as all_reduce's first half: rank r reads block r of every peer's input, reduces into recv
+//   (out of place and out of cache: through a cached buffer, then streamed into recv).
 // all_gather: rank r copies its own input into recv block r (with non-temporal stores once the call
 //   leaves the cache) and reads every peer's input into block p.
 // broadcast: every non-root reads the root's buffer into its own (one copy); past 1 MiB the staged "shm"
