@@ -26,8 +26,8 @@ class HostedContext final : public AlgoContext {
   int size() const override { return inner_.size(); }
   Request isend(int p, uint32_t s, const void* d, size_t n) override { return inner_.isend(p, s, d, n); }
   Request irecv(int p, uint32_t s, void* d, size_t n) override { return inner_.irecv(p, s, d, n); }
-  Request irecv_reduce(int p, uint32_t s, void* d, size_t c, DType t, ReduceOp o) override {
-    return inner_.irecv_reduce(p, s, d, c, t, o);
+  Request irecv_reduce(int p, uint32_t s, void* d, size_t c, DType t, ReduceOp o, const void* own = nullptr) override {
+    return inner_.irecv_reduce(p, s, d, c, t, o, own);
   }
   void wait(std::span<const Request> r) override { inner_.wait(r); }
   using AlgoContext::wait;

@@ -26,6 +26,7 @@ struct Op {
   uint32_t step = 0;
   const void* src = nullptr;
   void* dst = nullptr;
+  const void* own = nullptr;  // recv_reduce: dst = own op incoming
   size_t bytes = 0;  // send: bytes; recv: bytes; recv_reduce: count * element size
   size_t count = 0;
   DType dtype = DType::kUInt8;
@@ -94,7 +95,9 @@ struct Shared {
                               r.kind == Op::kRecvReduce ? fmt::format(" ({} x {})", r.count, dtype_name(r.dtype)) : ""));
     }
     try {
-      if (r.kind == Op::kRecvReduce)
+      if (r.kind == Op::kRecvReduce && r.own)
+        reduce_into3(r.dst, r.own, s.snapshot.data(), r.count, r.dtype, r.redop);
+      else if (r.kind == Op::kRecvReduce)
         reduce_into(r.dst, s.snapshot.data(), r.count, r.dtype, r.redop);
       else if (s.bytes != 0)
         std::memcpy(r.dst, s.snapshot.data(), s.bytes);
@@ -134,10 +137,12 @@ class ThreadContext final : public AlgoContext {
     op->dst = data;
     return post(std::move(op));
   }
-  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op_kind) override {
+  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op_kind,
+                       const void* own = nullptr) override {
     auto op = make(Op::kRecvReduce, peer, step, count * dtype_size(dtype));
     if (count != 0 && dst == nullptr) violation(fmt::format("rank {} irecv_reduce of {} elements into null", rank_, count));
     op->dst = dst;
+    op->own = own;
     op->count = count;
     op->dtype = dtype;
     op->redop = op_kind;

@@ -38,8 +38,11 @@ class AlgoContext {
   // message (it synchronizes).
   virtual Request isend(int peer, uint32_t step, const void* data, size_t nbytes) = 0;
   virtual Request irecv(int peer, uint32_t step, void* data, size_t nbytes) = 0;
-  // Receives count elements and combines them into dst: dst[i] = dst[i] op incoming[i].
-  virtual Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) = 0;
+  // Receives count elements and combines them into dst: dst[i] = dst[i] op incoming[i], or, with `own`
+  // (count elements that stay valid until completion; may be dst), dst[i] = own[i] op incoming[i]: an
+  // out-of-place algorithm's first combine without copying its input into dst first.
+  virtual Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op,
+                               const void* own = nullptr) = 0;
   // Blocks until all complete (spinning briefly, then sleeping); throws on failure or deadline.
   virtual void wait(std::span<const Request> reqs) = 0;
   void wait(std::initializer_list<Request> reqs) { wait(std::span<const Request>(reqs.begin(), reqs.size())); }

@@ -100,6 +100,7 @@ struct RingUnit {
   void* recv = nullptr;
   size_t recv_elems = 0;
   bool reduce = false;
+  const void* own = nullptr;  // reduce: recv = own op incoming (an out-of-place input), else recv op= incoming
 };
 
 // Drives `steps` ring steps of `chunks` chunks each. plan(step, chunk, unit) fills the unit (and may do
@@ -122,7 +123,7 @@ void ring_pipeline(AlgoContext& ctx, int steps, size_t chunks, size_t esize, DTy
       const auto tag = static_cast<uint32_t>(static_cast<uint64_t>(s) * chunks + c);
       if (u.send_elems != 0) inflight[c].add(ctx.isend(next, tag, u.send, u.send_elems * esize));
       if (u.recv_elems != 0) {
-        inflight[c].add(u.reduce ? ctx.irecv_reduce(prev, tag, u.recv, u.recv_elems, dtype, op)
+        inflight[c].add(u.reduce ? ctx.irecv_reduce(prev, tag, u.recv, u.recv_elems, dtype, op, u.own)
                                  : ctx.irecv(prev, tag, u.recv, u.recv_elems * esize));
       }
     }

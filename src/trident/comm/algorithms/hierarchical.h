@@ -57,7 +57,8 @@ class SubContext final : public AlgoContext {
   int size() const override { return static_cast<int>(members_.size()); }
   Request isend(int peer, uint32_t step, const void* data, size_t nbytes) override;
   Request irecv(int peer, uint32_t step, void* data, size_t nbytes) override;
-  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) override;
+  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op,
+                       const void* own = nullptr) override;
   void wait(std::span<const Request> reqs) override { parent_.wait(reqs); }
   using AlgoContext::wait;
   void* scratch(size_t nbytes, int slot) override { return parent_.scratch(nbytes, slot_base_ + slot); }

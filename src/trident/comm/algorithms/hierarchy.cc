@@ -84,8 +84,9 @@ Request SubContext::isend(int peer, uint32_t step, const void* data, size_t nbyt
 Request SubContext::irecv(int peer, uint32_t step, void* data, size_t nbytes) {
   return parent_.irecv(members_[peer], tag(step), data, nbytes);
 }
-Request SubContext::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) {
-  return parent_.irecv_reduce(members_[peer], tag(step), dst, count, dtype, op);
+Request SubContext::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op,
+                                 const void* own) {
+  return parent_.irecv_reduce(members_[peer], tag(step), dst, count, dtype, op, own);
 }
 
 }  // namespace algo

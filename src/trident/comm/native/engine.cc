@@ -47,6 +47,7 @@ struct Engine::Req {
   uint8_t* dst = nullptr;
   size_t nbytes = 0;
   bool reduce = false;
+  const uint8_t* own = nullptr;  // reduce: dst = own op incoming (else dst = dst op incoming)
   DType dtype = DType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
 };
@@ -285,7 +286,7 @@ bool Engine::matches(const Req& r, const MsgHeader& h) const {
 }
 
 Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
-                          DType dtype, ReduceOp op) {
+                          DType dtype, ReduceOp op, const void* own) {
   if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
     TRIDENT_THROW(InvalidArgument, "internal: recv from rank {} which has no channel to rank {} in group '{}'", peer,
                   rank_, name_);
@@ -299,6 +300,7 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   r.dst = static_cast<uint8_t*>(dst);
   r.nbytes = nbytes;
   r.reduce = reduce;
+  r.own = static_cast<const uint8_t*>(own);
   r.dtype = dtype;
   r.op = op;
   int id = static_cast<int>(reqs_.size());
@@ -320,7 +322,9 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
 void Engine::deliver_unexpected(Req& r, Unexpected& u) {
   check_size(r, u.hdr, r.peer);
   if (r.nbytes > 0) {
-    if (r.reduce) reduce_into(r.dst, u.data.get(), r.nbytes / dtype_size(r.dtype), r.dtype, r.op);
+    const size_t count = r.nbytes / dtype_size(r.dtype);
+    if (r.reduce && r.own) reduce_into3(r.dst, r.own, u.data.get(), count, r.dtype, r.op);
+    else if (r.reduce) reduce_into(r.dst, u.data.get(), count, r.dtype, r.op);
     else std::memcpy(r.dst, u.data.get(), r.nbytes);
   }
   r.done = true;
@@ -403,8 +407,9 @@ Request Engine::isend(int peer, uint32_t step, const void* data, size_t nbytes) 
 Request Engine::irecv(int peer, uint32_t step, void* data, size_t nbytes) {
   return post_recv(peer, kKindColl, step, 0, data, nbytes, false, DType::kUInt8, ReduceOp::kSum);
 }
-Request Engine::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) {
-  return post_recv(peer, kKindColl, step, 0, dst, count * dtype_size(dtype), true, dtype, op);
+Request Engine::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op,
+                             const void* own) {
+  return post_recv(peer, kKindColl, step, 0, dst, count * dtype_size(dtype), true, dtype, op, own);
 }
 Request Engine::isend_tagged(int peer, uint32_t tag, const void* data, size_t nbytes) {
   return post_send(peer, kKindP2P, 0, tag, data, nbytes);
@@ -523,7 +528,8 @@ bool Engine::progress_rx(int peer) {
             const size_t es = dtype_size(r.dtype);
             size_t m = std::min(span.size(), n - ps.got) / es * es;
             if (m > 0) {
-              reduce_into(r.dst + ps.got, span.data(), m / es, r.dtype, r.op);
+              if (r.own) reduce_into3(r.dst + ps.got, r.own + ps.got, span.data(), m / es, r.dtype, r.op);
+              else reduce_into(r.dst + ps.got, span.data(), m / es, r.dtype, r.op);
               ch.consume(m);
             }
             k = m;

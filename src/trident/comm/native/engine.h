@@ -76,7 +76,8 @@ class Engine final : public AlgoContext {
   int size() const override { return size_; }
   Request isend(int peer, uint32_t step, const void* data, size_t nbytes) override;
   Request irecv(int peer, uint32_t step, void* data, size_t nbytes) override;
-  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op) override;
+  Request irecv_reduce(int peer, uint32_t step, void* dst, size_t count, DType dtype, ReduceOp op,
+                       const void* own = nullptr) override;
   void wait(std::span<const Request> reqs) override;
   void* scratch(size_t nbytes, int slot) override;
   size_t chunk_bytes() const override { return chunk_bytes_; }  // TRIDENT_CHUNK_BYTES (0: by size)
@@ -101,7 +102,7 @@ class Engine final : public AlgoContext {
   struct Unexpected;
   Request post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes);
   Request post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
-                    DType dtype, ReduceOp op);
+                    DType dtype, ReduceOp op, const void* own = nullptr);
   bool progress_all();
   std::vector<pollfd>& tcp_pollfds();
   std::vector<pollfd> pollfds_;

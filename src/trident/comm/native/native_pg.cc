@@ -377,8 +377,10 @@ std::exception_ptr NativeProcessGroup::run_call(const CollArgs& a, const Algorit
       engine_->wait({engine_->irecv_tagged(a.peer, a.tag, a.recv, a.count * es)});
     } else {
       CollArgs run = a;
-      // (The shared-memory fast path and the single-copy path read `send` themselves: one copy fewer out of place.)
-      if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0 && algo != Algo::kShm && algo != Algo::kCma)
+      // (The shared-memory fast path, the single-copy path and the ring read `send` themselves: one copy
+      // fewer out of place.)
+      if (a.op == OpKind::kAllReduce && a.send != a.recv && a.count > 0 && algo != Algo::kShm && algo != Algo::kCma &&
+          algo != Algo::kRing)
         std::memmove(a.recv, a.send, a.count * es);
       // All-to-all reads every block of send while writing recv: an in-place call works from a copy.
       std::vector<uint8_t> a2a_copy;
