@@ -167,8 +167,9 @@ struct AlgorithmInfo {
 
 // Predicted seconds of `info` for `bytes` (as cost_bytes counts them) on `layout`: topo_cost when the
 // algorithm has one; otherwise its flat cost on the intra-host link (one host) or the inter-host link
-// (several hosts: a flat pattern's steps each wait for their slowest, cross-host, message; the direct
-// all-to-all patterns are charged the share of a host's link its ranks use together).
+// (several hosts: a flat pattern's steps each wait for their slowest, cross-host, message; patterns whose
+// ranks of one host cross at once, direct and recursive doubling/halving, are charged that share of the
+// host's link).
 double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout, const LinkCost& intra,
                        const LinkCost& inter);
 

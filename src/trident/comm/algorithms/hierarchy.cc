@@ -1,5 +1,6 @@
 // HostLayout, predict_seconds (algorithm.h) and SubContext (hierarchical.h).
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <fmt/format.h>
@@ -55,25 +56,46 @@ std::string HostLayout::describe() const {
   return fmt::format("{} hosts ({} ranks)", hosts(), fmt::join(sizes, "+"));
 }
 
+namespace {
+
+// How many times one rank's bytes the busiest host link carries under a flat algorithm, on `l` (hosts
+// holding adjacent ranks). A ring leaves each host by one edge: one rank's bytes (1). The patterns that
+// exchange with every remote rank, or pair ranks at distances up to n/2, have all L ranks of a host cross
+// at once: direct all-gather / reduce-scatter / all-reduce / all-to-all send L (n - L) / n of the buffer
+// across per host against one rank's (n - 1) / n; recursive doubling (all-gather) and halving
+// (reduce-scatter, Rabenseifner's all-reduce) cross in their steps at distance >= L, whose bytes add up to
+// the same; recursive-doubling all-reduce sends the whole buffer in each of its log2 n steps, log2 H of
+// them across, L at a time. (2 hosts x 2 ranks, 16 MiB on 1 Gbit/s: all_gather ring 107 ms, direct
+// 136-160 ms, rd 148-152 ms; the model's 4/3.)
+double host_link_share(const AlgorithmInfo& info, const HostLayout& l) {
+  const int n = l.ranks(), L = l.max_local(), H = l.hosts();
+  if (n <= 1 || L <= 1 || H <= 1) return 1.0;
+  const bool many = info.op == OpKind::kAllReduce || info.op == OpKind::kAllGather ||
+                    info.op == OpKind::kAllGatherV || info.op == OpKind::kReduceScatter ||
+                    info.op == OpKind::kAllToAll;
+  if (!many) return 1.0;
+  const double pairwise = static_cast<double>(L) * (n - L) / (n - 1);
+  switch (info.algo) {
+    case Algo::kDirect:
+    case Algo::kRecursiveHalving:
+      return pairwise;
+    case Algo::kRecursiveDoubling:
+      if (info.op == OpKind::kAllReduce) return L * std::log2(static_cast<double>(H)) / std::log2(static_cast<double>(n));
+      return pairwise;
+    default:
+      return 1.0;
+  }
+}
+
+}  // namespace
+
 double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout, const LinkCost& intra,
                        const LinkCost& inter) {
   if (info.topo_cost) return info.topo_cost(bytes, layout).time(intra, inter);
   Cost c = info.cost(bytes, layout.ranks());
-  if (layout.hosts() > 1) {
-    // A flat algorithm's cost is one rank's traffic; a host's link carries what all of its ranks send to
-    // other hosts. A ring (ranks of a host adjacent) leaves each host by one edge: one rank's bytes. The
-    // direct all-to-all patterns send every rank's blocks to every remote rank: L (n - L) / n of the
-    // buffer per host against one rank's (n - 1) / n (2 hosts x 2 ranks: 1.33x the ring's, as measured:
-    // all_gather 16 MiB direct 136-142 ms, ring 107-113 ms on 1 Gbit/s links).
-    const bool all_to_all_pattern =
-        info.algo == Algo::kDirect && (info.op == OpKind::kAllReduce || info.op == OpKind::kAllGather ||
-                                       info.op == OpKind::kAllGatherV || info.op == OpKind::kReduceScatter ||
-                                       info.op == OpKind::kAllToAll);
-    const int n = layout.ranks(), L = layout.max_local();
-    if (all_to_all_pattern && n > 1) c.beta_bytes *= static_cast<double>(L) * (n - L) / (n - 1);
-    return c.time(inter);
-  }
-  return c.time(intra);
+  if (layout.hosts() <= 1) return c.time(intra);
+  c.beta_bytes *= host_link_share(info, layout);
+  return c.time(inter);
 }
 
 namespace algo {
