@@ -128,7 +128,11 @@ std::vector<int> rank_cpus(Bind bind, const std::vector<int>& allowed, int local
   const auto i = static_cast<size_t>(local_rank);
   if (n == 0 || bind == Bind::kNone) return {};
   if (bind == Bind::kCore) return {allowed[i % n]};
-  if (p > n) return {};  // auto, oversubscribed: let the scheduler spread them
+  // auto, oversubscribed: round-robin as core. Left unbound, the scheduler let ranks that wait on each
+  // other share a core while the other idled (4 ranks on 2 cores, 40 steps: PP 4 18.8-23.7k tokens/s
+  // unbound, 32.1-32.8k bound; TP 2 x PP 2 21.0k / 38.2k; DDP 38-40k either way; a 1 MiB all_reduce
+  // 0.81-1.52x OpenMPI unbound, 1.26-1.38x bound).
+  if (p > n) return {allowed[i % n]};
   std::vector<int> share(allowed.begin() + static_cast<std::ptrdiff_t>(i * n / p),
                          allowed.begin() + static_cast<std::ptrdiff_t>((i + 1) * n / p));
   if (share.size() == n) return {};  // the whole set: nothing to change

@@ -22,8 +22,8 @@
 //   core: local rank i -> the i-th allowed CPU, round-robin when there are more ranks than CPUs;
 //   auto: when local ranks <= allowed CPUs, rank i gets its own contiguous share of the allowed set
 //         (allowed[i*n/p, (i+1)*n/p): one CPU each when p == n, so it equals core there, and a multi-threaded
-//         rank keeps its share when p < n; one rank keeps the whole set); none when ranks > CPUs (binding would
-//         pin oversubscribed ranks to shared CPUs and forbid the scheduler from spreading them).
+//         rank keeps its share when p < n; one rank keeps the whole set); round-robin as core when ranks >
+//         CPUs (measured faster than leaving oversubscribed ranks to the scheduler: launcher.cc).
 // Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (issue 3:
 // bimodal shm all-reduce timings). docs/PERFORMANCE.md "Shared-memory fast path" has the measurements.
 //
@@ -61,7 +61,7 @@ Bind default_bind();
 // This process's allowed CPUs (sched_getaffinity), ascending. Throws IoError when the kernel refuses.
 std::vector<int> allowed_cpus();
 // The CPUs local rank `local_rank` of `local_ranks` is bound to under `bind`, given the launcher's allowed set;
-// empty: leave the rank's affinity as inherited (none, auto when oversubscribed, or a share equal to the set).
+// empty: leave the rank's affinity as inherited (none, or an auto share equal to the whole set).
 std::vector<int> rank_cpus(Bind bind, const std::vector<int>& allowed, int local_rank, int local_ranks);
 
 struct LaunchOptions {

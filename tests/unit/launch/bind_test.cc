@@ -69,15 +69,20 @@ TEST(BindMapping, NoneNeverBinds) {
   }
 }
 
-TEST(BindMapping, AutoGivesDisjointSharesOrNothingWhenOversubscribed) {
+TEST(BindMapping, AutoGivesDisjointSharesOrRoundRobinWhenOversubscribed) {
   for (const auto& allowed : std::vector<std::vector<int>>{{0, 1}, {0, 1, 2, 3, 4, 5, 6, 7}, {3, 5}}) {
     const int n = static_cast<int>(allowed.size());
     for (int ranks = 1; ranks <= 9; ++ranks) {
       std::vector<int> covered;
       for (int r = 0; r < ranks; ++r) {
         const std::vector<int> got = rank_cpus(Bind::kAuto, allowed, r, ranks);
-        if (ranks > n || ranks == 1) {
-          EXPECT_TRUE(got.empty()) << "rank " << r << " of " << ranks << " over " << n << " CPUs stays unbound";
+        if (ranks > n) {
+          EXPECT_EQ(got, rank_cpus(Bind::kCore, allowed, r, ranks)) << "rank " << r << " of " << ranks << " over " << n
+                                                                  << " CPUs: round-robin";
+          continue;
+        }
+        if (ranks == 1) {
+          EXPECT_TRUE(got.empty()) << "one rank keeps the whole set";
           continue;
         }
         // A contiguous share of size n/ranks or n/ranks + 1, following the previous rank's share.
