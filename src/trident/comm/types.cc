@@ -66,6 +66,16 @@ Algo parse_algo(std::string_view n) {
                 "unknown algorithm '{}'; use auto, ring, rd, direct, tree, dissemination, pairwise, rh, hier, shm or cma", n);
 }
 
+CollArgs fingerprint_args(int op, int dtype, int redop, int root, uint64_t count) {
+  CollArgs a;
+  a.op = static_cast<OpKind>(op);
+  a.dtype = static_cast<DType>(dtype);
+  a.redop = static_cast<ReduceOp>(redop);
+  a.root = root;
+  a.count = count;
+  return a;
+}
+
 std::string describe(const CollArgs& a) {
   switch (a.op) {
     case OpKind::kBarrier: return "barrier()";

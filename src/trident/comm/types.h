@@ -80,6 +80,9 @@ struct CollArgs {
 
 // "all_reduce(count=7, float32, sum)" — used in errors and logs.
 std::string describe(const CollArgs& a);
+// The call a collective's fingerprint (as the backends exchange it) stands for, without buffers: what
+// describe() prints for another rank's call in a mismatch error.
+CollArgs fingerprint_args(int op, int dtype, int redop, int root, uint64_t count);
 
 using Seconds = std::chrono::duration<double>;
 

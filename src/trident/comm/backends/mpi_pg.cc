@@ -423,15 +423,6 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Request req = MPI_REQUEST_NULL;
   };
 
-  static CollArgs args_of(const Fingerprint& f) {
-    CollArgs a;
-    a.op = static_cast<OpKind>(f.op);
-    a.dtype = static_cast<DType>(f.dtype);
-    a.redop = static_cast<ReduceOp>(f.redop);
-    a.root = f.root;
-    a.count = f.count;
-    return a;
-  }
 
   void check_same_collective_locked(const Op& op) {
     auto c = std::make_unique<Check>();
@@ -469,7 +460,7 @@ class MpiProcessGroup final : public ProcessGroup {
           fmt::format("collective mismatch in group '{}' (backend mpi, TRIDENT_MPI_CHECK): rank {} issued {} as its "
                       "collective #{}, rank {} issued {} as its collective #{}; every rank must issue the same "
                       "collectives in the same order with the same count, dtype, reduction and root",
-                      name(), rank(), describe(a), op.seq, r, describe(args_of(f)), f.seq),
+                      name(), rank(), describe(a), op.seq, r, describe(fingerprint_args(f.op, f.dtype, f.redop, f.root, f.count)), f.seq),
           rank(), r, op_name(a.op), static_cast<long>(op.seq));
     }
   }

@@ -199,13 +199,8 @@ void Engine::end() {
 }
 
 std::string Engine::describe_header(const MsgHeader& h) const {
-  CollArgs a;
-  a.op = static_cast<OpKind>(h.op);
-  a.dtype = static_cast<DType>(h.dtype);
-  a.redop = static_cast<ReduceOp>(h.redop);
-  a.root = h.root;
-  a.count = h.count;
-  return fmt::format("{} [algorithm {}]", describe(a), algo_name(static_cast<Algo>(h.algo)));
+  return fmt::format("{} [algorithm {}]", describe(fingerprint_args(h.op, h.dtype, h.redop, h.root, h.count)),
+                     algo_name(static_cast<Algo>(h.algo)));
 }
 
 void Engine::check_fingerprint(int peer, const MsgHeader& h) {

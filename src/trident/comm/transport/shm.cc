@@ -413,13 +413,9 @@ void ShmWindow::begin(const Fingerprint& fp, std::chrono::steady_clock::time_poi
 }
 
 std::string ShmWindow::describe(const Fingerprint& fp) {
-  CollArgs a;
-  a.op = static_cast<OpKind>(fp.op);
-  a.dtype = static_cast<DType>(fp.dtype);
-  a.redop = static_cast<ReduceOp>(fp.redop);
-  a.root = fp.root;
-  a.count = fp.count;
-  return fmt::format("{} [algorithm {}]", trident::describe(a), algo_name(static_cast<Algo>(fp.algo)));
+  return fmt::format("{} [algorithm {}]",
+                     trident::describe(fingerprint_args(fp.op, fp.dtype, fp.redop, fp.root, fp.count)),
+                     algo_name(static_cast<Algo>(fp.algo)));
 }
 
 std::string ShmWindow::who(int r) const {
