@@ -223,6 +223,27 @@ TEST(ShmCma, LargeMixedPlacementsAgree) {
   }
 }
 
+// Ranks whose cache budgets differ (TRIDENT_CACHE_BYTES on one rank only) still take the same all_reduce
+// path: each publishes its judgement and any "out of cache" wins (a split would hang or corrupt).
+TEST(ShmCma, CacheBudgetsThatDifferAcrossRanksAgree) {
+  auto res = testing::run_processes(2, [](int r, int n, std::shared_ptr<Store> st) {
+    if (r == 0) setenv("TRIDENT_CACHE_BYTES", "16M", 1);  // before the first call reads it
+    auto pg = make_pg(st, r, n);
+    const size_t count = (size_t{2} << 20) + 3;  // 8 MiB + 12 B: out of cache for rank 0 only
+    std::vector<int32_t> in(count), out(count, -7);
+    for (size_t i = 0; i < count; ++i) in[i] = value(r, i, 5);
+    for (int call = 0; call < 2; ++call) {
+      pg->all_reduce(in.data(), out.data(), count, DType::kInt32, ReduceOp::kSum, cma());
+      for (size_t i = 0; i < count; i += 1 + i % 7) {
+        int64_t want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, i, 5);
+        TRIDENT_RANK_CHECK(out[i] == want, "call {} element {}: {} != {}", call, i, out[i], want);
+      }
+    }
+  }, {.deadline_s = 60});
+  EXPECT_EQ(testing::failures(res), "");
+}
+
 // A peer killed while the others read from and write into its memory: they fail with PeerDiedError naming
 // it (process_vm_readv/writev fail with ESRCH, or the window's wait sees the pid gone), never hang.
 TEST(ShmCma, KilledPeerDuringTransfersIsNamed) {

@@ -53,6 +53,7 @@ struct Post {
   uint64_t recv;
   int32_t probe;        // first call only: 1 = this rank reached every peer, else -errno
   int32_t shared[2];    // send, recv: 1 = inside a ShmBuffer (reg[i] says where)
+  int32_t big;          // all_reduce: this rank judged the call out of cache (leaves_cache)
   ShmBuffer::Registration reg[2];
 };
 static_assert(sizeof(Post) <= ShmWindow::kSlotBytes, "a post fits a window slot");
@@ -125,7 +126,9 @@ void transfer(ShmWindow& w, int peer, Dir dir, void* local, uint64_t remote, siz
 class Session {
  public:
   // send_bytes / recv_bytes: the extent of each buffer this call touches (for the ShmBuffer lookup).
-  Session(ShmWindow& w, const void* send, size_t send_bytes, void* recv, size_t recv_bytes) : w_(w) {
+  // big: published for all_reduce's choice of path, which every rank must make alike.
+  Session(ShmWindow& w, const void* send, size_t send_bytes, void* recv, size_t recv_bytes, bool big = false)
+      : w_(w) {
     buf_ = w.acquire_slot();
     Post* me = post(w.rank());
     me->token = process_token();
@@ -133,6 +136,7 @@ class Session {
     me->send = reinterpret_cast<uint64_t>(send);
     me->recv = reinterpret_cast<uint64_t>(recv);
     me->probe = 0;
+    me->big = big ? 1 : 0;
     me->shared[0] = ShmBuffer::lookup(send, send_bytes, &me->reg[0]) ? 1 : 0;
     me->shared[1] = ShmBuffer::lookup(recv, recv_bytes, &me->reg[1]) ? 1 : 0;
     w.publish();
@@ -244,19 +248,22 @@ void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
     a.send = a.recv;
   }
   if (w->cma_state < 0) return all_reduce_shm_staged(*w, ctx, a);
-  Session s(*w, a.send, bytes, a.recv, bytes);
+  const int n = w->size(), me = w->rank();
+  // Out of cache (every rank's input and output): decided by each rank, published, and taken as true
+  // when any rank says so (the budget may differ per process: TRIDENT_CACHE_BYTES).
+  bool big = leaves_cache(2 * static_cast<size_t>(n) * bytes);
+  Session s(*w, a.send, bytes, a.recv, bytes, big);
   if (!s.ok()) {
     s.finish();
     return all_reduce_shm_staged(*w, ctx, a);
   }
-  const int n = w->size(), me = w->rank();
   const size_t per = std::max<size_t>(1, chunk_bytes_of(ctx) / es);
   // Out of cache and out of place on some rank whose output the peers cannot map: the kernel would write
   // that output's lines without having them in cache (a read for ownership of each line first), which
   // measured 1.7x slower than the staged path at 64 MiB (and in place 1.2-1.4x faster than it): stage
   // instead. Decided from every rank's post, so every rank takes the same path. (While the data stays
   // in cache the kernel's writes are cheap: 16 MiB out of place ran 8.4-9.1 GB/s direct, 6.6-7.6 staged.)
-  const bool big = leaves_cache(2 * static_cast<size_t>(n) * bytes);  // every rank's input and output
+  for (int r = 0; r < n; ++r) big |= s.peer(r).big != 0;
   if (big) {
     bool plain_out_of_place = false;
     for (int r = 0; r < n; ++r) plain_out_of_place |= s.peer(r).send != s.peer(r).recv && !s.peer(r).shared[1];
