@@ -80,8 +80,8 @@ double host_link_share(const AlgorithmInfo& info, const HostLayout& l) {
     case Algo::kRecursiveHalving:
       return pairwise;
     case Algo::kRecursiveDoubling:
-      if (info.op == OpKind::kAllReduce) return L * std::log2(static_cast<double>(H)) / std::log2(static_cast<double>(n));
-      return pairwise;
+      if (info.op != OpKind::kAllReduce) return pairwise;
+      return L * std::log2(static_cast<double>(H)) / std::log2(static_cast<double>(n));
     default:
       return 1.0;
   }

@@ -423,7 +423,6 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Request req = MPI_REQUEST_NULL;
   };
 
-
   void check_same_collective_locked(const Op& op) {
     auto c = std::make_unique<Check>();
     const CollArgs& a = op.args;
@@ -456,11 +455,12 @@ class MpiProcessGroup final : public ProcessGroup {
     for (int r = 0; r < size(); ++r) {
       const Fingerprint& f = c->all[static_cast<size_t>(r)];
       if (std::memcmp(&f, &c->mine, sizeof f) == 0) continue;
+      const std::string theirs = describe(fingerprint_args(f.op, f.dtype, f.redop, f.root, f.count));
       throw MismatchError(
           fmt::format("collective mismatch in group '{}' (backend mpi, TRIDENT_MPI_CHECK): rank {} issued {} as its "
                       "collective #{}, rank {} issued {} as its collective #{}; every rank must issue the same "
                       "collectives in the same order with the same count, dtype, reduction and root",
-                      name(), rank(), describe(a), op.seq, r, describe(fingerprint_args(f.op, f.dtype, f.redop, f.root, f.count)), f.seq),
+                      name(), rank(), describe(a), op.seq, r, theirs, f.seq),
           rank(), r, op_name(a.op), static_cast<long>(op.seq));
     }
   }
