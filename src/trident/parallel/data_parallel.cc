@@ -685,9 +685,19 @@ void DataParallel::gather_unit(size_t ui) {
                                               counts_[ui], DType::kFloat32);
     account("all_gather", static_cast<double>(world_ - 1) * u.piece * 4);
   }
-  param_state_[ui] = ParamState::kInFlight;
-  gathered_ += u.end - u.begin;
-  peak_gathered_ = std::max(peak_gathered_, gathered_);
+  set_unit_state(ui, ParamState::kInFlight);
+}
+
+void DataParallel::set_unit_state(size_t ui, ParamState to) {
+  const bool was = param_state_[ui] != ParamState::kReleased, now = to != ParamState::kReleased;
+  const size_t n = punits_[ui].second - punits_[ui].first;
+  if (now && !was) {
+    gathered_ += n;
+    peak_gathered_ = std::max(peak_gathered_, gathered_);
+  } else if (was && !now) {
+    gathered_ -= n;
+  }
+  param_state_[ui] = to;
 }
 
 void DataParallel::wait_unit(size_t ui) {
@@ -697,13 +707,11 @@ void DataParallel::wait_unit(size_t ui) {
     gather_work_[ui]->wait();
     gather_work_[ui].reset();
     if (bf16()) widen_in_place(model_.param_data() + b, e - b);
-    param_state_[ui] = ParamState::kGathered;
+    set_unit_state(ui, ParamState::kGathered);
   } else if (param_state_[ui] == ParamState::kReleased) {
     // bf16 ddp/zero1/zero2: from the local bf16 copy.
     kernels::cpu::from_bf16(model_.param_data() + b, params16_.data() + b, e - b);
-    param_state_[ui] = ParamState::kGathered;
-    gathered_ += e - b;
-    peak_gathered_ = std::max(peak_gathered_, gathered_);
+    set_unit_state(ui, ParamState::kGathered);
   }
 }
 
@@ -712,8 +720,7 @@ void DataParallel::release_unit(size_t ui) {
   if (param_state_[ui] == ParamState::kInFlight) wait_unit(ui);
   const auto [b, e] = punits_[ui];
   nn::release_pages(model_.param_data() + b, e - b);
-  param_state_[ui] = ParamState::kReleased;
-  gathered_ -= e - b;
+  set_unit_state(ui, ParamState::kReleased);
 }
 
 void DataParallel::release_all_units() {
@@ -746,11 +753,7 @@ void DataParallel::gather_full_parameters() {
     ensure_sharded();
     write_master_to_model();
     for (size_t u = 0; u < punits_.size(); ++u)
-      if (param_state_[u] == ParamState::kReleased) {
-        param_state_[u] = ParamState::kGathered;
-        gathered_ += punits_[u].second - punits_[u].first;
-      }
-    peak_gathered_ = std::max(peak_gathered_, gathered_);
+      if (param_state_[u] == ParamState::kReleased) set_unit_state(u, ParamState::kGathered);
     materialized_ = !punits_.empty();
     return;
   }
@@ -888,10 +891,7 @@ void DataParallel::gather_optimizer_state(std::vector<float>* m, std::vector<flo
     ensure_sharded();
     write_master_to_model();
     for (size_t u = 0; u < punits_.size(); ++u)
-      if (param_state_[u] == ParamState::kGathered) {
-        param_state_[u] = ParamState::kReleased;
-        gathered_ -= punits_[u].second - punits_[u].first;
-      }
+      if (param_state_[u] == ParamState::kGathered) set_unit_state(u, ParamState::kReleased);
     materialized_ = false;
     return;
   }

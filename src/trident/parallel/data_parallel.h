@@ -241,6 +241,9 @@ class DataParallel {
   void record_overlap(int64_t window_end_ns, int64_t sync_end_ns);
   void gather_moments(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq, int64_t* step);
   enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
+  // Moves parameter unit ui to `to`, keeping gathered_ (elements of the units in flight or gathered) and
+  // its peak in step: the one place a unit's state changes after ensure_sharded().
+  void set_unit_state(size_t ui, ParamState to);
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
   void account(const std::string& kind, double bytes);
