@@ -43,6 +43,7 @@ struct RawFlags {
   std::string json;
   bool inplace = false;
   bool outofplace = false;
+  std::string buffers = "ordinary";
   std::string timeout;
   int nproc = 0;
   std::string bind;  // --bind with --nproc ("" = TRIDENT_BIND, else auto)
@@ -86,6 +87,7 @@ trident::bench::CommBenchOptions to_options(const RawFlags& f) {
   o.transport = f.transport;
   o.check = f.check;
   o.json_path = f.json;
+  o.buffers = f.buffers;
   // Default: both placements, as nccl-tests prints both; either flag alone selects that one.
   if (f.inplace || f.outofplace) {
     o.inplace = f.inplace;
@@ -247,6 +249,9 @@ void setup(CLI::App& app) {
   comm->add_option("--json", f->json, "write one JSON record per (row, placement) to FILE");
   comm->add_flag("--inplace", f->inplace, "run only the in-place form (default: both)");
   comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
+  comm->add_option("--buffers", f->buffers,
+                   "ordinary (private memory) or shared (the group's registered memory: zero copy on one host)")
+      ->capture_default_str();
   comm->add_option("--timeout", f->timeout, "deadline of every collective (e.g. 30s, 2m; default TRIDENT_TIMEOUT)");
   comm->add_option("--nproc", f->nproc, "start N local ranks of this benchmark (like trident launch -n N)");
   comm->add_option("--bind", f->bind,

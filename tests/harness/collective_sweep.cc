@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 
 #include "harness/multiproc.h"
 #include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/error.h"
 
 namespace trident::testing {
@@ -97,7 +99,30 @@ struct Sweep {
     return out;
   }
 
-  static std::vector<uint8_t> buffer(size_t elems, DType t) { return std::vector<uint8_t>(elems * dtype_size(t) + 1, 0xCD); }
+  // A call's buffer, one guard byte past the end (0xCD): private memory, or the group's registered memory
+  // (opts.shared_buffers, where the group has it), fresh for every call.
+  struct Buf {
+    std::vector<uint8_t> own;
+    std::shared_ptr<ShmBuffer> shm;
+    uint8_t* p = nullptr;
+    size_t bytes = 0;
+    uint8_t* data() { return p; }
+    uint8_t& operator[](size_t i) { return p[i]; }
+    std::vector<uint8_t> contents() const { return std::vector<uint8_t>(p, p + bytes); }
+  };
+  Buf buffer(size_t elems, DType t) {
+    Buf b;
+    b.bytes = elems * dtype_size(t) + 1;
+    if (opts.shared_buffers) b.shm = pg.alloc_shared(b.bytes);
+    if (b.shm) {
+      b.p = static_cast<uint8_t*>(b.shm->data());
+    } else {
+      b.own.resize(b.bytes);
+      b.p = b.own.data();
+    }
+    std::memset(b.p, 0xCD, b.bytes);
+    return b;
+  }
 
   void run(OpKind op, Algo algo, DType t, ReduceOp rop, size_t n, int root, uint32_t seed) {
     CallOptions o;
@@ -130,9 +155,9 @@ struct Sweep {
       case OpKind::kReduce: {
         auto src = buffer(n, t), dst = buffer(n, t);
         for (size_t i = 0; i < n; ++i) store_v(src.data(), t, i, input(rank, i, seed, rop, t));
-        auto copy = src;
+        const auto copy = src.contents();
         pg.reduce(src.data(), dst.data(), n, t, rop, root, o);
-        TRIDENT_RANK_CHECK(src == copy, "{}: the send buffer was modified", what);
+        TRIDENT_RANK_CHECK(src.contents() == copy, "{}: the send buffer was modified", what);
         if (rank == root)
           for (size_t i = 0; i < n; ++i) expect_eq(dst.data(), t, i, expected_reduce(size, i, seed, rop, t), what);
         break;

@@ -12,6 +12,7 @@ namespace trident::testing {
 struct SweepOptions {
   bool all_algorithms = true;  // also force each algorithm by name (backends without them: false)
   bool large = true;           // include the 1M+3-element runs
+  bool shared_buffers = false;  // every buffer from pg.alloc_shared() (registered memory) where the group has it
 };
 
 void run_collective_sweep(ProcessGroup& pg, const SweepOptions& opts = {});

@@ -23,6 +23,7 @@
 #include "trident/comm/native/native_pg.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/reduce.h"
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 
@@ -83,11 +84,22 @@ std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
-// Page-aligned memory, faulted in once (first-touch costs ~10 us per page on this VM: never in the loop).
+// Page-aligned memory, faulted in once (first-touch costs ~10 us per page on this VM: never in the loop):
+// private anonymous memory, or the group's registered memory (--buffers shared).
 class Buffer {
  public:
-  explicit Buffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 4096)) {
+  Buffer(size_t bytes, ProcessGroup* shared_from) : bytes_(std::max<size_t>(bytes, 4096)) {
     bytes_ = (bytes_ + 4095) / 4096 * 4096;
+    if (shared_from) {
+      shared_ = shared_from->alloc_shared(bytes_);
+      if (!shared_)
+        TRIDENT_THROW(InvalidArgument,
+                      "--buffers shared: group '{}' ({} backend) has no registered memory: it needs the native backend "
+                      "with every rank on this host over shared memory (not --transport tcp); use --buffers ordinary",
+                      shared_from->name(), shared_from->backend_name());
+      data_ = static_cast<char*>(shared_->data());
+      return;
+    }
     void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
       TRIDENT_THROW(InvalidArgument, "bench comm: cannot allocate {} bytes for buffers ({}); lower -e/--maxbytes",
@@ -95,7 +107,9 @@ class Buffer {
     data_ = static_cast<char*>(p);
     std::memset(data_, 0, bytes_);  // fault in every page even where MAP_POPULATE is ignored
   }
-  ~Buffer() { ::munmap(data_, bytes_); }
+  ~Buffer() {
+    if (!shared_) ::munmap(data_, bytes_);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   char* data() { return data_; }
@@ -103,6 +117,7 @@ class Buffer {
  private:
   size_t bytes_;
   char* data_ = nullptr;
+  std::shared_ptr<ShmBuffer> shared_;
 };
 
 // One collective at one count in one placement: where its buffers are, how to prepare and check them.
@@ -384,6 +399,8 @@ void validate(const CommBenchOptions& o, int world) {
     TRIDENT_THROW(InvalidArgument, "--root {} is outside [0, {}) for a world of {} ranks", o.root, world, world);
   if (!o.inplace && !o.outofplace)
     TRIDENT_THROW(InvalidArgument, "nothing to run: enable --inplace, --outofplace or both (the default)");
+  if (o.buffers != "ordinary" && o.buffers != "shared")
+    TRIDENT_THROW(InvalidArgument, "--buffers '{}' is not one of ordinary, shared", o.buffers);
   if (o.transport != "auto" && o.transport != "shm" && o.transport != "tcp")
     TRIDENT_THROW(InvalidArgument, "--transport '{}' is not one of auto, shm, tcp", o.transport);
   if (o.timeout_s && !(*o.timeout_s > 0))
@@ -474,6 +491,7 @@ void write_json(const std::string& path, const std::vector<BenchRecord>& records
     j["world_size"] = r.world_size;
     j["transport"] = r.transport;
     j["transport_requested"] = r.transport_requested;
+    j["buffers"] = r.buffers;
     f << j.dump() << (i + 1 < records.size() ? ",\n" : "\n");
   }
   f << "]\n";
@@ -533,7 +551,9 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
   if (sections.empty())
     TRIDENT_THROW(InvalidArgument, "bench comm: nothing to run: {}", notes.empty() ? std::string("no op") : notes.front());
 
-  Buffer sendbuf(max_bytes), recvbuf(max_bytes);
+  // One rank has no peer to share with: its buffers are ordinary either way.
+  ProcessGroup* shared_from = o.buffers == "shared" && n > 1 ? &pg : nullptr;
+  Buffer sendbuf(max_bytes, shared_from), recvbuf(max_bytes, shared_from);
   const std::string transport = effective_transport(pg);
 
   // Who is where: "host pid" of every rank (fixed 64-byte records, gathered once).
@@ -554,8 +574,9 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
                        "dtype: {}  redop: {}  root: {}\n",
                        ops, o.min_bytes, o.max_bytes, o.step_factor, o.warmup, o.iters, o.check ? 1 : 0,
                        dtype_name(o.dtype), reduce_op_name(o.redop), o.root);
-    out << fmt::format("# world size {}; backend {}; transport requested {}, in use {}{}\n", n, pg.backend_name(),
-                       o.transport, transport, summary.empty() ? "" : " (" + summary + ")");
+    out << fmt::format("# world size {}; backend {}; transport requested {}, in use {}{}; buffers {}\n", n,
+                       pg.backend_name(), o.transport, transport, summary.empty() ? "" : " (" + summary + ")",
+                       o.buffers == "shared" ? "shared (the group's registered memory, zero copy)" : "ordinary");
     out << fmt::format("# group timeout {:.0f} s; date {}\n", pg.timeout().count(), utc_now());
     for (int r = 0; r < n; ++r) {
       std::string rec(all.data() + r * kRec, strnlen(all.data() + r * kRec, kRec));
@@ -679,6 +700,7 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
         rec.world_size = n;
         rec.transport = transport;
         rec.transport_requested = o.transport;
+        rec.buffers = o.buffers;
         ran[place] = true;
         result.wrong += static_cast<uint64_t>(wrong_all);
       }

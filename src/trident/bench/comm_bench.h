@@ -54,6 +54,9 @@ struct CommBenchOptions {
   std::string json_path;  // "" = no JSON
   bool inplace = true;
   bool outofplace = true;
+  // --buffers: "ordinary" (private anonymous memory, as most callers have) or "shared" (the group's
+  // registered memory, ProcessGroup::alloc_shared: zero copy on one host; refused where the group has none).
+  std::string buffers = "ordinary";
   std::optional<double> timeout_s;
   // --tune FILE: rank 0 writes a tuning file (comm/tuning.h) from the p50 latency of every forced-algorithm
   // record (in-place where both placements ran). "" = none.
@@ -82,6 +85,7 @@ struct BenchRecord {
   int world_size = 1;
   std::string transport;              // "shm", "tcp", "shm+tcp" or "none" (one rank)
   std::string transport_requested;    // auto | shm | tcp
+  std::string buffers = "ordinary";   // ordinary | shared (--buffers)
 };
 
 struct CommBenchResult {

@@ -5,6 +5,8 @@
 
 namespace trident {
 
+std::shared_ptr<ShmBuffer> ProcessGroup::alloc_shared(size_t) { return nullptr; }
+
 void ProcessGroup::validate(const CollArgs& a) const {
   auto fail = [&](const std::string& why) {
     TRIDENT_THROW(InvalidArgument, "{} on rank {} of group '{}' ({} ranks): {}", describe(a), rank_, name_, size_, why);

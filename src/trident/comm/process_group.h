@@ -28,6 +28,7 @@
 namespace trident {
 
 class Store;
+class ShmBuffer;
 
 struct CallOptions {
   std::optional<Seconds> timeout;  // unset: the group's timeout
@@ -111,6 +112,18 @@ class ProcessGroup {
 
   // The algorithm the backend would run for this call (for logs, `bench comm` and tests).
   virtual Algo choose_algorithm(const CollArgs& args, Algo forced) const { return forced; }
+
+  // ---- registered memory ----
+  // Memory this group's collectives use in place, without a copy (PyTorch's symmetric memory, NCCL's
+  // registered buffers): on the native backend with a shared-memory window (every rank on this host), a
+  // ShmBuffer (transport/shm_buffer.h, faulted in) that the peers map and read and write with plain loads
+  // and stores; a collective whose buffer lies in one skips the kernel copies (docs/PERFORMANCE.md,
+  // "registered buffers"). nullptr when the group gains nothing from it (TCP or several hosts, the MPI and
+  // NCCL backends): use ordinary memory then. Local to this rank (not a collective; ranks may mix
+  // registered and ordinary buffers in one call). The buffer stays valid while the caller holds it, also
+  // after the group is gone; it can serve any group of this process. Throws IoError when the memory cannot
+  // be had (memfd, /dev/shm or RAM full).
+  virtual std::shared_ptr<ShmBuffer> alloc_shared(size_t bytes);
 
  protected:
   ProcessGroup(int rank, int size, std::string name, Seconds timeout)

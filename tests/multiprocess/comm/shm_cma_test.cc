@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "harness/collective_sweep.h"
@@ -276,6 +278,45 @@ TEST(ShmCma, KilledPeerDuringTransfersIsNamed) {
     EXPECT_EQ(res[world - 1].signal, SIGKILL) << "world " << world;
   }
 }
+
+// ProcessGroup::alloc_shared: registered memory where the group has a shared-memory window (every rank on
+// this host, two ranks or more), nullptr where it gains nothing (one rank, TCP).
+TEST(ShmCma, AllocSharedOnlyWhereItHelps) {
+  for (int world : {1, 2, 3}) {
+    for (const char* transport : {"shm", "tcp"}) {
+      auto res = testing::run_processes(world, [&](int r, int n, std::shared_ptr<Store> st) {
+        auto pg = make_pg(st, r, n, 120, transport);
+        auto b = pg->alloc_shared(12345);
+        const bool want = n > 1 && std::string(transport) == "shm";
+        TRIDENT_RANK_CHECK((b != nullptr) == want, "alloc_shared on {} ranks over {} returned {}", n, transport,
+                           b ? "memory" : "nullptr");
+        if (!b) return;
+        TRIDENT_RANK_CHECK(b->size() >= 12345, "alloc_shared(12345) gave {} bytes", b->size());
+        ShmBuffer::Registration reg;
+        TRIDENT_RANK_CHECK(ShmBuffer::lookup(b->data(), 12345, &reg), "alloc_shared memory is not registered");
+        // The buffer outlives the group that allocated it.
+        pg.reset();
+        std::memset(b->data(), 7, 12345);
+      }, {.deadline_s = 120});
+      EXPECT_EQ(testing::failures(res), "") << "world " << world << " " << transport;
+    }
+  }
+}
+
+// The collective sweep (every collective, dtype and reduce op; counts 0, 1, 7, 1023, 1M+3) with every buffer
+// fresh from alloc_shared, cma forced where a collective has it: the zero-copy path at odd sizes and worlds.
+class SharedSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedSweep, CollectiveSweepOnAllocSharedBuffers) {
+  auto res = testing::run_processes(GetParam(), [](int r, int n, std::shared_ptr<Store> st) {
+    auto pg = make_pg(st, r, n);
+    testing::run_collective_sweep(*pg, {.all_algorithms = false, .large = true, .shared_buffers = true});
+  }, {.deadline_s = 240, .env = {{"TRIDENT_ALGO", "cma"}}});
+  EXPECT_EQ(testing::failures(res), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, SharedSweep, ::testing::Values(2, 3, 5),
+                         [](const auto& info) { return fmt::format("w{}", info.param); });
 
 // Buffers in ShmBuffers (the peers map them and read/write them in place, no kernel copy), on every rank,
 // on some ranks only, for send only or recv only; reused across calls (the peers' mapping cache) and

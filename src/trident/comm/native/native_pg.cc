@@ -17,6 +17,7 @@
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm.h"
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/comm/transport/tcp.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
@@ -413,6 +414,11 @@ void NativeProcessGroup::abort(const std::string& reason) {
   engine_->abort('A', fmt::format("group '{}' aborted by rank {}: {}", name(), rank(), reason));
   engine_->fail(std::make_exception_ptr(NetworkError(fmt::format("group '{}' aborted on this rank: {}", name(), reason),
                                                      rank())));
+}
+
+std::shared_ptr<ShmBuffer> NativeProcessGroup::alloc_shared(size_t bytes) {
+  if (size() < 2 || !engine_->has_shm_window()) return nullptr;
+  return ShmBuffer::allocate(bytes);
 }
 
 std::shared_ptr<ProcessGroup> NativeProcessGroup::make_subgroup(const std::vector<int>& members,

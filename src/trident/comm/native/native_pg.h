@@ -37,6 +37,8 @@ class NativeProcessGroup : public ProcessGroup {
   // As above; `source` is set to "forced", "TRIDENT_ALGO", "tuning" or "cost model".
   Algo choose_algorithm(const CollArgs& args, Algo forced, const char** source) const;
   const std::string& transport_summary() const { return transport_summary_; }
+  // A ShmBuffer when the group has a shared-memory window (every rank on this host, no TCP peer).
+  std::shared_ptr<ShmBuffer> alloc_shared(size_t bytes) override;
 
  protected:
   std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) override;
