@@ -46,7 +46,7 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(len));
 }
 
-// Removes --nproc, --parallel, --bucket-mb, --no-overlap and --bind (with "--k v" or "--k=v") from args.
+// Removes --nproc, --parallel, --bucket-mb, --no-overlap, --no-shared-grads and --bind (with "--k v" or "--k=v") from args.
 ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
   ParallelFlags pf;
   std::vector<std::string> rest;
@@ -83,6 +83,8 @@ ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
       if (pf.dist.bucket_mb <= 0) TRIDENT_THROW(InvalidArgument, "--bucket-mb '{}': need a positive size in MiB", v);
     } else if (key == "--no-overlap") {
       pf.dist.overlap = false;
+    } else if (key == "--no-shared-grads") {
+      pf.dist.shared_gradients = false;
     } else if (key == "--bind") {
       pf.bind = launch::parse_bind(value());
     } else {
@@ -98,7 +100,8 @@ void setup_train(CLI::App& app) {
   sub->allow_extras();
   sub->footer(train::config_help() +
               "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2|zero3 (default ddp),\n"
-              "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward).\n"
+              "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward),\n"
+              "  --no-shared-grads (ddp/zero1: gradients in private memory, not the group's zero-copy shared memory).\n"
               "  --bind none|core|auto: CPU binding of the ranks --nproc starts (as trident launch --bind).\n"
               "  Model parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
               "  gpipe|1f1b|interleaved, --microbatches m, --virtual-stages v, --mesh-order tp-dp-pp,\n"
@@ -138,6 +141,7 @@ void setup_train(CLI::App& app) {
         lo.command.push_back("--parallel=" + pf.dist.parallel);
         lo.command.push_back(fmt::format("--bucket-mb={}", pf.dist.bucket_mb));
         if (!pf.dist.overlap) lo.command.push_back("--no-overlap");
+        if (!pf.dist.shared_gradients) lo.command.push_back("--no-shared-grads");
         set_exit_code(launch::launch(lo));
         return;
       }

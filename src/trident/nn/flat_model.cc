@@ -156,7 +156,9 @@ int FlatModel::add_param(std::string name, std::vector<int64_t> shape) {
 void FlatModel::finalize_params() {
   const size_t n = params_.empty() ? 0 : kernels::align_floats(params_.back().offset + params_.back().numel);
   values_.assign(n, 0.0f);
-  grads_.assign(n, 0.0f);
+  grad_store_.assign(n, 0.0f);
+  grads_ = grad_store_.data();
+  grad_owner_.reset();
   rng_.seed(cfg_.seed);
 }
 
@@ -176,15 +178,27 @@ void FlatModel::init_constant(int idx, float value) {
   for (size_t i = 0; i < params_[idx].numel; ++i) p[i] = value;
 }
 
+bool FlatModel::adopt_grad_storage(float* storage, std::shared_ptr<void> owner) {
+  TRIDENT_CHECK(storage && reinterpret_cast<uintptr_t>(storage) % kernels::kAlignment == 0, InvalidArgument,
+                "adopt_grad_storage: the storage must be {}-byte aligned and not null", kernels::kAlignment);
+  const size_t n = num_params();
+  if (storage != grads_) std::memcpy(storage, grads_, n * sizeof(float));
+  grads_ = storage;
+  grad_owner_ = owner ? std::move(owner) : std::make_shared<int>(0);  // non-null: marks adopted storage
+  kernels::AlignedFloats().swap(grad_store_);
+  return true;
+}
+
 void FlatModel::zero_grad() {
-  if (!release_on_zero_) {
-    std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+  const size_t n = num_params();
+  if (!release_on_zero_ || grad_owner_) {  // adopted (shared) storage: released pages would not read as zero
+    std::memset(grads_, 0, n * sizeof(float));
     return;
   }
   // Whole pages go back to the OS (they read back as zero); only the partial pages at the ends are written.
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  char* b = reinterpret_cast<char*>(grads_.data());
-  char* e = b + grads_.size() * sizeof(float);
+  char* b = reinterpret_cast<char*>(grads_);
+  char* e = b + n * sizeof(float);
   char* lo = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b) + page - 1) / page * page);
   char* hi = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(e) / page * page);
   if (lo >= hi) {
@@ -193,7 +207,7 @@ void FlatModel::zero_grad() {
   }
   std::memset(b, 0, static_cast<size_t>(lo - b));
   std::memset(hi, 0, static_cast<size_t>(e - hi));
-  release_pages(reinterpret_cast<float*>(b), grads_.size());
+  release_pages(reinterpret_cast<float*>(b), n);
 }
 
 const char* block_event_name(Model::BlockEvent e) {

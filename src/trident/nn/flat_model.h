@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,7 +47,7 @@ class FlatModel : public Model {
 
   const std::vector<Parameter>& parameters() const override { return params_; }
   float* param_data() override { return values_.data(); }
-  float* grad_data() override { return grads_.data(); }
+  float* grad_data() override { return grads_; }
   size_t num_params() const override { return values_.size(); }
   void zero_grad() override;
   void set_grad_ready_hook(GradReadyHook hook) override { hook_ = std::move(hook); }
@@ -54,6 +55,7 @@ class FlatModel : public Model {
   std::string kind() const override { return cfg_.kind; }
   void set_block_hook(BlockHook hook) override { block_hook_ = std::move(hook); }
   void set_zero_grad_releases_pages(bool release) override { release_on_zero_ = release; }
+  bool adopt_grad_storage(float* storage, std::shared_ptr<void> owner) override;
 
  protected:
   // Registers a parameter (shape in PyTorch layout) and returns its index.
@@ -65,7 +67,7 @@ class FlatModel : public Model {
   void init_constant(int idx, float value);
 
   float* P(int idx) { return idx < 0 ? nullptr : values_.data() + params_[idx].offset; }
-  float* G(int idx) { return idx < 0 ? nullptr : grads_.data() + params_[idx].offset; }
+  float* G(int idx) { return idx < 0 ? nullptr : grads_ + params_[idx].offset; }
   void fire(int idx) {
     if (idx >= 0 && hook_) hook_(static_cast<size_t>(idx));
   }
@@ -77,7 +79,9 @@ class FlatModel : public Model {
   ModelConfig cfg_;
   std::vector<Parameter> params_;
   kernels::AlignedFloats values_;
-  kernels::AlignedFloats grads_;
+  kernels::AlignedFloats grad_store_;  // the gradients, unless adopt_grad_storage() moved them
+  float* grads_ = nullptr;             // grad_store_.data() or the adopted storage
+  std::shared_ptr<void> grad_owner_;   // keeps adopted storage alive
   GradReadyHook hook_;
   BlockHook block_hook_;
   bool release_on_zero_ = false;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/core/timeline.h"
@@ -196,6 +197,11 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
       if (world_ * units_[i].piece > 2 * L) stage16_[i].assign(world_ * units_[i].piece, 0);  // tiny unit
     }
   }
+  // ddp/zero1 float32: the buckets are reduced in place in the model's gradient buffer; in the group's
+  // registered memory the peers read and write them directly (zero copy).
+  if (options_.shared_gradients && !bf16() && !sharded_grads() && world_ > 1 && n > 0)
+    if (auto buf = pg_->alloc_shared(n * sizeof(float)))
+      gradients_shared_ = model_.adopt_grad_storage(static_cast<float*>(buf->data()), buf);
   // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.
   if (sharded_grads() || bf16()) model_.set_zero_grad_releases_pages(true);
   if (block_hooks()) {
@@ -204,9 +210,10 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
     model_.set_block_hook([this](int b, nn::Model::BlockEvent e) { on_block(b, e); });
   }
   if (rank_ == 0)
-    log_info("data parallel: {} on {} ranks, {} parameters ({} padded), {} gradient buckets of <= {} MiB, {} storage",
+    log_info("data parallel: {} on {} ranks, {} parameters ({} padded), {} gradient buckets of <= {} MiB, {} storage{}",
              strategy_name(options_.strategy), world_, n, sharded_grads() ? shard_numel_ * world_ : padded_,
-             buckets_.size(), options_.bucket_bytes / double(1 << 20), dtype_name(options_.storage_dtype));
+             buckets_.size(), options_.bucket_bytes / double(1 << 20), dtype_name(options_.storage_dtype),
+             gradients_shared_ ? ", gradients in shared memory (reduced in place, zero copy)" : "");
 }
 
 // Parameter units: one per run of parameters (in flat order) owned by the same block, a parameter being
@@ -864,6 +871,7 @@ nlohmann::json DataParallel::report() const {
   j["storage_dtype"] = dtype_name(options_.storage_dtype);
   j["world"] = world_;
   j["buckets"] = buckets_.size();
+  j["gradients_shared"] = gradients_shared_;
   for (auto& [k, v] : memory().bytes) j["memory_bytes"][k] = v;
   for (auto& [k, v] : resident_memory().bytes) j["resident_bytes"][k] = v;
   for (auto& [k, v] : last_stats_.bytes) j["comm_bytes_per_step"][k] = v;

@@ -113,6 +113,11 @@ struct DataParallelOptions {
   // Storage of parameters and gradients between uses: kFloat32 (parameters are their own master
   // weights) or kBFloat16 (float32 master weights and moments; see the header comment). Others throw.
   DType storage_dtype = DType::kFloat32;
+  // ddp/zero1 with float32 storage: the model's gradient buffer moves into memory the group reduces in
+  // place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain loads and
+  // stores, no kernel copy), when the group offers it and the model can adopt it (nn::Model::
+  // adopt_grad_storage). Results are bitwise the same either way; false keeps ordinary memory.
+  bool shared_gradients = true;
 };
 
 // Bytes moved by this rank, per collective kind, in the last completed step (nccl-tests' convention:
@@ -187,6 +192,8 @@ class DataParallel {
   size_t shard_begin() const { return shard_begin_; }
   size_t shard_end() const { return shard_end_; }
   size_t num_buckets() const { return buckets_.size(); }
+  // The model's gradients live in the group's registered memory (DataParallelOptions::shared_gradients).
+  bool gradients_shared() const { return gradients_shared_; }
   const CommStats& last_step_comm() const { return last_stats_; }
   // Bytes held per category: parameters, gradients, master_weights, optimizer_state, comm_buffers (buffer
   // sizes; zero3 and bf16 parameters: the stored copy plus the float32 units materialised now; float32
@@ -279,6 +286,7 @@ class DataParallel {
   std::vector<int> bucket_of_param_;
   std::vector<std::pair<int, int>> param_buckets_;  // zero2: the buckets [first, last] a parameter overlaps
   bool require_sync_ = true;
+  bool gradients_shared_ = false;
   bool launched_any_ = false;
   // zero2/zero3: units_[i] is buckets_[i] sharded; this rank's gradient shard (and zero3 parameter shard).
   std::vector<ShardUnit> units_;

@@ -596,7 +596,7 @@ void ParallelModel::gather_impl(nn::Model* full, ProcessGroup& group, int root, 
   int64_t maxn = 0;
   for (int r = 0; r < n; ++r) maxn = std::max(maxn, headers[3 * r + 2]);
   std::vector<float> send(maxn, 0.0f);
-  const float* mine = grads ? grads_.data() : values_.data();
+  const float* mine = grads ? grads_ : values_.data();
   std::copy(mine, mine + num_params(), send.begin());
   const bool is_root = group.rank() == root;
   std::vector<float> recv(is_root ? static_cast<size_t>(maxn) * n : 0);
@@ -641,7 +641,7 @@ double ParallelModel::grad_sum_squares() const {
   for (size_t i = 0; i < specs_.size(); ++i) {
     if (specs_[i].tied_copy) continue;
     if (specs_[i].replicated && layout_.tp_rank != 0) continue;
-    s += kc::sum_squares(grads_.data() + params_[i].offset, params_[i].numel);
+    s += kc::sum_squares(grads_ + params_[i].offset, params_[i].numel);
   }
   return s;
 }

@@ -415,6 +415,7 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
       dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
       // Gradients are final only after the pipeline flush (and the tied-embedding sum): no overlap then.
       dpo.overlap = opts.overlap && cfg.pp == 1;
+      dpo.shared_gradients = opts.shared_gradients;
       dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
       dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
       dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
@@ -661,6 +662,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   dpo.strategy = parallel::parse_strategy(opts.parallel);
   dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
   dpo.overlap = opts.overlap;
+  dpo.shared_gradients = opts.shared_gradients;
   dpo.storage_dtype = parse_dtype(cfg.param_dtype);
   dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
   dpo.adamw.beta2 = static_cast<float>(cfg.beta2);

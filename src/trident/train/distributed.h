@@ -36,6 +36,7 @@ struct DistributedOptions {
   std::string parallel = "ddp";  // ddp | zero1 | zero2 (used when there is more than one rank)
   double bucket_mb = 25;
   bool overlap = true;
+  bool shared_gradients = true;  // DataParallelOptions::shared_gradients (--no-shared-grads turns it off)
 };
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks = {});

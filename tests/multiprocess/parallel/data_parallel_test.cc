@@ -11,6 +11,7 @@
 #include "harness/synthetic_data.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/nn/models.h"
 #include "trident/optim/adamw.h"
 #include "trident/optim/schedule.h"
@@ -105,6 +106,10 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
   o.bucket_bytes = c.bucket_bytes;
   o.adamw = adamw_config();
   parallel::DataParallel dp(*model, pg, o);
+  // ddp/zero1 on one host over shared memory: the gradients live in the group's registered memory.
+  const bool want_shared = size > 1 && (c.strategy == "ddp" || c.strategy == "zero1");
+  TRIDENT_RANK_CHECK(dp.gradients_shared() == want_shared, "{} on {} ranks: gradients_shared() is {}", c.strategy,
+                     size, dp.gradients_shared());
   dp.broadcast_parameters();
   std::vector<int32_t> x, y;
   std::vector<double> losses;
@@ -245,6 +250,72 @@ INSTANTIATE_TEST_SUITE_P(
       const Case& c = info.param;
       return fmt::format("{}_w{}_acc{}_{}_{}", c.strategy, c.world, c.accum, c.overlap ? "overlap" : "after", c.model);
     });
+
+// Gradients in the group's registered memory (DataParallelOptions::shared_gradients, the default) against
+// private memory: ddp and zero1 at 2 and 3 ranks, with a model large enough that its buckets take the
+// zero-copy cma path (forced, and by the cost model), give bitwise the same parameters after every step;
+// the shared buffer is a ShmBuffer the model writes its gradients into; over TCP nothing is shared.
+nlohmann::json wider_gpt() {
+  auto j = tiny_gpt();
+  j["n_embd"] = 64;
+  j["n_head"] = 4;
+  return j;
+}
+
+TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
+  for (int world : {2, 3}) {
+    for (const char* algo : {"cma", ""}) {
+      auto res = testing::run_processes(world, [&](int rank, int size, std::shared_ptr<Store> store) {
+        if (*algo) setenv("TRIDENT_ALGO", algo, 1);
+        GroupOptions go;
+        go.timeout = Seconds(120);
+        auto pg = new_process_group(store, rank, size, go);
+        for (const char* strategy : {"ddp", "zero1"}) {
+          std::vector<float> params[2];
+          for (int shared = 0; shared < 2; ++shared) {
+            auto model = nn::make_model(wider_gpt());
+            parallel::DataParallelOptions o;
+            o.strategy = parallel::parse_strategy(strategy);
+            o.bucket_bytes = 64 << 10;  // several buckets, each past cma's 32 KiB threshold
+            o.adamw = adamw_config();
+            o.shared_gradients = shared == 1;
+            parallel::DataParallel dp(*model, pg, o);
+            TRIDENT_RANK_CHECK(dp.gradients_shared() == (shared == 1), "{} shared={}: gradients_shared() {}", strategy,
+                               shared, dp.gradients_shared());
+            ShmBuffer::Registration reg;
+            const bool registered = ShmBuffer::lookup(model->grad_data(), model->num_params() * 4, &reg);
+            TRIDENT_RANK_CHECK(registered == (shared == 1), "{} shared={}: gradient buffer registered {}", strategy,
+                               shared, registered);
+            TRIDENT_RANK_CHECK(dp.report()["gradients_shared"].get<bool>() == (shared == 1), "report disagrees");
+            dp.broadcast_parameters();
+            std::vector<int32_t> x, y;
+            for (int s = 0; s < 6; ++s) {
+              model->zero_grad();
+              batch_rows(s, rank * kB, kB, &x, &y);
+              model->forward_backward(x.data(), y.data(), kB, kT, true);
+              dp.finish_gradient_sync();
+              dp.clip_grad_norm(1.0f);
+              dp.step(1e-2f);
+            }
+            params[shared].assign(model->param_data(), model->param_data() + model->num_params());
+          }
+          TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
+                             "{}: parameters after shared-memory gradients differ from private memory", strategy);
+        }
+        // TCP: the group has no registered memory; the model keeps its own buffer.
+        GroupOptions tcp = go;
+        tcp.transport = "tcp";
+        tcp.name = "tcp";
+        auto tg = new_process_group(store, rank, size, tcp);
+        TRIDENT_RANK_CHECK(tg->alloc_shared(4096) == nullptr, "alloc_shared over TCP returned memory");
+        auto model = nn::make_model(wider_gpt());
+        parallel::DataParallel dp(*model, tg, {});
+        TRIDENT_RANK_CHECK(!dp.gradients_shared(), "gradients shared over TCP");
+      }, {.deadline_s = 240});
+      EXPECT_EQ(testing::failures(res), "") << "world " << world << " algo " << (*algo ? algo : "auto");
+    }
+  }
+}
 
 }  // namespace
 }  // namespace trident

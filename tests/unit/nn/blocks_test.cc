@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "trident/comm/transport/shm_buffer.h"
+#include "trident/core/error.h"
 #include "trident/nn/flat_model.h"
 #include "trident/nn/models.h"
 #include "trident/optim/adamw.h"
@@ -142,6 +144,33 @@ TEST(ZeroGrad, ReleasingPagesZeroesAndFreesMemory) {
   m->zero_grad();
   m->forward_backward(x.data(), y.data(), 2, 8, true);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(m->grad_data()[i], g1[i]) << i;
+}
+
+// adopt_grad_storage (data parallelism's shared gradients): the gradients held are copied over, later
+// backward passes accumulate there, and zero_grad() writes zeros even when asked to release pages (released
+// pages of shared memory would read back their old contents, not zero).
+TEST(ZeroGrad, AdoptedSharedStorageIsUsedAndZeroed) {
+  nlohmann::json j = {{"kind", "mlp"}, {"n_layer", 4}, {"n_embd", 128}, {"block_size", 8}, {"vocab_size", 300},
+                      {"seed", 1}};
+  auto m = trident::nn::make_model(j), ref = trident::nn::make_model(j);
+  const size_t n = m->num_params();
+  auto x = tokens(16, 3), y = tokens(16, 4);
+  m->forward_backward(x.data(), y.data(), 2, 8, true);
+  ref->forward_backward(x.data(), y.data(), 2, 8, true);
+  auto shm = trident::ShmBuffer::allocate(n * sizeof(float));
+  float* storage = static_cast<float*>(shm->data());
+  ASSERT_TRUE(m->adopt_grad_storage(storage, std::shared_ptr<trident::ShmBuffer>(std::move(shm))));
+  ASSERT_EQ(m->grad_data(), storage);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], ref->grad_data()[i]) << i;
+  m->forward_backward(x.data(), y.data(), 2, 8, true);  // accumulates into the adopted storage
+  ref->forward_backward(x.data(), y.data(), 2, 8, true);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], ref->grad_data()[i]) << i;
+  m->set_zero_grad_releases_pages(true);
+  m->zero_grad();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], 0.0f) << i;
+  float unaligned[20];
+  EXPECT_THROW(m->adopt_grad_storage(unaligned + 1, nullptr), trident::InvalidArgument);
+  EXPECT_EQ(m->grad_data(), storage);  // a refused adoption keeps the storage in use
 }
 
 }  // namespace
