@@ -22,6 +22,10 @@
 //          asynchronously while the current block computes. Per step: 2 all-gathers and 1 reduce-scatter
 //          of the (padded) parameter volume; gradient accumulation re-gathers parameters each micro-step
 //          but reduce-scatters gradients once (no_sync micro-steps accumulate the full local gradient).
+// Registered gradients (ddp, zero1; DataParallelOptions::shared_gradients): where the group offers
+// registered memory (ProcessGroup::alloc_shared: the native backend, every rank on one host), the buffer the
+// buckets are all-reduced in lives there (float32: the model adopts it as its gradient buffer; bf16: the
+// bf16 gradients), so the peers reduce it with plain loads and stores instead of kernel copies.
 // Sharding: zero1 splits the whole flat buffer into N equal pieces (padded to a multiple of N); zero2 and
 // zero3 split each bucket/unit of L elements into N pieces of ceil(L/N) (the last ones shorter or empty),
 // and a rank's shard is the concatenation of its pieces. Any size works.
@@ -96,6 +100,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trident/comm/process_group.h"
+#include "trident/comm/transport/shm_buffer.h"
 #include "trident/nn/model.h"
 #include "trident/optim/adamw.h"
 
@@ -113,12 +118,47 @@ struct DataParallelOptions {
   // Storage of parameters and gradients between uses: kFloat32 (parameters are their own master
   // weights) or kBFloat16 (float32 master weights and moments; see the header comment). Others throw.
   DType storage_dtype = DType::kFloat32;
-  // ddp/zero1 with float32 storage: the model's gradient buffer moves into memory the group reduces in
-  // place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain loads and
-  // stores, no kernel copy), when the group offers it and the model can adopt it (nn::Model::
-  // adopt_grad_storage). Results are bitwise the same either way; false keeps ordinary memory.
+  // ddp/zero1: the gradients that are all-reduced (float32: the model's gradient buffer, which the model
+  // adopts, nn::Model::adopt_grad_storage; bfloat16: the bf16 gradient buffer) live in memory the group
+  // reduces in place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain
+  // loads and stores, no kernel copy), when the group offers it. Results are bitwise the same either way;
+  // false keeps private memory. (zero2/zero3 release their gradient pages after each reduce-scatter, which
+  // shared memory would not make read back as zero: private always.)
   bool shared_gradients = true;
 };
+
+namespace detail {
+// n elements of T in private memory (assign) or in a group's registered memory (assign_shared: zeroed;
+// returns false and changes nothing where the group offers none). data() and size() as std::vector's.
+template <class T>
+class GradientArray {
+ public:
+  void assign(size_t n, T v) {
+    shm_.reset();
+    own_.assign(n, v);
+    p_ = own_.data();
+    n_ = n;
+  }
+  bool assign_shared(ProcessGroup& pg, size_t n) {
+    auto b = n ? pg.alloc_shared(n * sizeof(T)) : nullptr;
+    if (!b) return false;
+    std::vector<T>().swap(own_);
+    shm_ = std::move(b);
+    p_ = static_cast<T*>(shm_->data());  // a fresh memfd reads as zeros
+    n_ = n;
+    return true;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  std::vector<T> own_;
+  std::shared_ptr<ShmBuffer> shm_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+}  // namespace detail
 
 // Bytes moved by this rank, per collective kind, in the last completed step (nccl-tests' convention:
 // what this rank sends on the wire under a bandwidth-optimal algorithm: all-reduce 2(N-1)/N x size,
@@ -310,7 +350,8 @@ class DataParallel {
   // the flat buffer; zero2/3: the shard), staging for a reduce-scatter that reads past its unit's range,
   // and the clip coefficient step() applies.
   std::vector<float> master_;
-  std::vector<uint16_t> params16_, grads16_;
+  std::vector<uint16_t> params16_;
+  detail::GradientArray<uint16_t> grads16_;  // ddp/zero1: in the group's registered memory when shared
   std::vector<std::vector<uint16_t>> stage16_;  // per unit; empty unless world * piece > 2 x its length
   float clip_coef_ = 1.0f;
   bool always_materialized_ = false;  // bf16 without model blocks: the model's buffer stays materialised

@@ -252,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Gradients in the group's registered memory (DataParallelOptions::shared_gradients, the default) against
-// private memory: ddp and zero1 at 2 and 3 ranks, with a model large enough that its buckets take the
+// private memory: ddp, zero1 and zero1 with bf16 storage at 2 and 3 ranks, with a model large enough that its buckets take the
 // zero-copy cma path (forced, and by the cost model), give bitwise the same parameters after every step;
 // the shared buffer is a ShmBuffer the model writes its gradients into; over TCP nothing is shared.
 nlohmann::json wider_gpt() {
@@ -270,12 +270,14 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
         GroupOptions go;
         go.timeout = Seconds(120);
         auto pg = new_process_group(store, rank, size, go);
-        for (const char* strategy : {"ddp", "zero1"}) {
+        for (const char* strategy : {"ddp", "zero1", "zero1-bf16"}) {
+          const bool bf16 = std::string(strategy).ends_with("-bf16");
           std::vector<float> params[2];
           for (int shared = 0; shared < 2; ++shared) {
             auto model = nn::make_model(wider_gpt());
             parallel::DataParallelOptions o;
-            o.strategy = parallel::parse_strategy(strategy);
+            o.strategy = parallel::parse_strategy(bf16 ? std::string(strategy).substr(0, 5) : strategy);
+            if (bf16) o.storage_dtype = DType::kBFloat16;
             o.bucket_bytes = 64 << 10;  // several buckets, each past cma's 32 KiB threshold
             o.adamw = adamw_config();
             o.shared_gradients = shared == 1;
@@ -283,9 +285,10 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
             TRIDENT_RANK_CHECK(dp.gradients_shared() == (shared == 1), "{} shared={}: gradients_shared() {}", strategy,
                                shared, dp.gradients_shared());
             ShmBuffer::Registration reg;
+            // float32: the model's own buffer moved (bf16: the bf16 gradients, which DataParallel holds).
             const bool registered = ShmBuffer::lookup(model->grad_data(), model->num_params() * 4, &reg);
-            TRIDENT_RANK_CHECK(registered == (shared == 1), "{} shared={}: gradient buffer registered {}", strategy,
-                               shared, registered);
+            TRIDENT_RANK_CHECK(registered == (shared == 1 && !bf16), "{} shared={}: gradient buffer registered {}",
+                               strategy, shared, registered);
             TRIDENT_RANK_CHECK(dp.report()["gradients_shared"].get<bool>() == (shared == 1), "report disagrees");
             dp.broadcast_parameters();
             std::vector<int32_t> x, y;
@@ -296,6 +299,12 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
               dp.finish_gradient_sync();
               dp.clip_grad_norm(1.0f);
               dp.step(1e-2f);
+            }
+            dp.gather_full_parameters();
+            if (bf16) {  // the float32 master weights into the model's buffer
+              std::vector<float> m, v;
+              int64_t st = 0;
+              dp.gather_optimizer_state(&m, &v, &st);
             }
             params[shared].assign(model->param_data(), model->param_data() + model->num_params());
           }
