@@ -191,7 +191,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
     const bool zero3 = options_.strategy == Strategy::kZero3;
     master_.assign(sharded_grads() ? shard_numel_ : shard_end_ - shard_begin_, 0.0f);
     params16_.assign(zero3 ? shard_numel_ : padded_, 0);
-    if (!(share_grads && (gradients_shared_ = grads16_.assign_shared(*pg_, n))))
+    if (!(share_grads && (gradients_shared_ = grads16_.assign_shared(shared_buffer(n * 2), n))))
       grads16_.assign(sharded_grads() ? shard_numel_ : n, 0);
     rs_stage_.clear();  // bf16 reduce-scatters read their own unit's float32 range (2x the bf16 bytes)
     stage16_.resize(units_.size());
@@ -201,7 +201,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
     }
   }
   if (share_grads && !bf16())  // float32: the model's own gradient buffer is what is all-reduced
-    if (auto buf = pg_->alloc_shared(n * sizeof(float)))
+    if (auto buf = shared_buffer(n * sizeof(float)))
       gradients_shared_ = model_.adopt_grad_storage(static_cast<float*>(buf->data()), buf);
   // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.
   if (sharded_grads() || bf16()) model_.set_zero_grad_releases_pages(true);
@@ -215,6 +215,16 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
              strategy_name(options_.strategy), world_, n, sharded_grads() ? shard_numel_ * world_ : padded_,
              buckets_.size(), options_.bucket_bytes / double(1 << 20), dtype_name(options_.storage_dtype),
              gradients_shared_ ? ", gradients in shared memory (reduced in place, zero copy)" : "");
+}
+
+std::shared_ptr<ShmBuffer> DataParallel::shared_buffer(size_t bytes) {
+  try {
+    return pg_->alloc_shared(bytes);
+  } catch (const Error& e) {
+    log_warn("data parallel: gradients stay in private memory: {} bytes of registered memory could not be had ({})",
+             bytes, e.what());
+    return nullptr;
+  }
 }
 
 // Parameter units: one per run of parameters (in flat order) owned by the same block, a parameter being

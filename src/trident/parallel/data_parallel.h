@@ -128,8 +128,9 @@ struct DataParallelOptions {
 };
 
 namespace detail {
-// n elements of T in private memory (assign) or in a group's registered memory (assign_shared: zeroed;
-// returns false and changes nothing where the group offers none). data() and size() as std::vector's.
+// n elements of T in private memory (assign) or in a fresh registered buffer of at least n elements
+// (assign_shared, which reads as zeros; a null buffer returns false and changes nothing). data() and
+// size() as std::vector's.
 template <class T>
 class GradientArray {
  public:
@@ -139,12 +140,11 @@ class GradientArray {
     p_ = own_.data();
     n_ = n;
   }
-  bool assign_shared(ProcessGroup& pg, size_t n) {
-    auto b = n ? pg.alloc_shared(n * sizeof(T)) : nullptr;
+  bool assign_shared(std::shared_ptr<ShmBuffer> b, size_t n) {
     if (!b) return false;
     std::vector<T>().swap(own_);
     shm_ = std::move(b);
-    p_ = static_cast<T*>(shm_->data());  // a fresh memfd reads as zeros
+    p_ = static_cast<T*>(shm_->data());
     n_ = n;
     return true;
   }
@@ -294,6 +294,9 @@ class DataParallel {
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
   void account(const std::string& kind, double bytes);
+  // The group's registered memory for `bytes` (ProcessGroup::alloc_shared), or nullptr when it has none or
+  // it cannot be had (then a warning: training goes on in private memory).
+  std::shared_ptr<ShmBuffer> shared_buffer(size_t bytes);
   bool sharded_grads() const { return strategy() == Strategy::kZero2 || strategy() == Strategy::kZero3; }
   void build_units_from_buckets();
   void build_param_units();  // punits_, block_units_, last_fwd_/last_bwd_ from the model's blocks

@@ -4,6 +4,11 @@
 // match the textbook formulas.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 
@@ -324,6 +329,54 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
       EXPECT_EQ(testing::failures(res), "") << "world " << world << " algo " << (*algo ? algo : "auto");
     }
   }
+}
+
+// Registered memory that cannot be had (here: no descriptor left for the memfd on rank 1) is not an
+// error: that rank warns and keeps private gradients, the other keeps its shared ones, the ranks mix both
+// in every all-reduce (rank 0 cannot map rank 1's buffer either way), and training gives bitwise the
+// parameters of an all-private run.
+TEST(DataParallelSharedGradients, MemoryThatCannotBeHadFallsBackToPrivate) {
+  auto res = testing::run_processes(2, [&](int rank, int size, std::shared_ptr<Store> store) {
+    setenv("TRIDENT_ALGO", "cma", 1);
+    GroupOptions go;
+    go.timeout = Seconds(120);
+    auto pg = new_process_group(store, rank, size, go);
+    std::vector<float> params[2];
+    for (int run = 0; run < 2; ++run) {
+      auto model = nn::make_model(wider_gpt());
+      parallel::DataParallelOptions o;
+      o.bucket_bytes = 64 << 10;
+      o.adamw = adamw_config();
+      o.shared_gradients = run == 1;
+      std::vector<int> fillers;
+      rlimit old{};
+      if (run == 1 && rank == 1) {  // every descriptor below the limit taken: memfd_create fails (EMFILE)
+        getrlimit(RLIMIT_NOFILE, &old);
+        rlimit low = old;
+        low.rlim_cur = 256;
+        TRIDENT_RANK_CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "setrlimit: {}", std::strerror(errno));
+        for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fillers.push_back(fd);
+      }
+      parallel::DataParallel dp(*model, pg, o);
+      for (int fd : fillers) ::close(fd);
+      if (!fillers.empty()) setrlimit(RLIMIT_NOFILE, &old);
+      const bool want = run == 1 && rank == 0;
+      TRIDENT_RANK_CHECK(dp.gradients_shared() == want, "run {}: gradients_shared() {}", run, dp.gradients_shared());
+      dp.broadcast_parameters();
+      std::vector<int32_t> x, y;
+      for (int s = 0; s < 4; ++s) {
+        model->zero_grad();
+        batch_rows(s, rank * kB, kB, &x, &y);
+        model->forward_backward(x.data(), y.data(), kB, kT, true);
+        dp.finish_gradient_sync();
+        dp.step(1e-2f);
+      }
+      params[run].assign(model->param_data(), model->param_data() + model->num_params());
+    }
+    TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
+                       "parameters with one rank's gradients shared differ from all-private");
+  }, {.deadline_s = 120});
+  EXPECT_EQ(testing::failures(res), "");
 }
 
 }  // namespace
