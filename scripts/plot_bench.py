@@ -118,12 +118,18 @@ def main(argv):
     written = []
     for op in sorted(data):
         fig, ax = plt.subplots(figsize=(8, 5))
-        for key in sorted(data[op]):
+        # One colour per line (tab20: no two lines share one up to 20), one marker per source.
+        keys = sorted(data[op])
+        colors = plt.get_cmap("tab20").colors
+        sources = sorted({k.split(" ")[0] for k in keys})
+        markers = "os^Dv<>p*h"
+        for i, key in enumerate(keys):
             pts = sorted(data[op][key].items())
             xs = [p[0] for p in pts]
             ys = [p[1] for p in pts]
             style = "--" if key.endswith(" auto") else "-"
-            ax.plot(xs, ys, style, marker="o", markersize=3, label=key)
+            marker = markers[sources.index(key.split(" ")[0]) % len(markers)]
+            ax.plot(xs, ys, style, marker=marker, markersize=3, color=colors[i % len(colors)], label=key)
         ax.set_xscale("log", base=2)
         ticks = sorted({s for series in data[op].values() for s in series})
         if len(ticks) > 12:
