@@ -122,8 +122,9 @@ struct DataParallelOptions {
   // adopts, nn::Model::adopt_grad_storage; bfloat16: the bf16 gradient buffer) live in memory the group
   // reduces in place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain
   // loads and stores, no kernel copy), when the group offers it. Results are bitwise the same either way;
-  // false keeps private memory. (zero2/zero3 release their gradient pages after each reduce-scatter, which
-  // shared memory would not make read back as zero: private always.)
+  // false keeps private memory. zero2/zero3 keep private gradients: they hand the gradient pages back after
+  // every reduce-scatter (MADV_DONTNEED, read back as zero); shared pages would need MADV_REMOVE, and every
+  // peer's mapping of them would fault again page by page at the next step (not built, not measured).
   bool shared_gradients = true;
 };
 
