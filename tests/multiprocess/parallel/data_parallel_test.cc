@@ -1,7 +1,7 @@
 // Data parallelism against one process: DDP and ZeRO 1/2/3 at 2, 3 and 4 ranks give the loss sequence and
 // final parameters of a single process training on the same global batch (float32, 1e-4 relative), with
 // and without overlap and gradient accumulation; communication volume and optimizer memory per rank
-// match the textbook formulas.
+// match the textbook formulas. Gradients in the group's registered memory train bitwise as private ones.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -267,6 +267,25 @@ nlohmann::json wider_gpt() {
   return j;
 }
 
+// `steps` steps of kB rows per rank from rank 0's weights; the final float32 parameters (bf16 storage: the
+// master weights).
+std::vector<float> train_steps(nn::Model& model, parallel::DataParallel& dp, int rank, int steps) {
+  dp.broadcast_parameters();
+  std::vector<int32_t> x, y;
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    batch_rows(s, rank * kB, kB, &x, &y);
+    model.forward_backward(x.data(), y.data(), kB, kT, true);
+    dp.finish_gradient_sync();
+    dp.clip_grad_norm(1.0f);
+    dp.step(1e-2f);
+  }
+  std::vector<float> m, v;
+  int64_t st = 0;
+  dp.gather_optimizer_state(&m, &v, &st);  // bf16 storage: writes the master weights into the model's buffer
+  return std::vector<float>(model.param_data(), model.param_data() + model.num_params());
+}
+
 TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
   for (int world : {2, 3}) {
     for (const char* algo : {"cma", ""}) {
@@ -295,23 +314,7 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
             TRIDENT_RANK_CHECK(registered == (shared == 1 && !bf16), "{} shared={}: gradient buffer registered {}",
                                strategy, shared, registered);
             TRIDENT_RANK_CHECK(dp.report()["gradients_shared"].get<bool>() == (shared == 1), "report disagrees");
-            dp.broadcast_parameters();
-            std::vector<int32_t> x, y;
-            for (int s = 0; s < 6; ++s) {
-              model->zero_grad();
-              batch_rows(s, rank * kB, kB, &x, &y);
-              model->forward_backward(x.data(), y.data(), kB, kT, true);
-              dp.finish_gradient_sync();
-              dp.clip_grad_norm(1.0f);
-              dp.step(1e-2f);
-            }
-            dp.gather_full_parameters();
-            if (bf16) {  // the float32 master weights into the model's buffer
-              std::vector<float> m, v;
-              int64_t st = 0;
-              dp.gather_optimizer_state(&m, &v, &st);
-            }
-            params[shared].assign(model->param_data(), model->param_data() + model->num_params());
+            params[shared] = train_steps(*model, dp, rank, 6);
           }
           TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
                              "{}: parameters after shared-memory gradients differ from private memory", strategy);
@@ -362,16 +365,7 @@ TEST(DataParallelSharedGradients, MemoryThatCannotBeHadFallsBackToPrivate) {
       if (!fillers.empty()) setrlimit(RLIMIT_NOFILE, &old);
       const bool want = run == 1 && rank == 0;
       TRIDENT_RANK_CHECK(dp.gradients_shared() == want, "run {}: gradients_shared() {}", run, dp.gradients_shared());
-      dp.broadcast_parameters();
-      std::vector<int32_t> x, y;
-      for (int s = 0; s < 4; ++s) {
-        model->zero_grad();
-        batch_rows(s, rank * kB, kB, &x, &y);
-        model->forward_backward(x.data(), y.data(), kB, kT, true);
-        dp.finish_gradient_sync();
-        dp.step(1e-2f);
-      }
-      params[run].assign(model->param_data(), model->param_data() + model->num_params());
+      params[run] = train_steps(*model, dp, rank, 4);
     }
     TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
                        "parameters with one rank's gradients shared differ from all-private");
