@@ -191,8 +191,8 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
     const bool zero3 = options_.strategy == Strategy::kZero3;
     master_.assign(sharded_grads() ? shard_numel_ : shard_end_ - shard_begin_, 0.0f);
     params16_.assign(zero3 ? shard_numel_ : padded_, 0);
-    if (!(share_grads && (gradients_shared_ = grads16_.assign_shared(shared_buffer(n * 2), n))))
-      grads16_.assign(sharded_grads() ? shard_numel_ : n, 0);
+    if (share_grads) gradients_shared_ = grads16_.assign_shared(shared_buffer(n * sizeof(uint16_t)), n);
+    if (!gradients_shared_) grads16_.assign(sharded_grads() ? shard_numel_ : n, 0);
     rs_stage_.clear();  // bf16 reduce-scatters read their own unit's float32 range (2x the bf16 bytes)
     stage16_.resize(units_.size());
     for (size_t i = 0; i < units_.size(); ++i) {
