@@ -293,9 +293,18 @@ std::shared_ptr<Work> NativeProcessGroup::post(const CollArgs& args, const CallO
   std::string description;
   item->info = choose_memoized(args, opts.algo, &item->algo, &source, &description);
   item->work = std::make_shared<Work>(std::move(description));
-  if (debug_comm_)
-    log_debug("comm", "group '{}' rank {}: {} -> algorithm {} ({})", name(), rank(), describe(args),
-              algo_name(item->algo), source);
+  if (debug_comm_) {
+    // Which buffers are registered memory (alloc_shared): the cma path reads and writes those in place.
+    auto registered = [](const void* p) {
+      ShmBuffer::Registration r;
+      return p && ShmBuffer::lookup(p, 1, &r);
+    };
+    const bool rs = registered(args.send), rr = registered(args.recv);
+    log_debug("comm", "group '{}' rank {}: {} -> algorithm {} ({}){}", name(), rank(), describe(args),
+              algo_name(item->algo), source,
+              rs || rr ? fmt::format("; registered buffers: {}", rs && rr ? "send and recv" : rs ? "send" : "recv")
+                       : std::string());
+  }
   auto work = item->work;
   const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
   item->seq = collective ? next_seq_++ : 0;
