@@ -101,7 +101,7 @@ void setup_train(CLI::App& app) {
   sub->footer(train::config_help() +
               "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2|zero3 (default ddp),\n"
               "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward),\n"
-              "  --no-shared-grads (ddp/zero1: gradients in private memory, not the group's zero-copy shared memory).\n"
+              "  --no-shared-grads (gradients in private memory, not the group's zero-copy shared memory).\n"
               "  --bind none|core|auto: CPU binding of the ranks --nproc starts (as trident launch --bind).\n"
               "  Model parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
               "  gpipe|1f1b|interleaved, --microbatches m, --virtual-stages v, --mesh-order tp-dp-pp,\n"

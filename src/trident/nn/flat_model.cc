@@ -191,7 +191,7 @@ bool FlatModel::adopt_grad_storage(float* storage, std::shared_ptr<void> owner) 
 
 void FlatModel::zero_grad() {
   const size_t n = num_params();
-  if (!release_on_zero_ || grad_owner_) {  // adopted (shared) storage: released pages would not read as zero
+  if (!release_on_zero_) {
     std::memset(grads_, 0, n * sizeof(float));
     return;
   }
@@ -228,6 +228,11 @@ size_t release_pages(float* p, size_t n) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = b + n * sizeof(float);
   const uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
   if (lo >= hi) return 0;
+  // Shared memory (gradients in a group's registered memory): MADV_REMOVE frees the pages and they read back
+  // as zero. Private memory refuses it (EINVAL); MADV_DONTNEED does that there.
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_REMOVE) == 0) return hi - lo;
+  if (errno != EINVAL)
+    TRIDENT_THROW(IoError, "madvise(MADV_REMOVE) of {} bytes at {:#x} failed: {}", hi - lo, lo, std::strerror(errno));
   if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
     TRIDENT_THROW(IoError, "madvise(MADV_DONTNEED) of {} bytes at {:#x} failed: {}", hi - lo, lo,
                   std::strerror(errno));

@@ -89,9 +89,10 @@ class FlatModel : public Model {
 };
 
 // Page-level memory helpers (used by ZeRO to free and to measure memory honestly).
-// Hands the whole pages inside [p, p + n) back to the OS (madvise MADV_DONTNEED on private anonymous
-// memory: they read back as zero and stop counting in RSS); the partial pages at either end are left
-// untouched. Returns the bytes released. Throws IoError when madvise fails.
+// Hands the whole pages inside [p, p + n) back to the OS (madvise: MADV_DONTNEED on private anonymous
+// memory, MADV_REMOVE on shared memory such as a registered gradient buffer: either way they read back as
+// zero and stop counting as resident); the partial pages at either end are left untouched. Returns the
+// bytes released. Throws IoError when madvise fails.
 size_t release_pages(float* p, size_t n);
 // Bytes of the pages touching [p, p + bytes) that are resident in RAM now (mincore), counting a partial
 // page at either end in full.

@@ -92,9 +92,8 @@ class Model {
   // ---- gradient storage (optional; default: the model keeps its own buffer) ----
   // Moves the flat gradient buffer into `storage` (num_params() floats, 64-byte aligned), copying the
   // gradients held now; the model holds `owner` (which keeps `storage` alive) while it uses it. Data
-  // parallelism hands it memory its process group reduces in place (ProcessGroup::alloc_shared). That
-  // memory is shared: releasing its pages would not make them read back as zero, so zero_grad() writes
-  // zeros there whatever set_zero_grad_releases_pages() said. Returns false when the model cannot.
+  // parallelism hands it memory its process group reduces in place (ProcessGroup::alloc_shared); zero_grad()
+  // and release_pages() free shared pages too (MADV_REMOVE). Returns false when the model cannot.
   virtual bool adopt_grad_storage(float* storage, std::shared_ptr<void> owner) { return false; }
 };
 

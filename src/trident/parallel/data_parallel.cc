@@ -182,16 +182,16 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
       i = j;
     }
   }
-  // ddp/zero1: the buckets are all-reduced in place; in the group's registered memory the peers read and
-  // write them directly (zero copy).
-  const bool share_grads = options_.shared_gradients && !sharded_grads() && world_ > 1 && n > 0;
+  // Gradients in the group's registered memory: the peers read (and all-reduce writes) them directly.
+  const bool share_grads = options_.shared_gradients && world_ > 1 && n > 0;
   if (sharded_grads() && !bf16()) shard_grads_.assign(shard_numel_, 0.0f);
   if (options_.strategy == Strategy::kZero3 && !bf16()) shard_params_.assign(shard_numel_, 0.0f);
   if (bf16()) {
     const bool zero3 = options_.strategy == Strategy::kZero3;
     master_.assign(sharded_grads() ? shard_numel_ : shard_end_ - shard_begin_, 0.0f);
     params16_.assign(zero3 ? shard_numel_ : padded_, 0);
-    if (share_grads) gradients_shared_ = grads16_.assign_shared(shared_buffer(n * sizeof(uint16_t)), n);
+    if (share_grads && !sharded_grads())
+      gradients_shared_ = grads16_.assign_shared(shared_buffer(n * sizeof(uint16_t)), n);
     if (!gradients_shared_) grads16_.assign(sharded_grads() ? shard_numel_ : n, 0);
     rs_stage_.clear();  // bf16 reduce-scatters read their own unit's float32 range (2x the bf16 bytes)
     stage16_.resize(units_.size());
@@ -200,7 +200,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
       if (world_ * units_[i].piece > 2 * L) stage16_[i].assign(world_ * units_[i].piece, 0);  // tiny unit
     }
   }
-  if (share_grads && !bf16())  // float32: the model's own gradient buffer is what is all-reduced
+  if (share_grads && (!bf16() || sharded_grads()))  // the model's gradient buffer is what is reduced
     if (auto buf = shared_buffer(n * sizeof(float)))
       gradients_shared_ = model_.adopt_grad_storage(static_cast<float*>(buf->data()), buf);
   // Released gradient pages read back as zero: zero_grad need not write (and re-fault) them.

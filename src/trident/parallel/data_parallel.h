@@ -22,10 +22,11 @@
 //          asynchronously while the current block computes. Per step: 2 all-gathers and 1 reduce-scatter
 //          of the (padded) parameter volume; gradient accumulation re-gathers parameters each micro-step
 //          but reduce-scatters gradients once (no_sync micro-steps accumulate the full local gradient).
-// Registered gradients (ddp, zero1; DataParallelOptions::shared_gradients): where the group offers
+// Registered gradients (every stage; DataParallelOptions::shared_gradients): where the group offers
 // registered memory (ProcessGroup::alloc_shared: the native backend, every rank on one host), the buffer the
-// buckets are all-reduced in lives there (float32: the model adopts it as its gradient buffer; bf16: the
-// bf16 gradients), so the peers reduce it with plain loads and stores instead of kernel copies.
+// buckets are reduced from lives there (the model adopts it as its gradient buffer; bf16 ddp/zero1: the bf16
+// gradients), so the peers read it with plain loads and stores instead of kernel copies. Released gradient
+// pages (zero2/zero3, bf16) go back with MADV_REMOVE and read back as zero, as private ones do.
 // Sharding: zero1 splits the whole flat buffer into N equal pieces (padded to a multiple of N); zero2 and
 // zero3 split each bucket/unit of L elements into N pieces of ceil(L/N) (the last ones shorter or empty),
 // and a rank's shard is the concatenation of its pieces. Any size works.
@@ -118,13 +119,11 @@ struct DataParallelOptions {
   // Storage of parameters and gradients between uses: kFloat32 (parameters are their own master
   // weights) or kBFloat16 (float32 master weights and moments; see the header comment). Others throw.
   DType storage_dtype = DType::kFloat32;
-  // ddp/zero1: the gradients that are all-reduced (float32: the model's gradient buffer, which the model
-  // adopts, nn::Model::adopt_grad_storage; bfloat16: the bf16 gradient buffer) live in memory the group
-  // reduces in place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain
-  // loads and stores, no kernel copy), when the group offers it. Results are bitwise the same either way;
-  // false keeps private memory. zero2/zero3 keep private gradients: they hand the gradient pages back after
-  // every reduce-scatter (MADV_DONTNEED, read back as zero); shared pages would need MADV_REMOVE, and every
-  // peer's mapping of them would fault again page by page at the next step (not built, not measured).
+  // The gradients that are reduced (the model's gradient buffer, which the model adopts, nn::Model::
+  // adopt_grad_storage; bf16 ddp/zero1: the bf16 gradient buffer) live in memory the group reduces in
+  // place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain loads and
+  // stores, no kernel copy), when the group offers it. Results are bitwise the same either way; false
+  // keeps private memory.
   bool shared_gradients = true;
 };
 

@@ -111,8 +111,8 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
   o.bucket_bytes = c.bucket_bytes;
   o.adamw = adamw_config();
   parallel::DataParallel dp(*model, pg, o);
-  // ddp/zero1 on one host over shared memory: the gradients live in the group's registered memory.
-  const bool want_shared = size > 1 && (c.strategy == "ddp" || c.strategy == "zero1");
+  // On one host over shared memory the gradients live in the group's registered memory (every stage).
+  const bool want_shared = size > 1;
   TRIDENT_RANK_CHECK(dp.gradients_shared() == want_shared, "{} on {} ranks: gradients_shared() is {}", c.strategy,
                      size, dp.gradients_shared());
   dp.broadcast_parameters();
@@ -257,9 +257,10 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Gradients in the group's registered memory (DataParallelOptions::shared_gradients, the default) against
-// private memory: ddp, zero1 and zero1 with bf16 storage at 2 and 3 ranks, with a model large enough that its buckets take the
-// zero-copy cma path (forced, and by the cost model), give bitwise the same parameters after every step;
-// the shared buffer is a ShmBuffer the model writes its gradients into; over TCP nothing is shared.
+// private memory: every stage (and zero1 / zero2 with bf16 storage) at 2 and 3 ranks, with a model large
+// enough that its buckets take the zero-copy cma path (forced, and by the cost model), give bitwise the same
+// parameters; the shared buffer is a ShmBuffer the model writes its gradients into, and zero2/zero3 release
+// its pages (resident gradients stay at the shard's size); over TCP nothing is shared.
 nlohmann::json wider_gpt() {
   auto j = tiny_gpt();
   j["n_embd"] = 64;
@@ -294,8 +295,9 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
         GroupOptions go;
         go.timeout = Seconds(120);
         auto pg = new_process_group(store, rank, size, go);
-        for (const char* strategy : {"ddp", "zero1", "zero1-bf16"}) {
+        for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "zero1-bf16", "zero2-bf16"}) {
           const bool bf16 = std::string(strategy).ends_with("-bf16");
+          const bool sharded = std::string(strategy).starts_with("zero2") || std::string(strategy).starts_with("zero3");
           std::vector<float> params[2];
           for (int shared = 0; shared < 2; ++shared) {
             auto model = nn::make_model(wider_gpt());
@@ -309,12 +311,18 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
             TRIDENT_RANK_CHECK(dp.gradients_shared() == (shared == 1), "{} shared={}: gradients_shared() {}", strategy,
                                shared, dp.gradients_shared());
             ShmBuffer::Registration reg;
-            // float32: the model's own buffer moved (bf16: the bf16 gradients, which DataParallel holds).
+            // The model's own buffer moved (bf16 ddp/zero1: the bf16 gradients, which DataParallel holds).
             const bool registered = ShmBuffer::lookup(model->grad_data(), model->num_params() * 4, &reg);
-            TRIDENT_RANK_CHECK(registered == (shared == 1 && !bf16), "{} shared={}: gradient buffer registered {}",
-                               strategy, shared, registered);
+            TRIDENT_RANK_CHECK(registered == (shared == 1 && (!bf16 || sharded)),
+                               "{} shared={}: gradient buffer registered {}", strategy, shared, registered);
             TRIDENT_RANK_CHECK(dp.report()["gradients_shared"].get<bool>() == (shared == 1), "report disagrees");
             params[shared] = train_steps(*model, dp, rank, 6);
+            if (sharded) {  // the full gradient's pages went back after each reduce-scatter, shared or not
+              const double resident = dp.resident_memory().bytes.at("gradients");
+              const double held = dp.memory().bytes.at("gradients");
+              TRIDENT_RANK_CHECK(resident <= held + 64 * 4096.0, "{} shared={}: {} resident gradient bytes, {} held",
+                                 strategy, shared, resident, held);
+            }
           }
           TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
                              "{}: parameters after shared-memory gradients differ from private memory", strategy);

@@ -147,8 +147,8 @@ TEST(ZeroGrad, ReleasingPagesZeroesAndFreesMemory) {
 }
 
 // adopt_grad_storage (data parallelism's shared gradients): the gradients held are copied over, later
-// backward passes accumulate there, and zero_grad() writes zeros even when asked to release pages (released
-// pages of shared memory would read back their old contents, not zero).
+// backward passes accumulate there, and zero_grad() releasing pages frees shared memory too (MADV_REMOVE:
+// they read back as zero and are no longer resident; MADV_DONTNEED would leave the old values).
 TEST(ZeroGrad, AdoptedSharedStorageIsUsedAndZeroed) {
   nlohmann::json j = {{"kind", "mlp"}, {"n_layer", 4}, {"n_embd", 128}, {"block_size", 8}, {"vocab_size", 300},
                       {"seed", 1}};
@@ -165,8 +165,14 @@ TEST(ZeroGrad, AdoptedSharedStorageIsUsedAndZeroed) {
   m->forward_backward(x.data(), y.data(), 2, 8, true);  // accumulates into the adopted storage
   ref->forward_backward(x.data(), y.data(), 2, 8, true);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], ref->grad_data()[i]) << i;
+  const size_t bytes = n * sizeof(float), page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  m->zero_grad();  // written zeros
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], 0.0f) << i;
+  m->forward_backward(x.data(), y.data(), 2, 8, true);
+  EXPECT_GE(trident::nn::resident_bytes(storage, bytes), bytes - page);
   m->set_zero_grad_releases_pages(true);
   m->zero_grad();
+  EXPECT_LE(trident::nn::resident_bytes(storage, bytes), 2 * page);  // only the partial end pages
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(storage[i], 0.0f) << i;
   float unaligned[20];
   EXPECT_THROW(m->adopt_grad_storage(unaligned + 1, nullptr), trident::InvalidArgument);
