@@ -704,8 +704,12 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     dp->gather_optimizer_state(&m, &v, &step);
     trainer->optimizer().load_state(m, v, step);
   };
+  // Persistent memory between steps, as of the last step: the final checkpoint and evaluation may gather
+  // zero3's parameters afterwards (until the next step), which is not what a step holds.
+  std::map<std::string, double> step_memory;
   hooks.annotate_step = [&](nlohmann::json& rec) {
     if (trainer->optimizer().has_state()) trainer->optimizer().release_state();  // refilled by before_save
+    step_memory = dp->memory().bytes;
     double total = 0;
     for (auto& [k, b] : dp->last_step_comm().bytes) {
       rec["comm_bytes"][k] = b;
@@ -719,7 +723,9 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     }
   };
   hooks.on_finished = [&](const TrainResult& r) {
-    if (dp) loop.after(cfg, *trainer, r, pg->rank(), pg->size(), dp->memory().bytes, dp->last_step_comm().bytes, out);
+    if (dp)
+      loop.after(cfg, *trainer, r, pg->rank(), pg->size(), step_memory.empty() ? dp->memory().bytes : step_memory,
+                 dp->last_step_comm().bytes, out);
   };
   Trainer t(cfg, hooks);
   trainer = &t;
