@@ -184,7 +184,7 @@ bool FlatModel::adopt_grad_storage(float* storage, std::shared_ptr<void> owner) 
   const size_t n = num_params();
   if (storage != grads_) std::memcpy(storage, grads_, n * sizeof(float));
   grads_ = storage;
-  grad_owner_ = owner ? std::move(owner) : std::make_shared<int>(0);  // non-null: marks adopted storage
+  grad_owner_ = std::move(owner);
   kernels::AlignedFloats().swap(grad_store_);
   return true;
 }
