@@ -125,7 +125,9 @@ uint8_t* ShmBuffer::map_peer(pid_t pid, const Registration& r) {
     close(fd);  // the descriptor now names another file: the peer freed that buffer
     return nullptr;
   }
-  void* p = mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not populated: a peer maps the pages it touches (its block of an all-reduce), once per mapping, so its
+  // RSS counts those and not the owner's whole buffer (and no page the owner released is filled again).
+  void* p = mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return nullptr;
   maps.push_front({pid, r.id, static_cast<uint8_t*>(p), r.size});

@@ -6,7 +6,10 @@
 // Ownership: the ShmBuffer owns its mapping and descriptor; destroying it unmaps it here. A peer that
 // mapped it keeps its own mapping (and so the memory) until that peer's cache drops it (at most
 // kPeerMappings per process, least recently used first) or the peer exits.
-// Blocking: allocate() faults every page in (MAP_POPULATE) so that no collective pays for first touches.
+// Blocking: allocate() faults every page in (MAP_POPULATE) so that no collective pays for first touches;
+// a peer's mapping (map_peer) is not populated: it maps the pages it touches, once (minor faults).
+// Memory: the pages are shared, but each process's RSS counts the pages it has mapped (the kernel's PSS and
+// cgroup accounting count them once): a rank's RSS includes the parts of its peers' buffers it touched.
 // Thread-safety: allocate, lookup and map_peer may be called from any thread (one mutex).
 // Timeouts: none (local system calls).
 #pragma once
