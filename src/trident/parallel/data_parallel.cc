@@ -645,10 +645,15 @@ void DataParallel::step(float lr) {
                 shard_end_ - shard_begin_, lr);
     if (options_.strategy != Strategy::kDdp && world_ > 1) {
       const size_t n = model_.num_params(), s = padded_ / world_;
-      std::vector<float> mine(s, 0.0f), all(padded_);
-      std::memcpy(mine.data(), p + shard_begin_, (shard_end_ - shard_begin_) * sizeof(float));
-      pg_->all_gather(mine.data(), all.data(), s, DType::kFloat32);
-      std::memcpy(p, all.data(), n * sizeof(float));
+      if (padded_ == n) {
+        // In place: this rank's block of the flat buffer is its updated shard (no staging, no allocation).
+        pg_->all_gather(p + shard_begin_, p, s, DType::kFloat32);
+      } else {  // the buffer is shorter than world x shard: gather through a padded staging buffer
+        std::vector<float> mine(s, 0.0f), all(padded_);
+        std::memcpy(mine.data(), p + shard_begin_, (shard_end_ - shard_begin_) * sizeof(float));
+        pg_->all_gather(mine.data(), all.data(), s, DType::kFloat32);
+        std::memcpy(p, all.data(), n * sizeof(float));
+      }
       account("all_gather", static_cast<double>(world_ - 1) / world_ * padded_ * 4);
     }
   }

@@ -56,9 +56,11 @@ struct Loop {
     const auto& mb = prediction.memory_bytes;
     prediction.peak_rss = rss0 + mb.at("activations") +
                           (in.world > 1 ? mb.at("optimizer_state") + mb.at("comm_buffers") : 0.0);
-    if (in.world > 1 && in.strategy != parallel::Strategy::kDdp) {
-      // ZeRO's step stages its shard and the gathered flat buffer (padded x (1 + 1/N) floats) each step.
-      const double padded = std::ceil(static_cast<double>(in.num_params) / in.world) * in.world;
+    const double padded = std::ceil(static_cast<double>(in.num_params) / in.world) * in.world;
+    const bool zero1_in_place = in.strategy == parallel::Strategy::kZero1 && padded == in.num_params;
+    if (in.world > 1 && in.strategy != parallel::Strategy::kDdp && !zero1_in_place) {
+      // ZeRO's step stages its shard and the gathered flat buffer (padded x (1 + 1/N) floats) each step
+      // (zero1 gathers in place when the flat buffer is a multiple of N long).
       prediction.peak_rss += (padded + padded / in.world) * 4;
     }
     nlohmann::json rec = prediction.to_json();
