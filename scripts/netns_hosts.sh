@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Emulated hosts on one machine: network namespaces joined by veth pairs to a bridge in a "switch"
-# namespace, private addresses, and shaped links (issue 3 item 3). Nothing outside this machine is
+# namespace, private addresses, and shaped links (to test hierarchical algorithms and TCP across hosts). Nothing outside this machine is
 # touched or reachable: the root namespace gets no interface, address or route.
 #
 #   scripts/netns_hosts.sh up N [flags]     create hosts PREFIX-h0 .. PREFIX-h{N-1} and switch PREFIX-sw

@@ -159,14 +159,14 @@ int run(const RawFlags& f) {
     }
     if (f.backend != "native" && f.backend != "mpi")
       TRIDENT_THROW(InvalidArgument,
-                    "--backend '{}' is not one of native, mpi (nccl runs on device buffers: bench/cuda/run_device.sh)",
+                    "--backend '{}' is not one of native, mpi (nccl runs on device buffers: microbench/cuda/run_device.sh)",
                     f.backend);
     if (f.backend == "mpi" && f.nproc > 0)
       TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident bench comm "
                     "--backend mpi ...` without --nproc");
     if (f.nproc < 0) TRIDENT_THROW(InvalidArgument, "--nproc must be at least 1, got {}", f.nproc);
     if (f.nproc > 0) {
-      if (trident::env::get("RANK") || trident::env::get("OMPI_COMM_WORLD_RANK"))
+      if (trident::launch::in_launched_job())
         TRIDENT_THROW(InvalidArgument,
                       "--nproc {} starts its own ranks, but this process is already a rank of a launched job (RANK "
                       "is set); drop --nproc under trident launch",

@@ -15,7 +15,6 @@
 #include "trident/launch/launcher.h"
 
 #include <unistd.h>
-#include <cstdlib>
 
 namespace trident::cli {
 namespace {
@@ -36,7 +35,7 @@ void guarded(F&& body) {
 struct ParallelFlags {
   int nproc = 1;
   train::DistributedOptions dist;
-  std::optional<launch::Bind> bind;  // --bind none|core|auto for the ranks --nproc starts (unset: TRIDENT_BIND)
+  std::string bind;  // --bind none|core|auto for the ranks --nproc starts ("": TRIDENT_BIND)
 };
 
 std::string self_exe() {
@@ -46,75 +45,43 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(len));
 }
 
-// Removes --nproc, --parallel, --bucket-mb, --no-overlap, --no-shared-grads and --bind (with "--k v" or "--k=v") from args.
-ParallelFlags take_parallel_flags(std::vector<std::string>& args) {
-  ParallelFlags pf;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], key = a, val;
-    auto eq = a.find('=');
-    if (eq != std::string::npos) key = a.substr(0, eq), val = a.substr(eq + 1);
-    for (auto& c : key) c = c == '_' ? '-' : c;
-    auto value = [&]() -> std::string {
-      if (eq != std::string::npos) return val;
-      if (i + 1 >= args.size()) TRIDENT_THROW(InvalidArgument, "{} needs a value", key);
-      return args[++i];
-    };
-    if (key == "--nproc" || key == "--nproc-per-node") {
-      std::string v = value();
-      try {
-        pf.nproc = std::stoi(v);
-      } catch (const std::exception&) {
-        pf.nproc = 0;
-      }
-      if (pf.nproc < 1) TRIDENT_THROW(InvalidArgument, "--nproc '{}': need a number of processes >= 1", v);
-    } else if (key == "--parallel") {
-      pf.dist.parallel = value();
-      if (pf.dist.parallel != "ddp" && pf.dist.parallel != "zero1" && pf.dist.parallel != "zero2" &&
-          pf.dist.parallel != "zero3")
-        TRIDENT_THROW(InvalidArgument, "--parallel '{}': use ddp, zero1, zero2 or zero3", pf.dist.parallel);
-    } else if (key == "--bucket-mb") {
-      std::string v = value();
-      try {
-        pf.dist.bucket_mb = std::stod(v);
-      } catch (const std::exception&) {
-        pf.dist.bucket_mb = -1;
-      }
-      if (pf.dist.bucket_mb <= 0) TRIDENT_THROW(InvalidArgument, "--bucket-mb '{}': need a positive size in MiB", v);
-    } else if (key == "--no-overlap") {
-      pf.dist.overlap = false;
-    } else if (key == "--no-shared-grads") {
-      pf.dist.shared_gradients = false;
-    } else if (key == "--bind") {
-      pf.bind = launch::parse_bind(value());
-    } else {
-      rest.push_back(args[i]);
-    }
-  }
-  args = rest;
-  return pf;
-}
-
+// Parallelism flags are CLI11 options; everything else on the line is a config key (train::parse_train_args
+// reads the extras, since the keys and their checks live in train/config.cc).
 void setup_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a GPT or MLP on a text corpus (nanoGPT's train.py)");
   sub->allow_extras();
+  auto pf = std::make_shared<ParallelFlags>();
+  sub->add_option("--nproc,--nproc-per-node,--nproc_per_node", pf->nproc,
+                  "start N local ranks of this command through the launcher")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--parallel", pf->dist.parallel, "data-parallel strategy (default ddp)")
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+  sub->add_option("--bucket-mb,--bucket_mb", pf->dist.bucket_mb, "gradient bucket size in MiB (default 25)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("!--no-overlap,!--no_overlap", pf->dist.overlap, "all-reduce after backward, not during it");
+  sub->add_flag("!--no-shared-grads,!--no_shared_grads", pf->dist.shared_gradients,
+                "gradients in private memory, not the group's zero-copy shared memory");
+  sub->add_option("--bind", pf->bind, "CPU binding of the ranks --nproc starts (as trident launch --bind)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              launch::parse_bind(v);  // the launcher's own check and message
+              return std::string();
+            } catch (const InvalidArgument& e) {
+              return std::string(e.what());
+            }
+          },
+          "none|core|auto"));
   sub->footer(train::config_help() +
-              "\nParallelism: --nproc N (start N local ranks), --parallel ddp|zero1|zero2|zero3 (default ddp),\n"
-              "  --bucket-mb M (gradient bucket size, default 25), --no-overlap (all-reduce after backward),\n"
-              "  --no-shared-grads (gradients in private memory, not the group's zero-copy shared memory).\n"
-              "  --bind none|core|auto: CPU binding of the ranks --nproc starts (as trident launch --bind).\n"
-              "  Model parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
+              "\nModel parallelism: --tp T --pp P [--dp D] (T x P x D = N; --dp 0 infers it), --schedule\n"
               "  gpipe|1f1b|interleaved, --microbatches m, --virtual-stages v, --mesh-order tp-dp-pp,\n"
               "  --trace FILE (Chrome trace of every rank). Example: trident train --nproc 8 --tp 2 --pp 2 --dp 2\n"
               "  Under trident launch / torchrun / mpirun / Slurm the rank comes from the environment.");
-  sub->callback([sub] {
+  sub->callback([sub, pf] {
     guarded([&] {
-      std::vector<std::string> args = sub->remaining();
-      // Parallelism flags (not config keys): --nproc N starts N local ranks of this same command through the
-      // launcher; --parallel picks the data-parallel strategy; --bucket-mb and --no-overlap tune DDP.
-      ParallelFlags pf = take_parallel_flags(args);
-      train::TrainConfig cfg = train::parse_train_args(args);  // validates everything before starting ranks
-      if (!std::getenv("RANK") && (pf.nproc > 1 || cfg.tp * cfg.pp > 1)) {
+      train::TrainConfig cfg = train::parse_train_args(sub->remaining());  // validates before starting ranks
+      const bool launched = launch::in_launched_job();
+      if (!launched && (pf->nproc > 1 || cfg.tp * cfg.pp > 1)) {
         // The model-parallel layout against the world and the model, before any rank starts. The vocabulary
         // matters only when it is padded to an explicit multiple (by default it is padded to one of tp).
         int vocab = std::max(1, cfg.tp);
@@ -125,27 +92,28 @@ void setup_train(CLI::App& app) {
           o.cache_dir = cfg.cache_dir.empty() ? (std::filesystem::path(cfg.out_dir) / "cache").string() : cfg.cache_dir;
           vocab = data::TokenDataset::open(o).tokenizer().vocab_size();
         }
-        if (pf.nproc == 1 && cfg.tp * cfg.pp > 1) {
+        if (pf->nproc == 1 && cfg.tp * cfg.pp > 1) {
           TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs {} processes at least: add --nproc {} (or launch it)",
                         cfg.tp, cfg.pp, cfg.tp * cfg.pp, cfg.tp * cfg.pp * std::max(1, cfg.dp));
         }
-        train::check_parallel_layout(cfg, pf.dist, pf.nproc, vocab);
+        train::check_parallel_layout(cfg, pf->dist, pf->nproc, vocab);
       }
-      if (pf.nproc > 1 && !std::getenv("RANK")) {
+      if (pf->nproc > 1 && !launched) {
+        // --nproc N: this same command, N times, under the launcher (which sets each rank's environment).
         launch::LaunchOptions lo;
-        lo.nproc_per_node = pf.nproc;
+        lo.nproc_per_node = pf->nproc;
         lo.master_port = 0;
-        lo.bind = pf.bind;
+        if (!pf->bind.empty()) lo.bind = launch::parse_bind(pf->bind);
         lo.command = {self_exe(), "train"};
-        for (auto& a : args) lo.command.push_back(a);
-        lo.command.push_back("--parallel=" + pf.dist.parallel);
-        lo.command.push_back(fmt::format("--bucket-mb={}", pf.dist.bucket_mb));
-        if (!pf.dist.overlap) lo.command.push_back("--no-overlap");
-        if (!pf.dist.shared_gradients) lo.command.push_back("--no-shared-grads");
+        for (auto& a : sub->remaining()) lo.command.push_back(a);
+        lo.command.push_back("--parallel=" + pf->dist.parallel);
+        lo.command.push_back(fmt::format("--bucket-mb={}", pf->dist.bucket_mb));
+        if (!pf->dist.overlap) lo.command.push_back("--no-overlap");
+        if (!pf->dist.shared_gradients) lo.command.push_back("--no-shared-grads");
         set_exit_code(launch::launch(lo));
         return;
       }
-      train::train_distributed(cfg, pf.dist);
+      train::train_distributed(cfg, pf->dist);
     });
   });
 }

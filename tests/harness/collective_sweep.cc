@@ -8,7 +8,6 @@
 
 #include "harness/multiproc.h"
 #include "trident/comm/algorithms/algorithm.h"
-#include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/error.h"
 
 namespace trident::testing {
@@ -103,7 +102,7 @@ struct Sweep {
   // (opts.shared_buffers, where the group has it), fresh for every call.
   struct Buf {
     std::vector<uint8_t> own;
-    std::shared_ptr<ShmBuffer> shm;
+    std::shared_ptr<RegisteredBuffer> shm;
     uint8_t* p = nullptr;
     size_t bytes = 0;
     uint8_t* data() { return p; }

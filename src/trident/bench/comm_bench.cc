@@ -20,10 +20,8 @@
 
 #include "trident/bench/verifiable.h"
 #include "trident/comm/algorithms/algorithm.h"
-#include "trident/comm/native/native_pg.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/reduce.h"
-#include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 
@@ -117,7 +115,7 @@ class Buffer {
  private:
   size_t bytes_;
   char* data_ = nullptr;
-  std::shared_ptr<ShmBuffer> shared_;
+  std::shared_ptr<RegisteredBuffer> shared_;
 };
 
 // One collective at one count in one placement: where its buffers are, how to prepare and check them.
@@ -267,19 +265,8 @@ double percentile(const std::vector<double>& sorted, double q) {
 
 // "shm", "tcp", "shm+tcp" or "none", agreed over the group (a rank's own peers are all it knows).
 std::string effective_transport(ProcessGroup& pg) {
-  int64_t kinds[2] = {0, 0};
-  if (auto* native = dynamic_cast<NativeProcessGroup*>(&pg)) {
-    const std::string& s = native->transport_summary();
-    auto count_before = [&](const std::string& what) -> int64_t {
-      size_t at = s.rfind(what);
-      if (at == std::string::npos) return 0;
-      size_t b = at;
-      while (b > 0 && std::isdigit(static_cast<unsigned char>(s[b - 1]))) --b;
-      return b < at ? std::atoll(s.substr(b, at - b).c_str()) : 0;
-    };
-    kinds[0] = count_before(" shm peers") > 0;
-    kinds[1] = count_before(" tcp peers") > 0;
-  }
+  const TransportInfo t = pg.transport_info();
+  int64_t kinds[2] = {t.shm_peers > 0, t.tcp_peers > 0};
   if (pg.size() > 1) pg.all_reduce(kinds, 2, DType::kInt64, ReduceOp::kMax);
   if (kinds[0] && kinds[1]) return "shm+tcp";
   if (kinds[0]) return "shm";
@@ -567,8 +554,7 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
   if (lead) {
     std::string ops;
     for (OpKind op : o.ops) ops += (ops.empty() ? "" : ",") + std::string(op_name(op));
-    std::string summary;
-    if (auto* native = dynamic_cast<NativeProcessGroup*>(&pg)) summary = native->transport_summary();
+    const std::string summary = pg.transport_info().summary;
     out << "# trident bench comm (nccl-tests conventions: size in bytes, 1 GB = 1e9 B)\n";
     out << fmt::format("# op: {}  minBytes {}  maxBytes {}  step: {}(factor)  warmup iters: {}  iters: {}  check: {}  "
                        "dtype: {}  redop: {}  root: {}\n",

@@ -5,7 +5,19 @@
 
 namespace trident {
 
-std::shared_ptr<ShmBuffer> ProcessGroup::alloc_shared(size_t) { return nullptr; }
+std::shared_ptr<RegisteredBuffer> ProcessGroup::alloc_shared(size_t) { return nullptr; }
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  if (ranks.empty()) TRIDENT_THROW(InvalidArgument, "new_group: the rank list is empty");
+  std::vector<bool> seen(static_cast<size_t>(size_), false);
+  for (int r : ranks) {
+    if (r < 0 || r >= size_)
+      TRIDENT_THROW(InvalidArgument, "new_group: rank {} is outside group '{}' of size {}", r, name_, size_);
+    if (seen[static_cast<size_t>(r)]) TRIDENT_THROW(InvalidArgument, "new_group: rank {} is listed twice", r);
+    seen[static_cast<size_t>(r)] = true;
+  }
+  return make_group(ranks, name);
+}
 
 void ProcessGroup::validate(const CollArgs& a) const {
   auto fail = [&](const std::string& why) {

@@ -28,7 +28,26 @@
 namespace trident {
 
 class Store;
-class ShmBuffer;
+
+// Memory registered with a group's transport (ProcessGroup::alloc_shared): a collective whose buffer lies in
+// one may read and write it in place on the peers' side. The holder owns it (shared); data() is valid and
+// size() bytes long until the last holder drops it, also after the group that allocated it is gone. Which
+// transport backs it (transport/shm_buffer.h on one host) is the backend's business, not the caller's.
+class RegisteredBuffer {
+ public:
+  virtual ~RegisteredBuffer() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
+// How this rank reaches its peers (ProcessGroup::transport_info): for logs, benchmarks and tests, so none of
+// them needs to know the backend's type or parse its log line.
+struct TransportInfo {
+  int shm_peers = 0;    // peers reached over shared memory
+  int tcp_peers = 0;    // peers reached over TCP
+  int hosts = 1;        // hosts the group spans (every rank agrees)
+  std::string summary;  // one line, e.g. "4 ranks on 1 host; transport auto: 3 shm peers, 0 tcp peers"
+};
 
 struct CallOptions {
   std::optional<Seconds> timeout;  // unset: the group's timeout
@@ -54,6 +73,9 @@ class ProcessGroup {
   virtual std::string backend_name() const = 0;
   // Global rank (in the world group) of this group's rank r.
   virtual int global_rank(int r) const { return r; }
+  // This rank's transports. Backends that leave transports to their library (mpi, nccl) report no shm or
+  // tcp peers and their backend name as the summary. Local, non-blocking, thread-safe.
+  virtual TransportInfo transport_info() const { return {0, 0, 1, backend_name()}; }
 
   // ---- async forms ----
   std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});
@@ -102,8 +124,9 @@ class ProcessGroup {
 
   // ---- subgroups ----
   // Every rank of this group must call new_group with the same list (in the same order relative to other
-  // subgroup creations); ranks not in `ranks` get nullptr. `ranks` are ranks of this group.
-  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = {}) = 0;
+  // subgroup creations); ranks not in `ranks` get nullptr. `ranks` are ranks of this group, each listed once,
+  // and not empty: InvalidArgument otherwise (checked here, for every backend, before make_group).
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = {});
   // Every rank calls; ranks with the same color form a group, ordered by (key, rank); color < 0 gets nullptr.
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
 
@@ -116,14 +139,14 @@ class ProcessGroup {
   // ---- registered memory ----
   // Memory this group's collectives use in place, without a copy (PyTorch's symmetric memory, NCCL's
   // registered buffers): on the native backend with a shared-memory window (every rank on this host), a
-  // ShmBuffer (transport/shm_buffer.h, faulted in) that the peers map and read and write with plain loads
+  // shared mapping (transport/shm_buffer.h, faulted in) that the peers map and read and write with plain loads
   // and stores; a collective whose buffer lies in one skips the kernel copies (docs/PERFORMANCE.md,
-  // "registered buffers"). nullptr when the group gains nothing from it (TCP or several hosts, the MPI and
+  // "Registered memory"). nullptr when the group gains nothing from it (TCP or several hosts, the MPI and
   // NCCL backends): use ordinary memory then. Local to this rank (not a collective; ranks may mix
   // registered and ordinary buffers in one call). The buffer stays valid while the caller holds it, also
   // after the group is gone; it can serve any group of this process. Throws IoError when the memory cannot
   // be had (memfd, /dev/shm or RAM full).
-  virtual std::shared_ptr<ShmBuffer> alloc_shared(size_t bytes);
+  virtual std::shared_ptr<RegisteredBuffer> alloc_shared(size_t bytes);
 
  protected:
   ProcessGroup(int rank, int size, std::string name, Seconds timeout)
@@ -131,6 +154,8 @@ class ProcessGroup {
   // The one entry point a backend implements. `args` is validated. `blocking` says that the caller
   // will wait right away (a backend may then run the call on the caller's thread).
   virtual std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) = 0;
+  // new_group after its checks: `ranks` are valid, distinct and not empty.
+  virtual std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) = 0;
   // A blocking call (`args` validated): returns when it finished, throws its error. Functionally
   // post(args, opts, true)->wait(), which is the default; a backend may override it to run the call on the
   // caller's thread without allocating a Work (the native backend does when nothing else is queued).
@@ -150,7 +175,18 @@ class ProcessGroup {
 std::shared_ptr<ProcessGroup> init_process_group(const GroupOptions& options = {});
 // Creates a group over an existing store (tests run ranks as threads over a HashStore, or as processes
 // over a FileStore/TCPStore). Every rank calls it with the same size and options.
+// Throws InvalidArgument for a backend not in backend_table(), Unsupported for one not built.
 std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, int rank, int size,
                                                 const GroupOptions& options = {});
+
+// The backends GroupOptions::backend names, as data (defined in comm/init.cc): new_process_group looks the
+// name up here, so adding a backend is one row.
+struct BackendInfo {
+  const char* name;
+  const char* description;
+  bool (*built)();  // compiled into this trident
+  std::shared_ptr<ProcessGroup> (*make)(std::shared_ptr<Store> store, int rank, int size, const GroupOptions& o);
+};
+const std::vector<BackendInfo>& backend_table();
 
 }  // namespace trident

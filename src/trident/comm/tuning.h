@@ -1,4 +1,4 @@
-// Measured algorithm selection (issue 3 item 4). `trident bench comm --tune FILE` measures every algorithm
+// Measured algorithm selection, for machines where the cost model's choice is not the fastest. `trident bench comm --tune FILE` measures every algorithm
 // of every collective on this machine and writes a tuning file; a process group whose (transport, world
 // size) the file covers picks, per call, the algorithm with the least measured time instead of the one
 // the alpha-beta cost model (algorithm.h: Cost, LinkCost) predicts.

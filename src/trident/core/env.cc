@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <string_view>
 
 #include "trident/core/error.h"
 
@@ -16,7 +17,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_ALGO", "", "force one algorithm for every collective that has it (e.g. ring, rd, direct, tree)"},
       {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
       {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
-      {"TRIDENT_SHM_RING_BYTES", "4M", "bytes of each shared-memory channel between two ranks"},
+      {"TRIDENT_SHM_RING_BYTES", "0", "bytes of each shared-memory channel between two ranks (0: 4M up to 4 local ranks, 1M beyond)"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
       {"TRIDENT_CACHE_BYTES", "0",
@@ -36,9 +37,26 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
+      {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
+      {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},
+      {"TRIDENT_TEST_VERBOSE", "0", "tests only: 1 = the bf16 storage test prints its measured figures"},
   };
   return params;
 }
+
+namespace {
+// The declared entry of `name`; a TRIDENT_* name missing from the table is a programming error.
+const ParamInfo& declared(const char* name) {
+  for (const auto& p : all_params())
+    if (std::string_view(p.name) == name) return p;
+  TRIDENT_THROW(InvalidArgument, "environment variable {} is read but not declared in core/env.cc's table", name);
+}
+// The value set in the environment, else the table's default.
+std::string value_or_default(const char* name) {
+  const ParamInfo& p = declared(name);
+  return get(name).value_or(p.default_value);
+}
+}  // namespace
 
 std::optional<std::string> get(const char* name) {
   const char* v = std::getenv(name);
@@ -127,35 +145,46 @@ bool get_bool(const char* name, bool fallback) {
   TRIDENT_THROW(InvalidArgument, "environment variable {}='{}' is not a boolean; use 1/0, true/false, on/off", name, *v);
 }
 
+std::string param_string(const char* name) { return value_or_default(name); }
+int64_t param_size(const char* name) { return parse_size(value_or_default(name), name); }
+bool param_bool(const char* name) {
+  const std::string v = value_or_default(name);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  TRIDENT_THROW(InvalidArgument, "environment variable {}='{}' is not a boolean; use 1/0, true/false, on/off", name, v);
+}
+double param_seconds(const char* name) { return parse_seconds(value_or_default(name), name); }
+
 std::string log_level() {
-  std::string v = get_string("TRIDENT_LOG_LEVEL", "info");
+  std::string v = param_string("TRIDENT_LOG_LEVEL");
   if (v != "debug" && v != "info" && v != "warn" && v != "error") return "info";
   return v;
 }
-std::string debug() { return get_string("TRIDENT_DEBUG", ""); }
-double timeout_seconds() {
-  auto v = get("TRIDENT_TIMEOUT");
-  return v ? parse_seconds(*v, "TRIDENT_TIMEOUT") : 600.0;
-}
+std::string debug() { return param_string("TRIDENT_DEBUG"); }
+double timeout_seconds() { return param_seconds("TRIDENT_TIMEOUT"); }
 std::string transport() {
-  std::string v = get_string("TRIDENT_TRANSPORT", "auto");
+  std::string v = param_string("TRIDENT_TRANSPORT");
   if (v != "auto" && v != "shm" && v != "tcp")
     TRIDENT_THROW(InvalidArgument, "TRIDENT_TRANSPORT='{}': use auto, shm or tcp", v);
   return v;
 }
-std::string algo() { return get_string("TRIDENT_ALGO", ""); }
-std::string store_token() { return get_string("TRIDENT_STORE_TOKEN", ""); }
-bool store_hosted() { return get_bool("TRIDENT_STORE_HOSTED", false); }
-int64_t shm_ring_bytes() { return get_int("TRIDENT_SHM_RING_BYTES", 4 << 20, true); }
-int64_t chunk_bytes() { return get_int("TRIDENT_CHUNK_BYTES", 0, true); }
-int64_t tcp_sockbuf() { return get_int("TRIDENT_TCP_SOCKBUF", 0, true); }
-int64_t tcp_max_io() { return get_int("TRIDENT_TCP_MAX_IO", 0, true); }
-int64_t shm_window_bytes() { return get_int("TRIDENT_SHM_WINDOW_BYTES", 0, true); }
-bool cma() { return get_bool("TRIDENT_CMA", true); }
-int64_t cache_bytes() { return get_int("TRIDENT_CACHE_BYTES", 0, true); }
-std::string tuning_file() { return get_string("TRIDENT_TUNING_FILE", ""); }
-std::string hostname_override() { return get_string("TRIDENT_HOSTNAME", ""); }
-std::string host_id() { return get_string("TRIDENT_HOST_ID", ""); }
-std::string bind() { return get_string("TRIDENT_BIND", "auto"); }
+std::string algo() { return param_string("TRIDENT_ALGO"); }
+std::string store_token() { return param_string("TRIDENT_STORE_TOKEN"); }
+bool store_hosted() { return param_bool("TRIDENT_STORE_HOSTED"); }
+int64_t shm_ring_bytes() { return param_size("TRIDENT_SHM_RING_BYTES"); }
+int64_t chunk_bytes() { return param_size("TRIDENT_CHUNK_BYTES"); }
+int64_t tcp_sockbuf() { return param_size("TRIDENT_TCP_SOCKBUF"); }
+int64_t tcp_max_io() { return param_size("TRIDENT_TCP_MAX_IO"); }
+int64_t shm_window_bytes() { return param_size("TRIDENT_SHM_WINDOW_BYTES"); }
+bool cma() { return param_bool("TRIDENT_CMA"); }
+int64_t cache_bytes() { return param_size("TRIDENT_CACHE_BYTES"); }
+std::string tuning_file() { return param_string("TRIDENT_TUNING_FILE"); }
+std::string hostname_override() { return param_string("TRIDENT_HOSTNAME"); }
+std::string host_id() { return param_string("TRIDENT_HOST_ID"); }
+std::string bind() { return param_string("TRIDENT_BIND"); }
+std::string socket_addr() { return param_string("TRIDENT_SOCKET_ADDR"); }
+bool mpi_check() { return param_bool("TRIDENT_MPI_CHECK"); }
+bool mpi_serialize() { return param_bool("TRIDENT_MPI_SERIALIZE"); }
+std::string cpu_kernels() { return param_string("TRIDENT_CPU_KERNELS"); }
 
 }  // namespace trident::env

@@ -31,6 +31,14 @@ int64_t parse_size(const std::string& text, const std::string& what);
 // Parses a duration: "30", "30s", "500ms", "10m"; returns seconds.
 double parse_seconds(const std::string& text, const std::string& what);
 
+// A declared parameter's value: the environment's, else the table's default (one place for each default).
+// Reading a TRIDENT_* name the table does not declare throws InternalError. Tests and tools with a variable
+// of their own declare it in the table too and read it through these.
+std::string param_string(const char* name);
+int64_t param_size(const char* name);     // parse_size of the value
+bool param_bool(const char* name);        // 1/0, true/false, yes/no, on/off
+double param_seconds(const char* name);   // parse_seconds of the value
+
 // Declared parameters.
 std::string log_level();          // TRIDENT_LOG_LEVEL
 std::string debug();              // TRIDENT_DEBUG
@@ -39,7 +47,7 @@ std::string transport();          // TRIDENT_TRANSPORT: auto|shm|tcp
 std::string algo();               // TRIDENT_ALGO: forces an algorithm for every collective ("" = auto)
 std::string store_token();        // TRIDENT_STORE_TOKEN
 bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
-int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES
+int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES (0: by local ranks)
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
 int64_t tcp_sockbuf();            // TRIDENT_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF of TCP connections (0: kernel maximum)
 int64_t tcp_max_io();             // TRIDENT_TCP_MAX_IO: cap on bytes per TCP send/recv call (0: none; tests)
@@ -50,5 +58,9 @@ std::string tuning_file();        // TRIDENT_TUNING_FILE: tuning file of `bench 
 std::string hostname_override();  // TRIDENT_HOSTNAME (testability: emulate hosts)
 std::string host_id();            // TRIDENT_HOST_ID: host identity (wins over TRIDENT_HOSTNAME and the hostname)
 std::string bind();               // TRIDENT_BIND: CPU binding of launched local ranks, none|core|auto (launch/ parses)
+std::string socket_addr();        // TRIDENT_SOCKET_ADDR: address other hosts reach this rank at ("" = route to master)
+bool mpi_check();                 // TRIDENT_MPI_CHECK: backend mpi fingerprints every collective
+bool mpi_serialize();             // TRIDENT_MPI_SERIALIZE: backend mpi serializes every MPI call
+std::string cpu_kernels();        // TRIDENT_CPU_KERNELS: auto|portable
 
 }  // namespace trident::env

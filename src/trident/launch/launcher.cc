@@ -14,6 +14,7 @@
 
 #include <fmt/ranges.h>
 
+#include "trident/comm/store/rendezvous.h"
 #include "trident/comm/store/tcp_store.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
@@ -107,6 +108,8 @@ const char* bind_name(Bind bind) {
 }
 
 Bind default_bind() { return parse_bind(env::bind(), "TRIDENT_BIND"); }
+
+bool in_launched_job() { return rendezvous_from_env().source != "single"; }
 
 std::vector<int> allowed_cpus() {
   cpu_set_t set;

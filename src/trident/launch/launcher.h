@@ -24,8 +24,8 @@
 //         (allowed[i*n/p, (i+1)*n/p): one CPU each when p == n, so it equals core there, and a multi-threaded
 //         rank keeps its share when p < n; one rank keeps the whole set); round-robin as core when ranks >
 //         CPUs (measured faster than leaving oversubscribed ranks to the scheduler: launcher.cc).
-// Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (issue 3:
-// bimodal shm all-reduce timings). docs/PERFORMANCE.md "Shared-memory fast path" has the measurements.
+// Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (the shm
+// all-reduce's timings then split into two modes). docs/PERFORMANCE-LOG.md "Shared-memory fast path" has the measurements.
 //
 // Several nodes (nnodes > 1): one launcher per node, all given the same --nnodes, --master-addr,
 // --master-port and TRIDENT_STORE_TOKEN. Node 0 hosts the store; every launcher also connects to it (waiting
@@ -85,6 +85,12 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
 
 // A fresh random 128-bit token as 32 lowercase hex digits.
 std::string random_token();
+
+// True when this process is already one rank of a launched job: the environment names a rank (trident
+// launch / torchrun, mpirun or Slurm variables, as rendezvous_from_env reads them). A command that can start
+// its own ranks (train --nproc, bench comm --nproc) starts none then. Throws InvalidArgument on inconsistent
+// launcher variables.
+bool in_launched_job();
 
 // Runs the job; returns the process exit status described above.
 int launch(const LaunchOptions& options);

@@ -6,7 +6,7 @@
 // The grad-ready hook fires during backward the moment a parameter's gradient is final for this
 // micro-step (in reverse order of production), so communication can start early.
 //
-// Notes from the nn/ implementation (interface unchanged):
+// Contract details the trainer and the parallel wrappers rely on:
 // - Build models with make_model(json) from trident/nn/models.h (keys listed there; model_config_keys()
 //   names them so a trainer can pick them out of its own config). Optimizer: trident/optim/adamw.h,
 //   schedule and clipping: trident/optim/schedule.h.

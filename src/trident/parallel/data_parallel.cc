@@ -217,7 +217,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
              gradients_shared_ ? ", gradients in shared memory (reduced in place, zero copy)" : "");
 }
 
-std::shared_ptr<ShmBuffer> DataParallel::shared_buffer(size_t bytes) {
+std::shared_ptr<RegisteredBuffer> DataParallel::shared_buffer(size_t bytes) {
   try {
     return pg_->alloc_shared(bytes);
   } catch (const Error& e) {

@@ -101,7 +101,6 @@
 #include <nlohmann/json.hpp>
 
 #include "trident/comm/process_group.h"
-#include "trident/comm/transport/shm_buffer.h"
 #include "trident/nn/model.h"
 #include "trident/optim/adamw.h"
 
@@ -140,7 +139,7 @@ class GradientArray {
     p_ = own_.data();
     n_ = n;
   }
-  bool assign_shared(std::shared_ptr<ShmBuffer> b, size_t n) {
+  bool assign_shared(std::shared_ptr<RegisteredBuffer> b, size_t n) {
     if (!b) return false;
     std::vector<T>().swap(own_);
     shm_ = std::move(b);
@@ -154,7 +153,7 @@ class GradientArray {
 
  private:
   std::vector<T> own_;
-  std::shared_ptr<ShmBuffer> shm_;
+  std::shared_ptr<RegisteredBuffer> shm_;
   T* p_ = nullptr;
   size_t n_ = 0;
 };
@@ -296,7 +295,7 @@ class DataParallel {
   void account(const std::string& kind, double bytes);
   // The group's registered memory for `bytes` (ProcessGroup::alloc_shared), or nullptr when it has none or
   // it cannot be had (then a warning: training goes on in private memory).
-  std::shared_ptr<ShmBuffer> shared_buffer(size_t bytes);
+  std::shared_ptr<RegisteredBuffer> shared_buffer(size_t bytes);
   bool sharded_grads() const { return strategy() == Strategy::kZero2 || strategy() == Strategy::kZero3; }
   void build_units_from_buckets();
   void build_param_units();  // punits_, block_units_, last_fwd_/last_bwd_ from the model's blocks

@@ -9,7 +9,7 @@
 // where `bytes` is the size of the full buffer (the all-reduce/broadcast input; for all-gather the
 // OUTPUT size, for reduce-scatter the INPUT size: n = p * shard), `alpha_s` = (latency steps) x link
 // latency and `beta_s_per_byte` = (bytes each rank sends per byte of buffer) / link bandwidth.
-// Per-rank volumes (the seeds' table): all-reduce 2 n (p-1)/p, all-gather and reduce-scatter n (p-1)/p,
+// Per-rank volumes (bytes each rank sends per byte of buffer, as nccl-tests' busbw factors): all-reduce 2 n (p-1)/p, all-gather and reduce-scatter n (p-1)/p,
 // broadcast n (pipelined chain or tree), reduce n.
 #pragma once
 

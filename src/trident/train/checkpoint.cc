@@ -264,8 +264,13 @@ std::string find_checkpoint(const std::string& path) {
   fs::path p(path);
   std::error_code ec;
   if (fs::is_regular_file(p, ec) && p.filename() == kMetaFile) return p.parent_path().string();
+  // The out_dir's `latest` file stands for its out_dir: both mean the newest complete checkpoint.
+  if (fs::is_regular_file(p, ec) && p.filename() == "latest") p = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   if (!fs::is_directory(p, ec)) {
-    TRIDENT_THROW(InvalidArgument, "checkpoint '{}' does not exist; give a checkpoint folder or an out_dir", path);
+    TRIDENT_THROW(InvalidArgument,
+                  "checkpoint '{}' does not exist; give a run's out_dir (its newest checkpoint), its `latest` file, a "
+                  "ckpt-NNNNNNNN folder or its checkpoint.json",
+                  path);
   }
   if (fs::exists(p / kMetaFile)) return p.string();
   fs::path latest = p / "latest";

@@ -73,8 +73,9 @@ struct OptimizerState {
 std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
                             const OptimizerState& opt, int keep = 1);
 
-// Finds a checkpoint folder from a path that is a checkpoint folder, its checkpoint.json, or an out_dir
-// (its `latest`, else its highest-step ckpt-* folder). Returns "" when an out_dir has none.
+// Finds a checkpoint folder from a path that is a checkpoint folder, its checkpoint.json, an out_dir or the
+// out_dir's `latest` file (for both: the folder `latest` names, else the highest-step ckpt-* folder).
+// Returns "" when an out_dir has none.
 std::string find_checkpoint(const std::string& path);
 
 struct LoadedCheckpoint {

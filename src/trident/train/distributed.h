@@ -1,5 +1,5 @@
 // Training across processes: wraps the single-rank Trainer with a data-parallel strategy (DDP or ZeRO
-// stage 1/2, parallel/data_parallel.h) over the world process group from the environment (trident launch,
+// stage 1, 2 or 3, parallel/data_parallel.h) over the world process group from the environment (trident launch,
 // torchrun, mpirun or Slurm variables). With one process and no launcher it is the plain Trainer.
 //
 // batch_size is per rank: N ranks at batch_size b train on the global batch of one process at N x b, and
@@ -11,7 +11,7 @@
 // initialised with the single-process model of the same seed) and, with pp > 1, drives it through the
 // PipelineEngine (cfg.schedule, cfg.microbatches, cfg.virtual_stages). Tensor- and pipeline-parallel
 // peers read the same batch (the trainer sees the DATA-parallel rank and size); with dp > 1 gradients
-// are averaged over the dp group by DataParallel (ddp or zero1; zero2 is refused), after the pipeline
+// are averaged over the dp group by DataParallel (ddp or zero1; zero2 and zero3 are refused), after the pipeline
 // flush. Clipping uses the global norm over the tp x pp shards (each logical element counted once), so
 // the run follows the single-process run on the same global batch. Checkpoints hold the LOGICAL model
 // (gathered to world rank 0, nanoGPT names and full shapes, optimizer moments likewise): they load in a
@@ -33,7 +33,7 @@
 namespace trident::train {
 
 struct DistributedOptions {
-  std::string parallel = "ddp";  // ddp | zero1 | zero2 (used when there is more than one rank)
+  std::string parallel = "ddp";  // ddp | zero1 | zero2 | zero3 (used when there is more than one rank)
   double bucket_mb = 25;
   bool overlap = true;
   bool shared_gradients = true;  // DataParallelOptions::shared_gradients (--no-shared-grads turns it off)

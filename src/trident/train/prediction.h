@@ -1,5 +1,5 @@
 // Closing the loop: what the plan predicts `trident train` will cost on this machine, before it trains,
-// and the measured figures beside it at the end (issue 7 item 5).
+// and the measured figures beside it at the end, so a user sees how far the model is from the run.
 //
 // The prediction uses the planner's formulas (plan/model.h: activation bytes per layer, model FLOPs) with
 // trident's own accounting of data parallelism (parallel/data_parallel.h): per rank, float32 parameters

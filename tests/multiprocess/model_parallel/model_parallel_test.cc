@@ -17,6 +17,7 @@
 #include "harness/temp_dir.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/data/rng.h"
 #include "trident/train/checkpoint.h"
@@ -147,7 +148,7 @@ class ModelParallel : public ::testing::Test {
     ref8_ = single(tiny(data_, out("ref8"), 8), out("ref8.json"));
   }
   static void TearDownTestSuite() {
-    if (std::getenv("TRIDENT_TEST_KEEP")) return;
+    if (env::param_bool("TRIDENT_TEST_KEEP")) return;
     delete dir_;
     dir_ = nullptr;
   }

@@ -31,7 +31,7 @@ namespace {
 
 constexpr const char* kOkLine = "trident-mpi-worker ok: rank ";
 
-bool is_worker() { return env::get_bool("TRIDENT_MPI_WORKER", false); }
+bool is_worker() { return env::param_bool("TRIDENT_MPI_WORKER"); }
 
 // Ends the whole mpirun job with this rank's error (mpirun kills the others when one exits non-zero).
 [[noreturn]] void worker_fail(int rank, const std::string& what) {

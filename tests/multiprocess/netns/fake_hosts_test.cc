@@ -6,6 +6,7 @@
 // layout. Layouts: 2 hosts x 2, 3 + 2 (uneven), 3 hosts x 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "harness/collective_sweep.h"
@@ -36,14 +37,15 @@ TEST_P(FakeHostSweep, HierarchicalForcedByNamePassesTheSweep) {
   const Layout l = GetParam();
   auto res = testing::run_processes(static_cast<int>(l.hosts.size()), [&](int r, int n, std::shared_ptr<Store> st) {
     auto pg = group_on(l, r, n, st);
-    auto* native = dynamic_cast<NativeProcessGroup*>(pg.get());
-    TRIDENT_RANK_CHECK(native != nullptr, "not the native backend");
+    TRIDENT_RANK_CHECK(pg->backend_name() == "native", "not the native backend");
     // Peers on this rank's fake host over shared memory, the others over TCP.
     int same = 0;
     for (int h : l.hosts) same += h == l.hosts[r] ? 1 : 0;
-    const std::string want = fmt::format("{} shm peers, {} tcp peers", same - 1, n - same);
-    TRIDENT_RANK_CHECK(native->transport_summary().find(want) != std::string::npos, "summary '{}' lacks '{}'",
-                       native->transport_summary(), want);
+    const TransportInfo t = pg->transport_info();
+    TRIDENT_RANK_CHECK(t.shm_peers == same - 1 && t.tcp_peers == n - same, "transport {}: want {} shm and {} tcp peers",
+                       t.summary, same - 1, n - same);
+    const int hosts = *std::max_element(l.hosts.begin(), l.hosts.end()) + 1;
+    TRIDENT_RANK_CHECK(t.hosts == hosts, "transport_info says {} hosts, the layout has {}", t.hosts, hosts);
     CollArgs a;
     a.op = OpKind::kAllReduce;
     a.count = 1 << 20;

@@ -25,6 +25,7 @@
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
 #include "trident/core/dtype.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/nn/flat_model.h"
 #include "trident/nn/models.h"
@@ -334,7 +335,7 @@ TEST_P(Bf16Parity, MatchesOneProcessOfTheSameModeAndFloat32Loosely) {
   std::printf("bf16 %s N=%d accum=%d: loss %.4f -> %.4f; max relative loss difference vs 1-process bf16 %.2e, vs "
               "float32 %.2e\n",
               strategy.c_str(), world, accum, got.losses.front(), got.losses.back(), d_ref, d_fp32);
-  if (std::getenv("TRIDENT_TEST_VERBOSE") != nullptr) {
+  if (env::param_bool("TRIDENT_TEST_VERBOSE")) {
     for (int s = 0; s < kSteps; ++s)
       std::printf("  step %2d: %.6f 1proc-bf16 %.6f fp32 %.6f\n", s, got.losses[s], ref.losses[s], fp32.losses[s]);
   }

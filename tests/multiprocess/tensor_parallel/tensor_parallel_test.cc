@@ -94,14 +94,14 @@ class CountingGroup : public ProcessGroup {
       : ProcessGroup(inner->rank(), inner->size(), inner->name() + "/counting", inner->timeout()),
         inner_(std::move(inner)) {}
   std::string backend_name() const override { return inner_->backend_name(); }
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name) override {
-    return inner_->new_group(ranks, name);
-  }
   std::shared_ptr<ProcessGroup> split(int color, int key) override { return inner_->split(color, key); }
   void abort(const std::string& reason) override { inner_->abort(reason); }
   std::vector<Call> calls;
 
  protected:
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) override {
+    return inner_->new_group(ranks, name);
+  }
   std::shared_ptr<Work> post(const CollArgs& a, const CallOptions& o, bool) override {
     calls.push_back({a.op, a.count, a.redop});
     switch (a.op) {

@@ -20,6 +20,7 @@
 
 #include "process_runner.h"
 #include "trident/comm/store/tcp_store.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 
 namespace {
@@ -471,14 +472,14 @@ TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
 
 // Runs only as a rank started by the tests above (skipped in a normal test run).
 TEST(LaunchChildProcess, StoreClient) {
-  const char* mode = std::getenv("TRIDENT_LAUNCH_TEST_CHILD");
-  if (mode == nullptr) GTEST_SKIP() << "runs only as a rank under `trident launch`";
+  const std::string mode = trident::env::param_string("TRIDENT_LAUNCH_TEST_CHILD");
+  if (mode.empty()) GTEST_SKIP() << "runs only as a rank under `trident launch`";
   const std::string addr = std::getenv("MASTER_ADDR");
   const int port = std::stoi(std::getenv("MASTER_PORT"));
-  const std::string token = std::getenv("TRIDENT_STORE_TOKEN");
+  const std::string token = trident::env::store_token();
   const int rank = std::stoi(std::getenv("RANK"));
   const int world = std::stoi(std::getenv("WORLD_SIZE"));
-  ASSERT_STREQ(std::getenv("TRIDENT_STORE_HOSTED"), "1");
+  ASSERT_TRUE(trident::env::store_hosted());
   ASSERT_GT(port, 0);
   if (std::string(mode) == "badtoken") {
     EXPECT_THROW(trident::TCPStore(addr, port, token + "-wrong", trident::Seconds(5.0)), trident::StoreError);

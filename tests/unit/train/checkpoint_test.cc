@@ -214,6 +214,7 @@ TEST(Checkpoint, SaveLoadRoundTripWithTiedHeadAndOptimizer) {
   EXPECT_EQ(fs::path(dir).filename(), "ckpt-00000007");
   EXPECT_EQ(find_checkpoint(out), dir);
   EXPECT_EQ(find_checkpoint(dir + "/checkpoint.json"), dir);
+  EXPECT_EQ(find_checkpoint(out + "/latest"), dir);  // the out_dir's `latest` file stands for the out_dir
 
   auto ck = load_checkpoint(dir);
   EXPECT_EQ(ck.meta.step, 7);

@@ -64,7 +64,7 @@ class AlgoContext {
     return 0;
   }
 
-  // ---- shared-memory fast path (all_reduce_shm.cc; ShmWindow in transport/shm.h) ----
+  // ---- shared-memory fast path (shm_fast_path.cc, shm_cma.cc; ShmWindow in transport/shm.h) ----
   // The group's shared-memory collective window, prepared for the current collective (call at most once
   // per collective), when every rank of the group is on this host and reached over shared memory;
   // nullptr otherwise (the algorithm then falls back to a message-based one).

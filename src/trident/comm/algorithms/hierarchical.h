@@ -1,4 +1,4 @@
-// Hierarchical algorithms (issue 3 item 3): cheap links inside a host, expensive links across hosts.
+// Hierarchical algorithms (ranks on several hosts): cheap links inside a host, expensive links across hosts.
 // Each runs a pattern inside every host (shared memory), across hosts between ranks of the same local
 // index (TCP; every host's ranks send in parallel, each a 1/L share), and inside again. The host of each
 // rank comes from AlgoContext::host_of (the engine derives it from every rank's host identity: the

@@ -177,7 +177,7 @@ void init_runtime() {
     MPI_Query_thread(&rt->provided);
   }
   // TRIDENT_MPI_SERIALIZE=1 takes the serialized path even when MPI is thread-multiple (tests, debugging).
-  rt->multiple = rt->provided >= MPI_THREAD_MULTIPLE && !env::get_bool("TRIDENT_MPI_SERIALIZE", false);
+  rt->multiple = rt->provided >= MPI_THREAD_MULTIPLE && !env::mpi_serialize();
   if (rt->provided < MPI_THREAD_SERIALIZED)
     log_warn("mpi backend: MPI provides only {}; trident calls MPI from its worker threads too (serialized "
              "through one mutex), which such an MPI does not promise to support",
@@ -304,14 +304,7 @@ class MpiProcessGroup final : public ProcessGroup {
   std::string backend_name() const override { return "mpi"; }
   int global_rank(int r) const override { return global_ranks_[r]; }
 
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name) override {
-    std::set<int> seen;
-    for (int r : ranks) {
-      if (r < 0 || r >= size())
-        TRIDENT_THROW(InvalidArgument, "new_group: rank {} is outside group '{}' of size {}", r, this->name(), size());
-      if (!seen.insert(r).second) TRIDENT_THROW(InvalidArgument, "new_group: rank {} is listed twice", r);
-    }
-    if (ranks.empty()) TRIDENT_THROW(InvalidArgument, "new_group: the rank list is empty");
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) override {
     int k = ++subgroup_counter_;
     std::string n = fmt::format("{}.{}", this->name(), name.empty() ? fmt::format("g{}", k) : name);
     // Every rank arrives (with a deadline) before the blocking MPI_Comm_create, which then returns promptly.
@@ -774,7 +767,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   Runtime& rt_;
   MPI_Comm comm_;
-  const bool check_ = env::get_bool("TRIDENT_MPI_CHECK", false);
+  const bool check_ = env::mpi_check();
   GroupOptions options_;
   std::vector<int> global_ranks_;
   int subgroup_counter_ = 0;

@@ -150,13 +150,10 @@ class NcclProcessGroup : public ProcessGroup {
   std::string backend_name() const override { return "nccl"; }
   int global_rank(int r) const override { return globals_.empty() ? r : globals_.at(r); }
 
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name) override {
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) override {
     int index = -1;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      TRIDENT_CHECK(ranks[i] >= 0 && ranks[i] < size(), InvalidArgument,
-                    "nccl new_group: rank {} is outside group '{}' of {} ranks", ranks[i], this->name(), size());
+    for (size_t i = 0; i < ranks.size(); ++i)
       if (ranks[i] == rank()) index = static_cast<int>(i);
-    }
     std::vector<int> globals;
     for (int r : ranks) globals.push_back(global_rank(r));
     return split_impl(index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index >= 0 ? index : 0,

@@ -108,10 +108,10 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
 
 Engine::~Engine() = default;
 
-std::string Engine::transport_summary() const {
-  int shm = 0, tcp = 0;
-  for (int i : active_peers_) (channels_[i]->is_shm() ? shm : tcp)++;
-  return fmt::format("{} shm peers, {} tcp peers", shm, tcp);
+int Engine::peer_count(bool shm) const {
+  int n = 0;
+  for (int i : active_peers_) n += channels_[i]->is_shm() == shm ? 1 : 0;
+  return n;
 }
 
 std::string Engine::who(int r) const {
@@ -716,7 +716,7 @@ void Engine::periodic_checks() {
   }
 }
 
-// ---- shared-memory fast path (transport/shm.h ShmWindow, algorithms/all_reduce_shm.cc) ----
+// ---- shared-memory fast path (transport/shm.h ShmWindow, algorithms/shm_fast_path.cc) ----
 bool Engine::has_shm_window() const {
   return shm_ && !has_tcp_ && shm_->window() && shm_->local_size() == size_;
 }

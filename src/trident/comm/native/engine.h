@@ -94,7 +94,8 @@ class Engine final : public AlgoContext {
   // algorithms need; without it they fall back to message-passing algorithms, so the cost model skips them.
   bool has_shm_window() const;
   bool uses_shm() const { return has_shm_; }
-  std::string transport_summary() const;
+  // Active peers reached over shared memory (shm = true) or over TCP.
+  int peer_count(bool shm) const;
 
  private:
   struct Req;

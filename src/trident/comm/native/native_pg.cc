@@ -12,8 +12,6 @@
 #include <fmt/ranges.h>
 
 #include "trident/comm/algorithms/hierarchical.h"
-#include "trident/comm/backends/mpi_pg.h"
-#include "trident/comm/backends/nccl_pg.h"
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm.h"
@@ -131,8 +129,8 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
 
   std::unique_ptr<ShmSegment> seg;
   if (local_count >= 2) {
-    size_t ring = static_cast<size_t>(env::get("TRIDENT_SHM_RING_BYTES") ? env::shm_ring_bytes()
-                                                                          : (local_count <= 4 ? (4 << 20) : (1 << 20)));
+    size_t ring = static_cast<size_t>(env::shm_ring_bytes());
+    if (ring == 0) ring = local_count <= 4 ? (4 << 20) : (1 << 20);  // more local peers: smaller rings each
     seg = ShmSegment::create_or_open(*store_, "shm/" + host, local_index[rank], local_count, ring, timeout_s);
   }
   std::vector<std::unique_ptr<Channel>> channels =
@@ -157,10 +155,14 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
     else warn_tuning_not_covered(*table, env::tuning_file(), kind, size);
   }
   debug_comm_ = log_debug_enabled("comm");
-  transport_summary_ = fmt::format("{} ranks on {}; transport {}: {}", size, layout_.describe(), transport,
-                                   engine_->transport_summary());
-  if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_summary_);
-  else log_debug("comm", "process group '{}' rank {}: {}", options.name, rank, transport_summary_);
+  transport_info_.shm_peers = engine_->peer_count(true);
+  transport_info_.tcp_peers = engine_->peer_count(false);
+  transport_info_.hosts = layout_.hosts();
+  transport_info_.summary = fmt::format("{} ranks on {}; transport {}: {} shm peers, {} tcp peers", size,
+                                        layout_.describe(), transport, transport_info_.shm_peers,
+                                        transport_info_.tcp_peers);
+  if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_info_.summary);
+  else log_debug("comm", "process group '{}' rank {}: {}", options.name, rank, transport_info_.summary);
 }
 
 NativeProcessGroup::~NativeProcessGroup() {
@@ -425,7 +427,9 @@ void NativeProcessGroup::abort(const std::string& reason) {
                                                      rank())));
 }
 
-std::shared_ptr<ShmBuffer> NativeProcessGroup::alloc_shared(size_t bytes) {
+TransportInfo NativeProcessGroup::transport_info() const { return transport_info_; }
+
+std::shared_ptr<RegisteredBuffer> NativeProcessGroup::alloc_shared(size_t bytes) {
   if (size() < 2 || !engine_->has_shm_window()) return nullptr;
   return ShmBuffer::allocate(bytes);
 }
@@ -443,14 +447,7 @@ std::shared_ptr<ProcessGroup> NativeProcessGroup::make_subgroup(const std::vecto
                                               static_cast<int>(members.size()), o, globals);
 }
 
-std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
-  std::set<int> seen;
-  for (int r : ranks) {
-    if (r < 0 || r >= size())
-      TRIDENT_THROW(InvalidArgument, "new_group: rank {} is outside group '{}' of size {}", r, this->name(), size());
-    if (!seen.insert(r).second) TRIDENT_THROW(InvalidArgument, "new_group: rank {} is listed twice", r);
-  }
-  if (ranks.empty()) TRIDENT_THROW(InvalidArgument, "new_group: the rank list is empty");
+std::shared_ptr<ProcessGroup> NativeProcessGroup::make_group(const std::vector<int>& ranks, const std::string& name) {
   int k = ++subgroup_counter_;
   std::string n = fmt::format("{}.{}", this->name(), name.empty() ? fmt::format("g{}", k) : name);
   return make_subgroup(ranks, n);
@@ -471,19 +468,6 @@ std::shared_ptr<ProcessGroup> NativeProcessGroup::split(int color, int key) {
   std::vector<int> members;
   for (auto& [kk, r] : mine) members.push_back(r);
   return make_subgroup(members, fmt::format("{}.s{}c{}", name(), k, color));
-}
-
-std::shared_ptr<ProcessGroup> new_process_group(std::shared_ptr<Store> store, int rank, int size,
-                                                const GroupOptions& options) {
-  if (options.backend == "native" || options.backend.empty())
-    return std::make_shared<NativeProcessGroup>(std::move(store), rank, size, options, std::vector<int>{});
-#ifdef TRIDENT_HAVE_MPI
-  if (options.backend == "mpi") return new_mpi_process_group(rank, size, options);  // rank and size from MPI
-#endif
-  if (options.backend == "nccl") return new_nccl_process_group(std::move(store), rank, size, options);
-  if (options.backend == "mpi" || options.backend == "nccl")
-    TRIDENT_THROW(Unsupported, "backend '{}' is not built into this trident yet; use --backend native", options.backend);
-  TRIDENT_THROW(InvalidArgument, "unknown backend '{}'; use native, mpi or nccl", options.backend);
 }
 
 }  // namespace trident

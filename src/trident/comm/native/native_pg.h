@@ -30,15 +30,15 @@ class NativeProcessGroup : public ProcessGroup {
 
   std::string backend_name() const override { return "native"; }
   int global_rank(int r) const override { return global_ranks_[r]; }
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = {}) override;
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) override;
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   void abort(const std::string& reason) override;
   Algo choose_algorithm(const CollArgs& args, Algo forced) const override;
   // As above; `source` is set to "forced", "TRIDENT_ALGO", "tuning" or "cost model".
   Algo choose_algorithm(const CollArgs& args, Algo forced, const char** source) const;
-  const std::string& transport_summary() const { return transport_summary_; }
+  TransportInfo transport_info() const override;
   // A ShmBuffer when the group has a shared-memory window (every rank on this host, no TCP peer).
-  std::shared_ptr<ShmBuffer> alloc_shared(size_t bytes) override;
+  std::shared_ptr<RegisteredBuffer> alloc_shared(size_t bytes) override;
 
  protected:
   std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) override;
@@ -70,7 +70,7 @@ class NativeProcessGroup : public ProcessGroup {
   GroupOptions options_;
   std::vector<int> global_ranks_;
   std::unique_ptr<Engine> engine_;
-  std::string transport_summary_;
+  TransportInfo transport_info_;
   LinkCost intra_link_, inter_link_;  // cost-model links inside a host and across hosts
   HostLayout layout_;                 // which rank is on which host (every rank agrees)
   std::shared_ptr<const TuningTable> tuning_;  // TRIDENT_TUNING_FILE when it covers this group, else null

@@ -74,7 +74,7 @@ class ShmSegment {
 };
 
 // ShmWindow: the collective window of a segment, for the shared-memory fast path
-// (comm/algorithms/all_reduce_shm.cc). Per local rank it holds a phase counter on its own cache line, the
+// (comm/algorithms/shm_fast_path.cc and shm_cma.cc). Per local rank it holds a phase counter on its own cache line, the
 // fingerprint of its current collective (two slots, by call parity), two small payload slots
 // (kSlotBytes each, the latency path) and two staging buffers (stage_bytes() each, the bandwidth path).
 //

@@ -20,18 +20,20 @@
 #include <cstdint>
 #include <memory>
 
+#include "trident/comm/process_group.h"
+
 namespace trident {
 
-class ShmBuffer {
+class ShmBuffer : public RegisteredBuffer {
  public:
   // Throws NetworkError (naming the size and errno) when memfd_create/ftruncate/mmap fail.
   static std::unique_ptr<ShmBuffer> allocate(size_t bytes);
-  ~ShmBuffer();
+  ~ShmBuffer() override;
   ShmBuffer(const ShmBuffer&) = delete;
   ShmBuffer& operator=(const ShmBuffer&) = delete;
 
-  void* data() const { return base_; }
-  size_t size() const { return bytes_; }
+  void* data() const override { return base_; }
+  size_t size() const override { return bytes_; }
 
   // Where [p, p + n) lies, if inside a live ShmBuffer of this process: its descriptor, its inode, a
   // number no other buffer of this process had (inodes are reused), the buffer's size and p's offset in it.

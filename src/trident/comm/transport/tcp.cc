@@ -226,7 +226,7 @@ int connect_to(const std::string& host, int port, Clock::time_point deadline, st
 }  // namespace
 
 std::string local_socket_address() {
-  if (auto a = env::get("TRIDENT_SOCKET_ADDR")) return *a;
+  if (auto a = env::socket_addr(); !a.empty()) return a;
   auto master = env::get("MASTER_ADDR");
   if (!master || *master == "localhost" || master->rfind("127.", 0) == 0) return "127.0.0.1";
   addrinfo hints{};

@@ -67,7 +67,7 @@ namespace {
 // GEMMs and the portable attention (the A/B baseline, and what CPUs without AVX-512 run).
 bool native_kernels_configured() {
   static const bool enabled = [] {
-    const std::string mode = env::get_string("TRIDENT_CPU_KERNELS", "auto");
+    const std::string mode = env::cpu_kernels();
     TRIDENT_CHECK(mode == "auto" || mode == "portable", InvalidArgument,
                   "TRIDENT_CPU_KERNELS='{}': expected auto (AVX-512 kernels where the CPU has them) or portable",
                   mode);

@@ -3,7 +3,7 @@
 // the bytes the kernel touches (read dst, read src, write dst = 3 x buffer), so it compares directly
 // with memcpy bandwidth (2 x buffer per copy; reported as BM_Memcpy for reference).
 //
-//   build-*/bench/bench_reduce --benchmark_min_time=0.2
+//   build-*/microbench/bench_reduce --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 
 #include <cstring>

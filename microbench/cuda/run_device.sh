@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CUDA targets in Release, runs the CUDA unit tests and bench_cuda; logs go to ${OUT:-.}.
-# Usage (repo root, on a machine with a GPU): bench/cuda/run_device.sh [build-dir]
+# Usage (repo root, on a machine with a GPU): microbench/cuda/run_device.sh [build-dir]
 set -u
 OUT=${OUT:-$PWD/cuda-run}
 B=${1:-build-cuda-release}

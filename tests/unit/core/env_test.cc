@@ -1,0 +1,64 @@
+// The env table is the one place a TRIDENT_* variable's default lives: every declared default parses with
+// the accessor that reads it, a set value wins over it, and a name the table does not declare is refused.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "trident/core/env.h"
+#include "trident/core/error.h"
+
+namespace trident::env {
+namespace {
+
+// Sets a variable for the scope of one test and restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Env, EveryDeclaredDefaultParsesWithItsAccessor) {
+  for (const auto& p : all_params()) {
+    ScopedEnv unset(p.name, nullptr);
+    EXPECT_EQ(param_string(p.name), p.default_value) << p.name;
+  }
+  // The typed accessors read the table's defaults (none of them set here).
+  ScopedEnv a("TRIDENT_TIMEOUT", nullptr), b("TRIDENT_SHM_RING_BYTES", nullptr), c("TRIDENT_CMA", nullptr),
+      d("TRIDENT_TRANSPORT", nullptr), e("TRIDENT_BIND", nullptr), f("TRIDENT_MPI_CHECK", nullptr);
+  EXPECT_EQ(timeout_seconds(), 600.0);
+  EXPECT_EQ(shm_ring_bytes(), 0);
+  EXPECT_TRUE(cma());
+  EXPECT_EQ(transport(), "auto");
+  EXPECT_EQ(bind(), "auto");
+  EXPECT_FALSE(mpi_check());
+}
+
+TEST(Env, ASetValueWinsAndIsParsed) {
+  ScopedEnv a("TRIDENT_TIMEOUT", "500ms"), b("TRIDENT_SHM_RING_BYTES", "64K"), c("TRIDENT_CMA", "off");
+  EXPECT_DOUBLE_EQ(timeout_seconds(), 0.5);
+  EXPECT_EQ(shm_ring_bytes(), 64 * 1024);
+  EXPECT_FALSE(cma());
+  ScopedEnv bad("TRIDENT_MPI_CHECK", "maybe");
+  EXPECT_THROW(mpi_check(), InvalidArgument);
+}
+
+TEST(Env, AnUndeclaredNameIsRefused) {
+  EXPECT_THROW(param_string("TRIDENT_NOT_DECLARED_ANYWHERE"), InvalidArgument);
+  EXPECT_THROW(param_bool("TRIDENT_NOT_DECLARED_ANYWHERE"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::env
