@@ -42,26 +42,6 @@ struct Stamp {
 #endif
 };
 
-bool op_reduces(OpKind op) {
-  return op == OpKind::kReduce || op == OpKind::kAllReduce || op == OpKind::kReduceScatter;
-}
-bool op_rooted(OpKind op) {
-  return op == OpKind::kBroadcast || op == OpKind::kReduce || op == OpKind::kGather || op == OpKind::kScatter;
-}
-// size (nccl-tests) = count_per_rank x multiplier x element size.
-size_t size_multiplier(OpKind op, int n) {
-  switch (op) {
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAllToAll: return static_cast<size_t>(n);
-    case OpKind::kBarrier: return 0;
-    default: return 1;
-  }
-}
-bool has_out_of_place(OpKind op) { return op != OpKind::kBroadcast; }  // the API broadcasts in place only
-
 std::string join_names(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -118,9 +98,28 @@ class Buffer {
   std::shared_ptr<RegisteredBuffer> shared_;
 };
 
+struct Case;
+
+// One row per benchmarked collective (nccl-tests' struct testColl): its size and bandwidth conventions,
+// where its buffers are, how its inputs are filled and its outputs checked, and the call. The harness below
+// (run_comm_bench) knows no collective by name; a new one is a new row.
+struct BenchColl {
+  OpKind op;
+  bool rooted;        // takes --root
+  bool reduces;       // takes --redop
+  bool out_of_place;  // has an out-of-place form (the API broadcasts in place only)
+  bool per_rank_blocks;  // size (nccl-tests) = count x world x element size, else count x element size
+  int busbw_kind;        // busbw / algbw: 0 none (barrier), 1 one, 2 (n-1)/n, 3 2(n-1)/n
+  const void* (*send)(const Case&);  // nullptr: the send buffer (in place: the receive buffer)
+  void* (*recv)(const Case&);        // nullptr: the receive buffer
+  void (*prepare)(const Case&, int iter);
+  uint64_t (*verify)(const Case&, int iter);
+  void (*call)(const Case&, ProcessGroup&, const CallOptions&);
+};
+
 // One collective at one count in one placement: where its buffers are, how to prepare and check them.
 struct Case {
-  OpKind op;
+  const BenchColl* coll;
   bool inplace;
   size_t c;  // count per rank
   int n, r, root;
@@ -131,120 +130,136 @@ struct Case {
   char* recvbuf;
 
   char* at(char* base, size_t elems) const { return base + elems * es; }
-  const void* send() const {
-    switch (op) {
-      case OpKind::kBroadcast: return recvbuf;
-      case OpKind::kGather:
-      case OpKind::kAllGather: return inplace ? at(recvbuf, r * c) : sendbuf;
-      case OpKind::kReduce:
-      case OpKind::kAllReduce:
-      case OpKind::kAllToAll: return inplace ? recvbuf : sendbuf;
-      default: return sendbuf;
-    }
-  }
-  void* recv() const {
-    switch (op) {
-      case OpKind::kScatter:
-      case OpKind::kReduceScatter: return inplace ? at(sendbuf, r * c) : recvbuf;
-      default: return recvbuf;
-    }
-  }
-  bool reduces() const { return op_reduces(op); }
+  const void* send() const { return coll->send ? coll->send(*this) : (inplace ? recvbuf : sendbuf); }
+  void* recv() const { return coll->recv ? coll->recv(*this) : recvbuf; }
+  size_t nc() const { return c * n; }
+  size_t cc() const { return std::max<size_t>(c, 1); }
   void fill(void* p, size_t count, int rank, size_t k0, int iter) const {
-    fill_input(p, count, dt, rank, k0, iter, redop, reduces());
+    fill_input(p, count, dt, rank, k0, iter, redop, coll->reduces);
   }
-
   // Inputs for iteration `iter`; outputs poisoned (a poisoned output region that aliases an input is
   // poisoned first, then the input written over it).
-  void prepare(int iter) const {
-    const size_t nc = c * n;
-    switch (op) {
-      case OpKind::kBroadcast:
-        if (r == root) fill(recvbuf, c, r, 0, iter);
-        else poison(recvbuf, c, dt);
-        break;
-      case OpKind::kReduce:
-      case OpKind::kAllReduce:
-        if (inplace) {
-          fill(recvbuf, c, r, 0, iter);
-        } else {
-          fill(sendbuf, c, r, 0, iter);
-          poison(recvbuf, c, dt);
-        }
-        break;
-      case OpKind::kGather:
-      case OpKind::kAllGather:
-        poison(recvbuf, nc, dt);
-        fill(const_cast<void*>(send()), c, r, 0, iter);
-        break;
-      case OpKind::kScatter:
-        if (r == root) {
-          fill(sendbuf, nc, root, 0, iter);
-          if (!inplace) poison(recvbuf, c, dt);
-        } else {
-          poison(recv(), c, dt);
-        }
-        break;
-      case OpKind::kReduceScatter:
-        fill(sendbuf, nc, r, 0, iter);
-        if (!inplace) poison(recvbuf, c, dt);
-        break;
-      case OpKind::kAllToAll:
-        if (inplace) {
-          fill(recvbuf, nc, r, 0, iter);
-        } else {
-          fill(sendbuf, nc, r, 0, iter);
-          poison(recvbuf, nc, dt);
-        }
-        break;
-      default: break;
-    }
-  }
-
+  void prepare(int iter) const { coll->prepare(*this, iter); }
   // Wrong elements of this rank's output after iteration `iter`.
-  uint64_t verify(int iter) const {
-    const size_t nc = c * n;
-    const size_t cc = std::max<size_t>(c, 1);
-    const bool red = reduces();
-    switch (op) {
-      case OpKind::kBroadcast:
-        return count_wrong_moved(recvbuf, c, dt, iter, redop, red, [&](size_t) { return root; },
-                                 [](size_t i) { return i; });
-      case OpKind::kReduce:
-        return r == root ? count_wrong_reduced(recv(), c, dt, n, 0, iter, redop) : 0;
-      case OpKind::kAllReduce: return count_wrong_reduced(recv(), c, dt, n, 0, iter, redop);
-      case OpKind::kGather:
-        if (r != root) return 0;
-        [[fallthrough]];
-      case OpKind::kAllGather:
-        return count_wrong_moved(recvbuf, nc, dt, iter, redop, red, [&](size_t i) { return static_cast<int>(i / cc); },
-                                 [&](size_t i) { return i % cc; });
-      case OpKind::kScatter:
-        return count_wrong_moved(recv(), c, dt, iter, redop, red, [&](size_t) { return root; },
-                                 [&](size_t i) { return r * c + i; });
-      case OpKind::kReduceScatter: return count_wrong_reduced(recv(), c, dt, n, r * c, iter, redop);
-      case OpKind::kAllToAll:
-        return count_wrong_moved(recvbuf, nc, dt, iter, redop, red, [&](size_t i) { return static_cast<int>(i / cc); },
-                                 [&](size_t i) { return r * c + i % cc; });
-      default: return 0;
+  uint64_t verify(int iter) const { return coll->verify(*this, iter); }
+  void call(ProcessGroup& pg, const CallOptions& co) const { coll->call(*this, pg, co); }
+  // Shared by the reducing rows whose input is count elements (reduce, all_reduce).
+  void prepare_one_block(int iter) const {
+    if (inplace) {
+      fill(recvbuf, c, r, 0, iter);
+    } else {
+      fill(sendbuf, c, r, 0, iter);
+      poison(recvbuf, c, dt);
     }
   }
-
-  void call(ProcessGroup& pg, const CallOptions& co) const {
-    switch (op) {
-      case OpKind::kBroadcast: pg.broadcast(recvbuf, c, dt, root, co); break;
-      case OpKind::kReduce: pg.reduce(send(), recv(), c, dt, redop, root, co); break;
-      case OpKind::kAllReduce: pg.all_reduce(send(), recv(), c, dt, redop, co); break;
-      case OpKind::kGather: pg.gather(send(), recv(), c, dt, root, co); break;
-      case OpKind::kScatter: pg.scatter(send(), recv(), c, dt, root, co); break;
-      case OpKind::kAllGather: pg.all_gather(send(), recv(), c, dt, co); break;
-      case OpKind::kReduceScatter: pg.reduce_scatter(send(), recv(), c, dt, redop, co); break;
-      case OpKind::kAllToAll: pg.all_to_all(send(), recv(), c, dt, co); break;
-      case OpKind::kBarrier: pg.barrier(co); break;
-      default: TRIDENT_THROW(InvalidArgument, "bench comm: {} is not a benchmarked collective", op_name(op));
-    }
+  uint64_t wrong_gathered(const void* out, int iter, size_t first) const {
+    const size_t b = cc();
+    return count_wrong_moved(out, nc(), dt, iter, redop, coll->reduces, [&](size_t i) { return static_cast<int>(i / b); },
+                             [&](size_t i) { return first + i % b; });
   }
 };
+
+const std::vector<BenchColl>& bench_colls() {
+  static const std::vector<BenchColl> rows = {
+      {OpKind::kBroadcast, true, false, false, false, 1, [](const Case& k) -> const void* { return k.recvbuf; },
+       nullptr,
+       [](const Case& k, int iter) {
+         if (k.r == k.root) k.fill(k.recvbuf, k.c, k.r, 0, iter);
+         else poison(k.recvbuf, k.c, k.dt);
+       },
+       [](const Case& k, int iter) -> uint64_t {
+         return count_wrong_moved(k.recvbuf, k.c, k.dt, iter, k.redop, false, [&](size_t) { return k.root; },
+                                  [](size_t i) { return i; });
+       },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.broadcast(k.recvbuf, k.c, k.dt, k.root, co); }},
+      {OpKind::kReduce, true, true, true, false, 1, nullptr, nullptr,
+       [](const Case& k, int iter) { k.prepare_one_block(iter); },
+       [](const Case& k, int iter) -> uint64_t {
+         return k.r == k.root ? count_wrong_reduced(k.recv(), k.c, k.dt, k.n, 0, iter, k.redop) : 0;
+       },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
+         pg.reduce(k.send(), k.recv(), k.c, k.dt, k.redop, k.root, co);
+       }},
+      {OpKind::kAllReduce, false, true, true, false, 3, nullptr, nullptr,
+       [](const Case& k, int iter) { k.prepare_one_block(iter); },
+       [](const Case& k, int iter) -> uint64_t { return count_wrong_reduced(k.recv(), k.c, k.dt, k.n, 0, iter, k.redop); },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
+         pg.all_reduce(k.send(), k.recv(), k.c, k.dt, k.redop, co);
+       }},
+      {OpKind::kGather, true, false, true, true, 2,
+       [](const Case& k) -> const void* { return k.inplace ? k.at(k.recvbuf, k.r * k.c) : k.sendbuf; }, nullptr,
+       [](const Case& k, int iter) {
+         poison(k.recvbuf, k.nc(), k.dt);
+         k.fill(const_cast<void*>(k.send()), k.c, k.r, 0, iter);
+       },
+       [](const Case& k, int iter) -> uint64_t { return k.r == k.root ? k.wrong_gathered(k.recvbuf, iter, 0) : 0; },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.gather(k.send(), k.recv(), k.c, k.dt, k.root, co); }},
+      {OpKind::kScatter, true, false, true, true, 2, [](const Case& k) -> const void* { return k.sendbuf; },
+       [](const Case& k) -> void* { return k.inplace ? k.at(k.sendbuf, k.r * k.c) : k.recvbuf; },
+       [](const Case& k, int iter) {
+         if (k.r == k.root) {
+           k.fill(k.sendbuf, k.nc(), k.root, 0, iter);
+           if (!k.inplace) poison(k.recvbuf, k.c, k.dt);
+         } else {
+           poison(k.recv(), k.c, k.dt);
+         }
+       },
+       [](const Case& k, int iter) -> uint64_t {
+         return count_wrong_moved(k.recv(), k.c, k.dt, iter, k.redop, false, [&](size_t) { return k.root; },
+                                  [&](size_t i) { return k.r * k.c + i; });
+       },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.scatter(k.send(), k.recv(), k.c, k.dt, k.root, co); }},
+      {OpKind::kAllGather, false, false, true, true, 2,
+       [](const Case& k) -> const void* { return k.inplace ? k.at(k.recvbuf, k.r * k.c) : k.sendbuf; }, nullptr,
+       [](const Case& k, int iter) {
+         poison(k.recvbuf, k.nc(), k.dt);
+         k.fill(const_cast<void*>(k.send()), k.c, k.r, 0, iter);
+       },
+       [](const Case& k, int iter) -> uint64_t { return k.wrong_gathered(k.recvbuf, iter, 0); },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.all_gather(k.send(), k.recv(), k.c, k.dt, co); }},
+      {OpKind::kReduceScatter, false, true, true, true, 2, [](const Case& k) -> const void* { return k.sendbuf; },
+       [](const Case& k) -> void* { return k.inplace ? k.at(k.sendbuf, k.r * k.c) : k.recvbuf; },
+       [](const Case& k, int iter) {
+         k.fill(k.sendbuf, k.nc(), k.r, 0, iter);
+         if (!k.inplace) poison(k.recvbuf, k.c, k.dt);
+       },
+       [](const Case& k, int iter) -> uint64_t {
+         return count_wrong_reduced(k.recv(), k.c, k.dt, k.n, k.r * k.c, iter, k.redop);
+       },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
+         pg.reduce_scatter(k.send(), k.recv(), k.c, k.dt, k.redop, co);
+       }},
+      {OpKind::kAllToAll, false, false, true, true, 2, nullptr, nullptr,
+       [](const Case& k, int iter) {
+         if (k.inplace) {
+           k.fill(k.recvbuf, k.nc(), k.r, 0, iter);
+         } else {
+           k.fill(k.sendbuf, k.nc(), k.r, 0, iter);
+           poison(k.recvbuf, k.nc(), k.dt);
+         }
+       },
+       [](const Case& k, int iter) -> uint64_t { return k.wrong_gathered(k.recvbuf, iter, k.r * k.c); },
+       [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.all_to_all(k.send(), k.recv(), k.c, k.dt, co); }},
+      {OpKind::kBarrier, false, false, true, false, 0, nullptr, nullptr, [](const Case&, int) {},
+       [](const Case&, int) -> uint64_t { return 0; },
+       [](const Case&, ProcessGroup& pg, const CallOptions& co) { pg.barrier(co); }},
+  };
+  return rows;
+}
+
+const BenchColl& bench_coll(OpKind op) {
+  for (const auto& row : bench_colls())
+    if (row.op == op) return row;
+  TRIDENT_THROW(InvalidArgument, "bench comm: {} is not a benchmarked collective", op_name(op));
+}
+bool op_reduces(OpKind op) { return bench_coll(op).reduces; }
+bool op_rooted(OpKind op) { return bench_coll(op).rooted; }
+// size (nccl-tests) = count_per_rank x multiplier x element size.
+size_t size_multiplier(OpKind op, int n) {
+  if (op == OpKind::kBarrier) return 0;
+  return bench_coll(op).per_rank_blocks ? static_cast<size_t>(n) : 1;
+}
+bool has_out_of_place(OpKind op) { return bench_coll(op).out_of_place; }
 
 CollArgs sample_args(OpKind op, size_t c, const CommBenchOptions& o) {
   CollArgs a;
@@ -300,9 +315,11 @@ std::string placement_cells(const BenchRecord* rec, bool checked) {
 }  // namespace
 
 const std::vector<OpKind>& bench_ops() {
-  static const std::vector<OpKind> ops = {OpKind::kBroadcast, OpKind::kReduce,        OpKind::kAllReduce,
-                                          OpKind::kGather,    OpKind::kScatter,       OpKind::kAllGather,
-                                          OpKind::kReduceScatter, OpKind::kAllToAll, OpKind::kBarrier};
+  static const std::vector<OpKind> ops = [] {
+    std::vector<OpKind> v;
+    for (const auto& row : bench_colls()) v.push_back(row.op);
+    return v;
+  }();
   return ops;
 }
 
@@ -358,17 +375,16 @@ std::vector<Algo> parse_algos(const std::string& text, bool* all, const std::str
 
 double busbw_factor(OpKind op, int n) {
   const double nn = n;
-  switch (op) {
-    case OpKind::kAllReduce: return 2.0 * (nn - 1) / nn;
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAllToAll:
-    case OpKind::kGather:
-    case OpKind::kScatter: return (nn - 1) / nn;
-    case OpKind::kBroadcast:
-    case OpKind::kReduce: return 1.0;
-    default: return 0.0;
+  for (const auto& row : bench_colls()) {
+    if (row.op != op) continue;
+    switch (row.busbw_kind) {
+      case 1: return 1.0;
+      case 2: return (nn - 1) / nn;
+      case 3: return 2.0 * (nn - 1) / nn;
+      default: return 0.0;
+    }
   }
+  return 0.0;
 }
 
 void validate(const CommBenchOptions& o, int world) {
@@ -613,7 +629,7 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
           if (inplace ? !o.inplace : !o.outofplace) continue;
           if (!inplace && !has_out_of_place(sec.op)) continue;
         }
-        Case cs{sec.op, inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
+        Case cs{&bench_coll(sec.op), inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
                 sendbuf.data(), recvbuf.data()};
         // Warm-up calls (iterations -1, -2, ...) are checked too; the timed ones are 1..iters.
         uint64_t wrong = 0;

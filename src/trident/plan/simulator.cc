@@ -320,12 +320,12 @@ nlohmann::json SimResult::to_json() const {
           {"comm_busy_s", comm_busy_s},       {"slowest_rank", slowest_rank}};
 }
 
-SimResult simulate(const SimOptions& opt) {
-  const TrainSpec& t = opt.train;
+namespace {
+
+// Refuses options the simulation cannot run, naming the flag.
+void validate_sim_options(const SimOptions& opt) {
   const ClusterSpec& c = opt.cluster;
-  const Layout& l = opt.layout;
-  const ModelSpec& m = t.model;
-  validate_layout(t, c, l);
+  validate_layout(opt.train, c, opt.layout);
   if (opt.steps < 1) TRIDENT_THROW(InvalidArgument, "--steps {}: must be >= 1", opt.steps);
   for (auto& s : opt.stragglers)
     if (s.rank >= c.gpus)
@@ -333,34 +333,104 @@ SimResult simulate(const SimOptions& opt) {
   for (auto& d : opt.degraded)
     if (d.node >= c.nodes())
       TRIDENT_THROW(InvalidArgument, "--degrade-link node:{}: the cluster has nodes 0..{}", d.node, c.nodes() - 1);
+}
 
-  const int tp = l.tp, pp = l.pp, dp = l.dp, gpn = c.gpus_per_node;
-  const int v = l.schedule == Schedule::kInterleaved ? std::max(1, l.interleave) : 1;
-  const int m_mb = l.microbatches;
-  const bool mixed = t.precision == Precision::kMixed;
-  const double wb = mixed ? 2 : 4;
-  const double tok = double(l.micro_batch) * m.seq;
-  const double rate = c.peak_flops * c.matmul_efficiency;
-  const LinkSpec inter = c.inter_per_rank();
+// The task graph of the simulated steps: which ranks are simulated (one per stage when every rank of a stage
+// behaves alike, else all), their links, and per step the compute, tensor-parallel, data-parallel and
+// pipeline tasks with their dependencies. simulate() builds it step by step, runs its Engine and reads the
+// result back; the phases are the methods below, in that order.
+class StepGraph {
+ public:
+  explicit StepGraph(const SimOptions& opt)
+      : opt(opt), t(opt.train), c(opt.cluster), l(opt.layout), m(t.model), tp(l.tp), pp(l.pp), dp(l.dp),
+        gpn(c.gpus_per_node), v(l.schedule == Schedule::kInterleaved ? std::max(1, l.interleave) : 1),
+        m_mb(l.microbatches), wb(t.precision == Precision::kMixed ? 2 : 4), tok(double(l.micro_batch) * m.seq),
+        rate(c.peak_flops * c.matmul_efficiency), inter(c.inter_per_rank()),
+        sym(opt.exploit_symmetry && opt.stragglers.empty() && opt.degraded.empty()), nsim(sym ? pp : c.gpus) {
+    setup_links();
+    precompute_action_costs();
+    fwd_last.assign(nsim, std::vector<int>(size_t(v) * m_mb, -1));
+    bwd_last = fwd_first = bwd_first = fwd_last;
+    prev_step_end.assign(nsim, -1);
+  }
 
-  const bool faults = !opt.stragglers.empty() || !opt.degraded.empty();
-  const bool sym = opt.exploit_symmetry && !faults;
-  auto real_rank = [&](int tpi, int dpi, int stage) { return tpi + tp * (dpi + dp * stage); };
-  const int nsim = sym ? pp : c.gpus;
+  int real_rank(int tpi, int dpi, int stage) const { return tpi + tp * (dpi + dp * stage); }
   // sim index -> (tp index, dp index, stage)
-  auto coords = [&](int s, int* tpi, int* dpi, int* stage) {
+  void coords(int s, int* tpi, int* dpi, int* stage) const {
     if (sym) {
       *tpi = 0, *dpi = 0, *stage = s;
     } else {
       *tpi = s % tp, *dpi = (s / tp) % dp, *stage = s / (tp * dp);
     }
-  };
-  auto sim_of = [&](int tpi, int dpi, int stage) { return sym ? stage : real_rank(tpi, dpi, stage); };
+  }
+  int sim_of(int tpi, int dpi, int stage) const { return sym ? stage : real_rank(tpi, dpi, stage); }
+  int simulated_ranks() const { return nsim; }
+
+  // Phase 1 of a step: clears the per-step bookkeeping.
+  void begin_step() {
+    for (auto* t2 : {&fwd_last, &bwd_last, &fwd_first, &bwd_first})
+      for (auto& v2 : *t2) std::fill(v2.begin(), v2.end(), -1);
+  }
+  // Phase 2: compute + TP + DP tasks of sim rank s, in stream order, then its optimizer.
+  void add_rank_step(int s, int step);
+  // Phase 3: pipeline point-to-point transfers between consecutive virtual stages.
+  void add_pipeline_transfers();
+  // After Engine::run: the step time, throughput, MFU and the busiest rank.
+  SimResult summarize() const;
+  // Chrome trace of a sample of the simulated ranks.
+  void write_trace(const SimResult& r) const;
 
   Engine E;
+
+ private:
+  void setup_links();
+  void precompute_action_costs();
+  // A collective over real ranks `members`: one Coll, one join task per SIMULATED member.
+  void make_coll(const std::vector<int>& real_members, Collective op, double bytes, double scale, Algorithm algo,
+                 Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks);
+  // Collectives are created once per group, when its first simulated member is generated; the other
+  // members find their join task by key.
+  int group_coll(int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank, Collective op,
+                 double bytes, double scale, Algorithm algo, Label label, int stream, int mb, int chunk, int step);
+  std::vector<int> tp_group(int dpi, int st) const {
+    std::vector<int> g;
+    for (int i = 0; i < tp; ++i) g.push_back(real_rank(i, dpi, st));
+    return g;
+  }
+  std::vector<int> dp_group(int tpi, int st) const {
+    std::vector<int> g;
+    for (int i = 0; i < dp; ++i) g.push_back(real_rank(tpi, i, st));
+    return g;
+  }
+  // Gradient / parameter sizes per chunk on each stage.
+  double chunk_params(int st) const { return stage_param_count(m, pp, st) / tp / v; }
+  int idx(int chunk, int mb) const { return chunk * m_mb + mb; }
+
+  const SimOptions& opt;
+  const TrainSpec& t;
+  const ClusterSpec& c;
+  const Layout& l;
+  const ModelSpec& m;
+  const int tp, pp, dp, gpn, v, m_mb;
+  const double wb, tok, rate;
+  const LinkSpec inter;
+  const bool sym;
+  const int nsim;
+  std::vector<double> slow;
+  // Precomputed per-action costs.
+  int lpc = 0;
+  double layer_fwd = 0, head_fwd = 0, recompute_flops = 0, tp_bytes = 0, p2p_bytes = 0;
+  int n_tp_f = 0, n_tp_b = 0;
+  // fwd_last[s][idx(chunk, mb)] etc.: the first / last task of that action on sim rank s in this step.
+  std::vector<std::vector<int>> fwd_last, bwd_last, fwd_first, bwd_first;
+  std::vector<int> prev_step_end;
+  std::map<std::tuple<int, int, int, int, int, int>, std::vector<int>> coll_cache;
+};
+
+void StepGraph::setup_links() {
   E.streams.resize(nsim);
   E.links.resize(size_t(nsim) * 4);  // nvl out, nvl in, nic out, nic in
-  std::vector<double> slow(nsim, 1.0);
+  slow.assign(nsim, 1.0);
   for (int s = 0; s < nsim; ++s) {
     int tpi, dpi, st;
     coords(s, &tpi, &dpi, &st);
@@ -373,232 +443,202 @@ SimResult simulate(const SimOptions& opt) {
     for (auto& x : opt.stragglers)
       if (!sym && x.rank == real_rank(tpi, dpi, st)) slow[s] *= x.factor;
   }
+}
 
-  // A collective over real ranks `members`: one Coll, one join task per SIMULATED member.
-  auto make_coll = [&](const std::vector<int>& real_members, Collective op, double bytes, double scale, Algorithm algo,
-                       Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks) {
-    const int world = int(real_members.size());
-    std::set<int> nodes;
-    for (int r : real_members) nodes.insert(r / gpn);
-    const bool intra = nodes.size() == 1;
-    const int g = std::max(1, world / int(nodes.size()));
-    Topology topo{c.intra, inter, intra ? world : g};
-    CollectiveCost cost = collective_cost(op, algo, world, topo, bytes);
-    Coll col;
-    col.latency = cost.alpha_s * scale;
-    col.volume = cost.beta_s_per_byte * bytes * (intra ? c.intra.bandwidth_Bps : inter.bandwidth_Bps) * scale;
-    const int cid = int(E.colls.size());
-    for (int r : real_members) {
-      const int tpi = r % tp, dpi = (r / tp) % dp, st = r / (tp * dp);
-      if (sym && (tpi != 0 || dpi != 0)) continue;
-      const int s = sim_of(tpi, dpi, st);
-      col.links.push_back(s * 4 + (intra ? 0 : 2));
-      col.links.push_back(s * 4 + (intra ? 1 : 3));
-      Task tk;
-      tk.kind = Kind::kColl, tk.label = label, tk.rank = s, tk.stream = stream, tk.coll = cid, tk.mb = mb, tk.chunk = chunk;
-      tk.bytes = bytes;
-      int id = E.add_task(tk, false);
-      col.tasks.push_back(id);
-      out_tasks->push_back(id);
-    }
-    E.colls.push_back(std::move(col));
-  };
-
-  // Precomputed per-action costs.
-  const int lpc = m.layers / (pp * v);
-  const double layer_fwd = (2.0 * m.params_per_layer() + 4.0 * m.hidden * double(m.seq)) * tok * lpc / tp;
-  const double head_fwd = 2.0 * m.vocab * double(m.hidden) * tok / tp;
-  double recompute_flops = 0;
+void StepGraph::precompute_action_costs() {
+  lpc = m.layers / (pp * v);
+  layer_fwd = (2.0 * m.params_per_layer() + 4.0 * m.hidden * double(m.seq)) * tok * lpc / tp;
+  head_fwd = 2.0 * m.vocab * double(m.hidden) * tok / tp;
   if (l.recompute == Recompute::kFull) recompute_flops = layer_fwd;
   if (l.recompute == Recompute::kSelective) recompute_flops = 4.0 * m.hidden * double(m.seq) * tok * lpc / tp;
-  const double tp_bytes = tok * m.hidden * wb;
-  const double p2p_bytes = tok * m.hidden * wb / tp;
-  const int n_tp_f = 2 * lpc, n_tp_b = 2 * lpc + (l.recompute == Recompute::kFull ? 2 * lpc : 0);
+  tp_bytes = tok * m.hidden * wb;
+  p2p_bytes = tok * m.hidden * wb / tp;
+  n_tp_f = 2 * lpc;
+  n_tp_b = 2 * lpc + (l.recompute == Recompute::kFull ? 2 * lpc : 0);
+}
 
-  // Per (sim rank): the tasks of each step. Keys for cross-rank dependencies.
-  // fwd_done[s][chunk][mb], bwd_done[s][chunk][mb]: the last task of that action on sim rank s.
-  auto idx = [&](int chunk, int mb) { return chunk * m_mb + mb; };
-  std::vector<std::vector<int>> fwd_last(nsim, std::vector<int>(size_t(v) * m_mb, -1));
-  std::vector<std::vector<int>> bwd_last(nsim, std::vector<int>(size_t(v) * m_mb, -1));
-  std::vector<std::vector<int>> fwd_first(nsim, std::vector<int>(size_t(v) * m_mb, -1));
-  std::vector<std::vector<int>> bwd_first(nsim, std::vector<int>(size_t(v) * m_mb, -1));
-  std::vector<int> prev_step_end(nsim, -1);
+void StepGraph::make_coll(const std::vector<int>& real_members, Collective op, double bytes, double scale,
+                          Algorithm algo, Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks) {
+  const int world = int(real_members.size());
+  std::set<int> nodes;
+  for (int r : real_members) nodes.insert(r / gpn);
+  const bool intra = nodes.size() == 1;
+  const int g = std::max(1, world / int(nodes.size()));
+  Topology topo{c.intra, inter, intra ? world : g};
+  CollectiveCost cost = collective_cost(op, algo, world, topo, bytes);
+  Coll col;
+  col.latency = cost.alpha_s * scale;
+  col.volume = cost.beta_s_per_byte * bytes * (intra ? c.intra.bandwidth_Bps : inter.bandwidth_Bps) * scale;
+  const int cid = int(E.colls.size());
+  for (int r : real_members) {
+    const int tpi = r % tp, dpi = (r / tp) % dp, st = r / (tp * dp);
+    if (sym && (tpi != 0 || dpi != 0)) continue;
+    const int s = sim_of(tpi, dpi, st);
+    col.links.push_back(s * 4 + (intra ? 0 : 2));
+    col.links.push_back(s * 4 + (intra ? 1 : 3));
+    Task tk;
+    tk.kind = Kind::kColl, tk.label = label, tk.rank = s, tk.stream = stream, tk.coll = cid, tk.mb = mb, tk.chunk = chunk;
+    tk.bytes = bytes;
+    int id = E.add_task(tk, false);
+    col.tasks.push_back(id);
+    out_tasks->push_back(id);
+  }
+  E.colls.push_back(std::move(col));
+}
 
-  // Groups (real ranks) for a sim rank.
-  auto tp_group = [&](int dpi, int st) {
-    std::vector<int> g;
-    for (int i = 0; i < tp; ++i) g.push_back(real_rank(i, dpi, st));
-    return g;
-  };
-  auto dp_group = [&](int tpi, int st) {
-    std::vector<int> g;
-    for (int i = 0; i < dp; ++i) g.push_back(real_rank(tpi, i, st));
-    return g;
-  };
-  // Collectives are created once per group, when its first simulated member is generated; the other
-  // members find their join task by key.
-  std::map<std::tuple<int, int, int, int, int, int>, std::vector<int>> coll_cache;
-  auto group_coll = [&](int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank, Collective op,
-                        double bytes, double scale, Algorithm algo, Label label, int stream, int mb, int chunk,
-                        int step) -> int {
-    auto key = std::make_tuple(kind, members.front(), key_a, key_b, step, stream);
-    auto it = coll_cache.find(key);
-    if (it == coll_cache.end()) {
-      std::vector<int> ids;
-      make_coll(members, op, bytes, scale, algo, label, stream, mb, chunk, &ids);
-      it = coll_cache.emplace(key, std::move(ids)).first;
+int StepGraph::group_coll(int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank,
+                          Collective op, double bytes, double scale, Algorithm algo, Label label, int stream, int mb,
+                          int chunk, int step) {
+  auto key = std::make_tuple(kind, members.front(), key_a, key_b, step, stream);
+  auto it = coll_cache.find(key);
+  if (it == coll_cache.end()) {
+    std::vector<int> ids;
+    make_coll(members, op, bytes, scale, algo, label, stream, mb, chunk, &ids);
+    it = coll_cache.emplace(key, std::move(ids)).first;
+  }
+  for (int id : it->second)
+    if (E.tasks[id].rank == sim_rank) {
+      E.enqueue(id);
+      return id;
     }
-    for (int id : it->second)
-      if (E.tasks[id].rank == sim_rank) {
-        E.enqueue(id);
-        return id;
+  TRIDENT_THROW(Error, "simulator: rank {} is not a member of its own group", sim_rank);
+}
+
+void StepGraph::add_rank_step(int s, int step) {
+  int tpi, dpi, st;
+  coords(s, &tpi, &dpi, &st);
+  auto actions = pipeline_schedule(l.schedule, pp, st, m_mb, v);
+  std::vector<int> last_micro_of_chunk(v, -1);
+  int last_comm = -1;
+  std::vector<int> compute_ids;  // per action: last compute-stream task
+  std::vector<int> zero3_tasks;  // per action: its parameter all-gather
+  const double grad_chunk = chunk_params(st) * wb;
+  const int nb = l.zero <= 2 && dp > 1 ? std::clamp(int(std::ceil(grad_chunk / opt.bucket_bytes)), 1, 16) : 1;
+  int ai = 0;
+  for (const Action& a : actions) {
+    const int vs = a.chunk * pp + st;
+    const bool last_vs = vs == pp * v - 1;
+    double flops = layer_fwd + (last_vs ? head_fwd : 0.0);
+    if (!a.fwd) flops = 2 * flops + recompute_flops;
+    const double dur = flops / rate * slow[s];
+    const bool bucketed = !a.fwd && a.mb == m_mb - 1 && dp > 1 && l.zero <= 2;
+    const int pieces = bucketed ? nb : 1;
+    // ZeRO-3: gather this action's parameters (queued one action ahead: prefetch depth one, the
+    // gather for action i+1 may start once action i-1 finished).
+    auto zero3_ag = [&](int i) {
+      const Action& b = actions[i];
+      int id = group_coll(10 + (b.fwd ? 0 : 1), dp_group(tpi, st), b.chunk, b.mb, s, Collective::kAllGather,
+                          chunk_params(st) * wb, 1.0, opt.algorithm, Label::kAllGather, 1, b.mb, b.chunk, step);
+      if (i >= 2) E.dep(compute_ids[i - 2], id);
+      if (step > 0 && i == 0) E.dep(prev_step_end[s], id);
+      return id;
+    };
+    int zero3_task = -1;
+    if (l.zero == 3 && dp > 1) {
+      if (ai == 0) zero3_tasks.push_back(zero3_ag(0));
+      zero3_task = zero3_tasks[ai];
+      if (ai + 1 < int(actions.size())) zero3_tasks.push_back(zero3_ag(ai + 1));
+    }
+    int first_id = -1, last_id = -1;
+    for (int p = 0; p < pieces; ++p) {
+      Task ct;
+      ct.kind = Kind::kCompute, ct.label = a.fwd ? Label::kFwd : Label::kBwd, ct.rank = s, ct.stream = 0;
+      ct.mb = a.mb, ct.chunk = a.chunk, ct.duration = dur / pieces;
+      int cid = E.add_task(ct);
+      if (first_id < 0) first_id = cid;
+      if (zero3_task >= 0 && p == 0) E.dep(zero3_task, cid);
+      last_id = cid;
+      if (tp > 1) {
+        const int n = a.fwd ? n_tp_f : n_tp_b;
+        // n all-reduces aggregated: n x alpha, n x volume; keyed by (dp index, stage, action, piece).
+        int tid = group_coll(a.fwd ? 1 : 2, tp_group(dpi, st), a.chunk * 1000003 + a.mb, p, s,
+                             Collective::kAllReduce, tp_bytes, double(n) / pieces, Algorithm::kAuto, Label::kTp, 0,
+                             a.mb, a.chunk, step);
+        E.dep(cid, tid);
+        last_id = tid;
       }
-    TRIDENT_THROW(Error, "simulator: rank {} is not a member of its own group", sim_rank);
-  };
+      if (bucketed) {
+        const Collective op = l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
+        int did = group_coll(3, dp_group(tpi, st), a.chunk, p, s, op, grad_chunk / pieces, 1.0, opt.algorithm,
+                             l.zero == 0 ? Label::kDpAllReduce : Label::kReduceScatter, 1, a.mb, a.chunk, step);
+        E.dep(last_id, did);
+        last_comm = did;
+      }
+    }
+    if (l.zero == 3 && dp > 1 && !a.fwd) {
+      int rid = group_coll(12, dp_group(tpi, st), a.chunk, a.mb, s, Collective::kReduceScatter, grad_chunk, 1.0,
+                           opt.algorithm, Label::kReduceScatter, 1, a.mb, a.chunk, step);
+      E.dep(last_id, rid);
+      last_comm = rid;
+    }
+    if (step > 0 && ai == 0) E.dep(prev_step_end[s], first_id);
+    compute_ids.push_back(last_id);
+    (a.fwd ? fwd_first : bwd_first)[s][idx(a.chunk, a.mb)] = first_id;
+    (a.fwd ? fwd_last : bwd_last)[s][idx(a.chunk, a.mb)] = last_id;
+    ++ai;
+  }
+  // Optimizer after the last gradient collective; ZeRO-1/2 then all-gather the updated parameters.
+  Task ot;
+  ot.kind = Kind::kCompute, ot.label = Label::kOptimizer, ot.rank = s, ot.stream = 0;
+  MemoryBreakdown stt = model_state_bytes(stage_param_count(m, pp, st) / tp, dp, l.zero, t.precision);
+  ot.duration = 2 * (stt.params + stt.grads + stt.optimizer + stt.master) / c.hbm_Bps * slow[s];
+  int oid = E.add_task(ot);
+  E.dep(last_comm, oid);
+  int end = oid;
+  if ((l.zero == 1 || l.zero == 2) && dp > 1) {
+    int gid = group_coll(4, dp_group(tpi, st), 0, 0, s, Collective::kAllGather, chunk_params(st) * v * wb, 1.0,
+                         opt.algorithm, Label::kAllGather, 1, -1, 0, step);
+    E.dep(oid, gid);
+    end = gid;
+  }
+  prev_step_end[s] = end;
+}
 
-  // Gradient / parameter sizes per chunk on each stage.
-  auto chunk_params = [&](int st) { return stage_param_count(m, pp, st) / tp / v; };
-
-  for (int step = 0; step < opt.steps; ++step) {
-    for (auto& v2 : fwd_last) std::fill(v2.begin(), v2.end(), -1);
-    for (auto& v2 : bwd_last) std::fill(v2.begin(), v2.end(), -1);
-    for (auto& v2 : fwd_first) std::fill(v2.begin(), v2.end(), -1);
-    for (auto& v2 : bwd_first) std::fill(v2.begin(), v2.end(), -1);
-    // Pass 1: compute + TP + DP tasks per sim rank, in stream order.
+void StepGraph::add_pipeline_transfers() {
+  if (pp > 1) {
     for (int s = 0; s < nsim; ++s) {
       int tpi, dpi, st;
       coords(s, &tpi, &dpi, &st);
-      auto actions = pipeline_schedule(l.schedule, pp, st, m_mb, v);
-      std::vector<int> last_micro_of_chunk(v, -1);
-      int last_comm = -1;
-      std::vector<int> compute_ids;  // per action: last compute-stream task
-      std::vector<int> zero3_tasks;  // per action: its parameter all-gather
-      const double grad_chunk = chunk_params(st) * wb;
-      const int nb = l.zero <= 2 && dp > 1 ? std::clamp(int(std::ceil(grad_chunk / opt.bucket_bytes)), 1, 16) : 1;
-      int ai = 0;
-      for (const Action& a : actions) {
-        const int vs = a.chunk * pp + st;
-        const bool last_vs = vs == pp * v - 1;
-        double flops = layer_fwd + (last_vs ? head_fwd : 0.0);
-        if (!a.fwd) flops = 2 * flops + recompute_flops;
-        const double dur = flops / rate * slow[s];
-        const bool bucketed = !a.fwd && a.mb == m_mb - 1 && dp > 1 && l.zero <= 2;
-        const int pieces = bucketed ? nb : 1;
-        // ZeRO-3: gather this action's parameters (queued one action ahead: prefetch depth one, the
-        // gather for action i+1 may start once action i-1 finished).
-        auto zero3_ag = [&](int i) {
-          const Action& b = actions[i];
-          int id = group_coll(10 + (b.fwd ? 0 : 1), dp_group(tpi, st), b.chunk, b.mb, s, Collective::kAllGather,
-                              chunk_params(st) * wb, 1.0, opt.algorithm, Label::kAllGather, 1, b.mb, b.chunk, step);
-          if (i >= 2) E.dep(compute_ids[i - 2], id);
-          if (step > 0 && i == 0) E.dep(prev_step_end[s], id);
-          return id;
-        };
-        int zero3_task = -1;
-        if (l.zero == 3 && dp > 1) {
-          if (ai == 0) zero3_tasks.push_back(zero3_ag(0));
-          zero3_task = zero3_tasks[ai];
-          if (ai + 1 < int(actions.size())) zero3_tasks.push_back(zero3_ag(ai + 1));
-        }
-        int first_id = -1, last_id = -1;
-        for (int p = 0; p < pieces; ++p) {
-          Task ct;
-          ct.kind = Kind::kCompute, ct.label = a.fwd ? Label::kFwd : Label::kBwd, ct.rank = s, ct.stream = 0;
-          ct.mb = a.mb, ct.chunk = a.chunk, ct.duration = dur / pieces;
-          int cid = E.add_task(ct);
-          if (first_id < 0) first_id = cid;
-          if (zero3_task >= 0 && p == 0) E.dep(zero3_task, cid);
-          last_id = cid;
-          if (tp > 1) {
-            const int n = a.fwd ? n_tp_f : n_tp_b;
-            // n all-reduces aggregated: n x alpha, n x volume; keyed by (dp index, stage, action, piece).
-            int tid = group_coll(a.fwd ? 1 : 2, tp_group(dpi, st), a.chunk * 1000003 + a.mb, p, s,
-                                 Collective::kAllReduce, tp_bytes, double(n) / pieces, Algorithm::kAuto, Label::kTp, 0,
-                                 a.mb, a.chunk, step);
-            E.dep(cid, tid);
-            last_id = tid;
+      for (int chunk = 0; chunk < v; ++chunk) {
+        const int vs = chunk * pp + st;
+        for (int mb = 0; mb < m_mb; ++mb) {
+          auto link_between = [&](int from_stage, int to_stage, int* out, int* in, double* lat) {
+            const int ra = real_rank(tpi, dpi, from_stage), rb = real_rank(tpi, dpi, to_stage);
+            const bool same = ra / gpn == rb / gpn;
+            const int sa = sim_of(tpi, dpi, from_stage), sb = sim_of(tpi, dpi, to_stage);
+            *out = sa * 4 + (same ? 0 : 2);
+            *in = sb * 4 + (same ? 1 : 3);
+            *lat = same ? c.intra.latency_s : inter.latency_s;
+          };
+          if (vs < pp * v - 1) {  // activation to the next virtual stage
+            const int nst = (vs + 1) % pp, nchunk = (vs + 1) / pp;
+            Task pt;
+            pt.kind = Kind::kP2P, pt.label = Label::kSendAct, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
+            pt.bytes = p2p_bytes;
+            link_between(st, nst, &pt.links[0], &pt.links[1], &pt.latency);
+            pt.dst = sim_of(tpi, dpi, nst);
+            int id = E.add_task(pt);
+            E.dep(fwd_last[s][idx(chunk, mb)], id);
+            E.dep(id, fwd_first[pt.dst][idx(nchunk, mb)]);
           }
-          if (bucketed) {
-            const Collective op = l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
-            int did = group_coll(3, dp_group(tpi, st), a.chunk, p, s, op, grad_chunk / pieces, 1.0, opt.algorithm,
-                                 l.zero == 0 ? Label::kDpAllReduce : Label::kReduceScatter, 1, a.mb, a.chunk, step);
-            E.dep(last_id, did);
-            last_comm = did;
-          }
-        }
-        if (l.zero == 3 && dp > 1 && !a.fwd) {
-          int rid = group_coll(12, dp_group(tpi, st), a.chunk, a.mb, s, Collective::kReduceScatter, grad_chunk, 1.0,
-                               opt.algorithm, Label::kReduceScatter, 1, a.mb, a.chunk, step);
-          E.dep(last_id, rid);
-          last_comm = rid;
-        }
-        if (step > 0 && ai == 0) E.dep(prev_step_end[s], first_id);
-        compute_ids.push_back(last_id);
-        (a.fwd ? fwd_first : bwd_first)[s][idx(a.chunk, a.mb)] = first_id;
-        (a.fwd ? fwd_last : bwd_last)[s][idx(a.chunk, a.mb)] = last_id;
-        ++ai;
-      }
-      // Optimizer after the last gradient collective; ZeRO-1/2 then all-gather the updated parameters.
-      Task ot;
-      ot.kind = Kind::kCompute, ot.label = Label::kOptimizer, ot.rank = s, ot.stream = 0;
-      MemoryBreakdown stt = model_state_bytes(stage_param_count(m, pp, st) / tp, dp, l.zero, t.precision);
-      ot.duration = 2 * (stt.params + stt.grads + stt.optimizer + stt.master) / c.hbm_Bps * slow[s];
-      int oid = E.add_task(ot);
-      E.dep(last_comm, oid);
-      int end = oid;
-      if ((l.zero == 1 || l.zero == 2) && dp > 1) {
-        int gid = group_coll(4, dp_group(tpi, st), 0, 0, s, Collective::kAllGather, chunk_params(st) * v * wb, 1.0,
-                             opt.algorithm, Label::kAllGather, 1, -1, 0, step);
-        E.dep(oid, gid);
-        end = gid;
-      }
-      prev_step_end[s] = end;
-    }
-    // Pass 2: pipeline point-to-point transfers between consecutive virtual stages.
-    if (pp > 1) {
-      for (int s = 0; s < nsim; ++s) {
-        int tpi, dpi, st;
-        coords(s, &tpi, &dpi, &st);
-        for (int chunk = 0; chunk < v; ++chunk) {
-          const int vs = chunk * pp + st;
-          for (int mb = 0; mb < m_mb; ++mb) {
-            auto link_between = [&](int from_stage, int to_stage, int* out, int* in, double* lat) {
-              const int ra = real_rank(tpi, dpi, from_stage), rb = real_rank(tpi, dpi, to_stage);
-              const bool same = ra / gpn == rb / gpn;
-              const int sa = sim_of(tpi, dpi, from_stage), sb = sim_of(tpi, dpi, to_stage);
-              *out = sa * 4 + (same ? 0 : 2);
-              *in = sb * 4 + (same ? 1 : 3);
-              *lat = same ? c.intra.latency_s : inter.latency_s;
-            };
-            if (vs < pp * v - 1) {  // activation to the next virtual stage
-              const int nst = (vs + 1) % pp, nchunk = (vs + 1) / pp;
-              Task pt;
-              pt.kind = Kind::kP2P, pt.label = Label::kSendAct, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
-              pt.bytes = p2p_bytes;
-              link_between(st, nst, &pt.links[0], &pt.links[1], &pt.latency);
-              pt.dst = sim_of(tpi, dpi, nst);
-              int id = E.add_task(pt);
-              E.dep(fwd_last[s][idx(chunk, mb)], id);
-              E.dep(id, fwd_first[pt.dst][idx(nchunk, mb)]);
-            }
-            if (vs > 0) {  // gradient to the previous virtual stage
-              const int pst = (vs - 1) % pp, pchunk = (vs - 1) / pp;
-              Task pt;
-              pt.kind = Kind::kP2P, pt.label = Label::kSendGrad, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
-              pt.bytes = p2p_bytes;
-              link_between(st, pst, &pt.links[0], &pt.links[1], &pt.latency);
-              pt.dst = sim_of(tpi, dpi, pst);
-              int id = E.add_task(pt);
-              E.dep(bwd_last[s][idx(chunk, mb)], id);
-              E.dep(id, bwd_first[pt.dst][idx(pchunk, mb)]);
-            }
+          if (vs > 0) {  // gradient to the previous virtual stage
+            const int pst = (vs - 1) % pp, pchunk = (vs - 1) / pp;
+            Task pt;
+            pt.kind = Kind::kP2P, pt.label = Label::kSendGrad, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
+            pt.bytes = p2p_bytes;
+            link_between(st, pst, &pt.links[0], &pt.links[1], &pt.latency);
+            pt.dst = sim_of(tpi, dpi, pst);
+            int id = E.add_task(pt);
+            E.dep(bwd_last[s][idx(chunk, mb)], id);
+            E.dep(id, bwd_first[pt.dst][idx(pchunk, mb)]);
           }
         }
       }
     }
   }
-  E.run();
+}
 
+SimResult StepGraph::summarize() const {
   SimResult r;
   double makespan = 0;
   for (auto& tk : E.tasks)
@@ -625,55 +665,71 @@ SimResult simulate(const SimOptions& opt) {
     coords(r.slowest_rank, &tpi, &dpi, &st);
     r.slowest_rank = real_rank(tpi, dpi, st);
   }
+  return r;
+}
 
-  if (!opt.trace_path.empty()) {
-    // Sample ranks: all when few, else evenly spaced plus stragglers and ranks of degraded nodes.
-    std::set<int> traced;
-    if (nsim <= opt.trace_max_ranks) {
-      for (int s = 0; s < nsim; ++s) traced.insert(s);
-    } else {
-      for (auto& x : opt.stragglers) traced.insert(x.rank);
-      for (auto& d : opt.degraded) traced.insert(std::min(nsim - 1, d.node * gpn));
-      const int want = std::max(1, opt.trace_max_ranks - int(traced.size()));
-      for (int i = 0; i < want; ++i) traced.insert(int(int64_t(i) * nsim / want));
-    }
-    nlohmann::json ev = nlohmann::json::array();
-    for (int s : traced) {
-      int tpi, dpi, st;
-      coords(s, &tpi, &dpi, &st);
-      const int rr = real_rank(tpi, dpi, st);
-      std::string pname = sym ? fmt::format("stage {} (represents {} ranks)", st, tp * dp)
-                              : fmt::format("rank {} (tp {}, dp {}, stage {})", rr, tpi, dpi, st);
-      ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rr}, {"args", {{"name", pname}}}});
-      ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rr}, {"args", {{"sort_index", rr}}}});
-      const char* tnames[3] = {"compute", "comm", "p2p"};
-      for (int k = 0; k < 3; ++k)
-        ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rr}, {"tid", k}, {"args", {{"name", tnames[k]}}}});
-    }
-    for (auto& tk : E.tasks) {
-      if (!traced.count(tk.rank)) continue;
-      int tpi, dpi, st;
-      coords(tk.rank, &tpi, &dpi, &st);
-      std::string name = label_name(tk.label);
-      if (tk.mb >= 0) name += fmt::format(" mb{}", tk.mb);
-      if (v > 1) name += fmt::format(" c{}", tk.chunk);
-      nlohmann::json args = {{"mb", tk.mb}, {"chunk", tk.chunk}};
-      if (tk.bytes > 0) args["bytes"] = tk.bytes;
-      ev.push_back({{"ph", "X"},
-                    {"name", name},
-                    {"pid", real_rank(tpi, dpi, st)},
-                    {"tid", tk.stream < 0 ? 2 : tk.stream},
-                    {"ts", tk.start * 1e6},
-                    {"dur", (tk.end - tk.start) * 1e6},
-                    {"args", args}});
-    }
-    nlohmann::json doc = {{"traceEvents", ev}, {"displayTimeUnit", "ms"},
-                          {"otherData", {{"layout", l.str()}, {"step_time_s", r.step_time_s}}}};
-    std::ofstream out(opt.trace_path);
-    if (!out) TRIDENT_THROW(IoError, "--trace: cannot write '{}'", opt.trace_path);
-    out << doc.dump();
-    if (!out) TRIDENT_THROW(IoError, "--trace: write to '{}' failed", opt.trace_path);
+void StepGraph::write_trace(const SimResult& r) const {
+  // Sample ranks: all when few, else evenly spaced plus stragglers and ranks of degraded nodes.
+  std::set<int> traced;
+  if (nsim <= opt.trace_max_ranks) {
+    for (int s = 0; s < nsim; ++s) traced.insert(s);
+  } else {
+    for (auto& x : opt.stragglers) traced.insert(x.rank);
+    for (auto& d : opt.degraded) traced.insert(std::min(nsim - 1, d.node * gpn));
+    const int want = std::max(1, opt.trace_max_ranks - int(traced.size()));
+    for (int i = 0; i < want; ++i) traced.insert(int(int64_t(i) * nsim / want));
   }
+  nlohmann::json ev = nlohmann::json::array();
+  for (int s : traced) {
+    int tpi, dpi, st;
+    coords(s, &tpi, &dpi, &st);
+    const int rr = real_rank(tpi, dpi, st);
+    std::string pname = sym ? fmt::format("stage {} (represents {} ranks)", st, tp * dp)
+                            : fmt::format("rank {} (tp {}, dp {}, stage {})", rr, tpi, dpi, st);
+    ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rr}, {"args", {{"name", pname}}}});
+    ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rr}, {"args", {{"sort_index", rr}}}});
+    const char* tnames[3] = {"compute", "comm", "p2p"};
+    for (int k = 0; k < 3; ++k)
+      ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rr}, {"tid", k}, {"args", {{"name", tnames[k]}}}});
+  }
+  for (auto& tk : E.tasks) {
+    if (!traced.count(tk.rank)) continue;
+    int tpi, dpi, st;
+    coords(tk.rank, &tpi, &dpi, &st);
+    std::string name = label_name(tk.label);
+    if (tk.mb >= 0) name += fmt::format(" mb{}", tk.mb);
+    if (v > 1) name += fmt::format(" c{}", tk.chunk);
+    nlohmann::json args = {{"mb", tk.mb}, {"chunk", tk.chunk}};
+    if (tk.bytes > 0) args["bytes"] = tk.bytes;
+    ev.push_back({{"ph", "X"},
+                  {"name", name},
+                  {"pid", real_rank(tpi, dpi, st)},
+                  {"tid", tk.stream < 0 ? 2 : tk.stream},
+                  {"ts", tk.start * 1e6},
+                  {"dur", (tk.end - tk.start) * 1e6},
+                  {"args", args}});
+  }
+  nlohmann::json doc = {{"traceEvents", ev}, {"displayTimeUnit", "ms"},
+                        {"otherData", {{"layout", l.str()}, {"step_time_s", r.step_time_s}}}};
+  std::ofstream out(opt.trace_path);
+  if (!out) TRIDENT_THROW(IoError, "--trace: cannot write '{}'", opt.trace_path);
+  out << doc.dump();
+  if (!out) TRIDENT_THROW(IoError, "--trace: write to '{}' failed", opt.trace_path);
+}
+
+}  // namespace
+
+SimResult simulate(const SimOptions& opt) {
+  validate_sim_options(opt);
+  StepGraph g(opt);
+  for (int step = 0; step < opt.steps; ++step) {
+    g.begin_step();
+    for (int s = 0; s < g.simulated_ranks(); ++s) g.add_rank_step(s, step);
+    g.add_pipeline_transfers();
+  }
+  g.E.run();
+  SimResult r = g.summarize();
+  if (!opt.trace_path.empty()) g.write_trace(r);
   return r;
 }
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <thread>
 
 #include "store_test_util.h"
@@ -256,21 +257,22 @@ TEST_F(Rendezvous, SingleProcessGetsAnInProcessStore) {
   EXPECT_EQ(store->get_string("k"), "v");
 }
 
-int free_port() {
-  TCPStoreServer probe("127.0.0.1", 0, "");
-  int port = probe.port();
-  probe.stop();
-  return port;
-}
-
 TEST_F(Rendezvous, RankZeroHostsTheStoreForEveryRank) {
   set("TRIDENT_STORE_TOKEN", "job-secret");
   constexpr int kWorld = 3;
-  int port = free_port();
+  // Rank 0 hosts on port 0 (the kernel picks a free one) and its store reports the port it got; the other
+  // ranks learn it from there, so no port is picked first and bound later.
+  std::promise<int> hosted;
+  std::shared_future<int> hosted_port = hosted.get_future().share();
   std::vector<std::string> seen(kWorld);
   std::vector<std::thread> ranks;
-  for (int rank = kWorld - 1; rank >= 0; --rank) {  // rank 0 last: the others wait for it
+  for (int rank = 0; rank < kWorld; ++rank) {
     ranks.emplace_back([&, rank] {
+      if (rank != 0 && hosted_port.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+        ADD_FAILURE() << "rank " << rank << ": rank 0 did not report its store's port within 30 s";
+        return;
+      }
+      const int port = rank == 0 ? 0 : hosted_port.get();
       RendezvousInfo info;
       info.rank = rank;
       info.world_size = kWorld;
@@ -280,6 +282,12 @@ TEST_F(Rendezvous, RankZeroHostsTheStoreForEveryRank) {
       info.master_port = port;
       info.source = "torchrun";
       auto store = connect_store(info, Seconds(30));
+      if (rank == 0) {
+        auto* tcp = dynamic_cast<TCPStore*>(store.get());
+        ASSERT_NE(tcp, nullptr);
+        ASSERT_GT(tcp->port(), 0);
+        hosted.set_value(tcp->port());
+      }
       store->set_string("rank/" + std::to_string(rank), std::to_string(rank * 10));
       store->add("arrived", 1);
       std::string all;

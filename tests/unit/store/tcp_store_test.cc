@@ -11,6 +11,7 @@
 #include <atomic>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "trident/comm/store/tcp_store.h"
 #include "trident/core/error.h"
@@ -107,12 +108,31 @@ void expect_server_healthy(int port, const std::string& token, const std::string
   EXPECT_EQ(good.add("health/count", 0), after);
 }
 
-int free_port() {
-  TCPStoreServer probe(kHost, 0, "");
-  int port = probe.port();
-  probe.stop();
-  return port;
-}
+// A TCP socket bound to 127.0.0.1 on a port the kernel picked, not listening: it holds the port (no other
+// process can bind it) while connections to it are refused. release() hands the socket to a server.
+class BoundSocket {
+ public:
+  BoundSocket() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) std::abort();
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~BoundSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int port() const { return port_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 TEST(TCPStore, WrongTokenIsRefusedAndTheServerKeepsServing) {
   TCPStoreServer server(kHost, 0, "right-token");
@@ -262,21 +282,24 @@ TEST(TCPStore, OneSetReleasesEveryWaiter) {
 }
 
 TEST(TCPStore, ClientStartedBeforeTheServerConnectsOnceItIsUp) {
-  int port = free_port();
+  BoundSocket reserved;  // the port is known and held before the server exists; connections are refused
+  const int port = reserved.port();
   std::string got;
   std::thread client([&] {
     TCPStore c(kHost, port, "tok", Seconds(30));  // retries until the server listens
     got = c.get_string("hello");
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  TCPStoreServer server(kHost, port, "tok");
+  TCPStoreServer server(reserved.release(), "tok");
+  EXPECT_EQ(server.port(), port);
   TCPStore(kHost, port, "tok", Seconds(30)).set("hello", B("world"));
   client.join();
   EXPECT_EQ(got, "world");
 }
 
 TEST(TCPStore, NoServerWithinTheDeadlineIsAStoreErrorNamingTheAddress) {
-  int port = free_port();
+  BoundSocket reserved;  // held for the whole test: nothing listens there and nothing else can
+  const int port = reserved.port();
   try {
     TCPStore c(kHost, port, "", Seconds(0.3));
     FAIL();

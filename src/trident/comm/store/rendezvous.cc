@@ -319,7 +319,9 @@ std::shared_ptr<Store> connect_store(const RendezvousInfo& info, Seconds timeout
     server = std::make_unique<TCPStoreServer>("", info.master_port, token);
     log_debug("store", "rank 0 hosts the store on port {}", server->port());
   }
-  auto client = std::make_shared<TCPStore>(info.master_addr, info.master_port, token, timeout);
+  // The server's real port: the same as master_port, or the one the kernel gave when master_port is 0.
+  const int port = server ? server->port() : info.master_port;
+  auto client = std::make_shared<TCPStore>(info.master_addr, port, token, timeout);
   if (server) client->adopt_server(std::move(server));
   return client;
 }

@@ -14,7 +14,8 @@
 // far as getenv is (do not call it while another thread calls setenv).
 //
 // connect_store() blocks until the store is reachable or `timeout` passes (StoreError naming host:port). Rank 0
-// hosts the TCPStoreServer on MASTER_PORT (every interface) unless TRIDENT_STORE_HOSTED=1 says the launcher
+// hosts the TCPStoreServer on MASTER_PORT (every interface; port 0: a free port, which the returned TCPStore's
+// port() reports) unless TRIDENT_STORE_HOSTED=1 says the launcher
 // hosts it; every rank, rank 0 included, then connects a TCPStore client with TRIDENT_STORE_TOKEN. The
 // returned Store owns the server where rank 0 hosts it, so rank 0 must keep it alive until every rank is done
 // with the store. A single process with no launcher variables gets an in-process HashStore.

@@ -44,6 +44,10 @@ class TCPStoreServer {
   // Binds host:port ("" or "0.0.0.0" = every interface; port 0 picks a free port) and starts serving.
   // Throws StoreError when the address cannot be bound (e.g. the port is in use).
   TCPStoreServer(const std::string& host, int port, std::string token);
+  // Serves on `bound_fd`, a TCP socket already bound (not yet listening) that the server now owns: whoever
+  // bound it knows the port before the server exists, and until this call connections to it are refused
+  // (clients retry), so no other process can take the port in between. Throws StoreError when listen fails.
+  TCPStoreServer(int bound_fd, std::string token);
   ~TCPStoreServer();
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
@@ -58,6 +62,7 @@ class TCPStoreServer {
  private:
   struct State;
   void serve();
+  void start(int fd);  // listens on fd, learns the port, starts the serving thread
 
   std::string host_;
   int port_ = 0;
