@@ -3,16 +3,17 @@
 # OpenMPI (and Gloo over TCP), 2 ranks bound to cores unless stated, float32 sum; then every trident row
 # once more with --check. Raw tables go to OUTDIR (one file per row; *_mpi.txt, tcp_gloo.txt are the peers').
 #
-# Usage: scripts/collectives_pass.sh [OUTDIR]      (default /tmp/trident-pass)
-#   TRIDENT=path/to/trident (default build/trident), PEERS_BUILD=/tmp/trident-peers (shared/peers/build.sh),
-#   GLOO_RUN=path/to/shared/peers/run_gloo.sh (default: ../shared next to this repository).
+# Needs the peer programs of ../shared/peers (beside this repository; not part of it), built into PEERS_BUILD.
+# Usage: scripts/collectives_pass.sh [OUTDIR]      (default out/collectives-pass)
+#   TRIDENT=path/to/trident (default build/trident), PEERS_BUILD=the folder ../shared/peers/build.sh built
+#   into (required), GLOO_RUN=path/to/shared/peers/run_gloo.sh (default: ../shared next to this repository).
 # Run it on a quiet machine, several times; compare each row with its peer from the same pass.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 T="${TRIDENT:-$here/../build/trident}"
-P="${PEERS_BUILD:-/tmp/trident-peers}"
+P="${PEERS_BUILD:?set PEERS_BUILD to the build folder of ../shared/peers (cd ../shared/peers && PEERS_BUILD=DIR ./build.sh)}"
 G="${GLOO_RUN:-$here/../../shared/peers/run_gloo.sh}"
-O="${1:-/tmp/trident-pass}"
+O="${1:-$here/../out/collectives-pass}"
 [ -x "$T" ] || { echo "collectives_pass.sh: no trident at $T (set TRIDENT=)" >&2; exit 2; }
 [ -x "$P/mpi_bench" ] || { echo "collectives_pass.sh: no $P/mpi_bench; build shared/peers first" >&2; exit 2; }
 mkdir -p "$O"

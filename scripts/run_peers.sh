@@ -4,16 +4,17 @@
 # then by OpenMPI right after, so machine drift hits both alike; the check runs (--check, every element of
 # every iteration) follow the timed ones.
 #
-# Usage: scripts/run_peers.sh [OUTDIR]      (default /tmp/trident-bench-out)
-#   TRIDENT=path/to/trident (default build/trident), PEERS_BUILD=/tmp/trident-peers (see shared/peers/README.md:
-#   cd /work/shared/peers && PEERS_BUILD=/tmp/trident-peers ./build.sh), TRANSPORTS="shm tcp".
+# Needs the peer programs of ../shared/peers (beside this repository; not part of it), built into PEERS_BUILD.
+# Usage: scripts/run_peers.sh [OUTDIR]      (default out/bench-peers)
+#   TRIDENT=path/to/trident (default build/trident), PEERS_BUILD=the folder ../shared/peers/build.sh built into
+#   (required: cd ../shared/peers && PEERS_BUILD=DIR ./build.sh), TRANSPORTS="shm tcp".
 # Writes OUTDIR/*.json (trident --json; OpenMPI converted to the same record shape), OUTDIR/*.txt (raw
 # tables), OUTDIR/summary.md (the tables with ratios). Plot with scripts/plot_bench.py.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 trident="${TRIDENT:-$here/../build/trident}"
-peers="${PEERS_BUILD:-/tmp/trident-peers}"
-out="${1:-/tmp/trident-bench-out}"
+peers="${PEERS_BUILD:?set PEERS_BUILD to the build folder of ../shared/peers (cd ../shared/peers && PEERS_BUILD=DIR ./build.sh)}"
+out="${1:-$here/../out/bench-peers}"
 transports="${TRANSPORTS:-shm tcp}"
 mkdir -p "$out"
 [ -x "$trident" ] || { echo "run_peers.sh: no trident at $trident (set TRIDENT=)" >&2; exit 2; }

@@ -2,18 +2,21 @@
 # Interleaved rounds: trident 1 rank, PyTorch 1.13 1 rank (shared/peers/ref_train.py), trident DDP 2 ranks,
 # PyTorch DDP (gloo) 2 ranks; nanoGPT CPU config, one thread per rank, OPENBLAS_CORETYPE unset on every side;
 # prints the median per-step tokens/s (trident: after the first 10 steps). usage: scripts/train_vs_pytorch.sh [TRIDENT_BIN] [ROUNDS]
+# Needs ../shared (beside this repository; not part of it): PEERS=its peers folder (ref_train.py), DATA=the
+# tinyshakespeare text. Per-run JSON goes to OUT (default out/train-vs-pytorch).
 set -u
 B=${1:-build/trident}; REPS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 D=${DATA:-$ROOT/../shared/data/tinyshakespeare/input.txt}
 P=${PEERS:-$ROOT/../shared/peers}
+OUTD=${OUT:-$ROOT/out/train-vs-pytorch}; mkdir -p "$OUTD"
 med() { python3 -c "import sys,json,statistics as s; v=[json.loads(l)['tokens_per_s'] for l in open(sys.argv[1]) if l.startswith('{') and json.loads(l).get('type')=='step']; v=v[10:]; print(f'{s.median(v):.0f}')" "$1"; }
 for r in $(seq 1 $REPS); do
   echo "== rep $r load $(cut -d' ' -f1 /proc/loadavg)"
-  env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --json > ${OUT:-/tmp}/t1_$r.jsonl 2>/dev/null
-  echo "trident 1 rank: $(med ${OUT:-/tmp}/t1_$r.jsonl)"
+  env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --json > $OUTD/t1_$r.jsonl 2>/dev/null
+  echo "trident 1 rank: $(med $OUTD/t1_$r.jsonl)"
   (cd $P && env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 2>&1 | grep tokens_per_s | sed 's/^/pytorch 1 rank: /')
-  env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --nproc 2 --parallel ddp --json > ${OUT:-/tmp}/t2_$r.jsonl 2>/dev/null
-  echo "trident ddp 2: $(med ${OUT:-/tmp}/t2_$r.jsonl)"
+  env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --nproc 2 --parallel ddp --json > $OUTD/t2_$r.jsonl 2>/dev/null
+  echo "trident ddp 2: $(med $OUTD/t2_$r.jsonl)"
   (cd $P && env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 --nproc 2 2>&1 | grep tokens_per_s | sed 's/^/pytorch ddp 2: /')
 done

@@ -32,7 +32,7 @@ namespace {
 constexpr double kPhaseAlpha = 0.6;
 constexpr double kSyscallAlpha = 0.15;
 // Bytes per byte moved, relative to the staged path's beta: one kernel copy instead of a copy into the
-// window and a copy out (measured: see docs/PERFORMANCE.md "Single-copy (CMA) path").
+// window and a copy out (measured: see docs/PERFORMANCE-LOG.md "Single-copy (CMA) path").
 constexpr double kBetaFactor = 0.5;
 constexpr size_t kDefaultChunk = size_t{256} << 10;
 
