@@ -610,28 +610,22 @@ void StepGraph::add_pipeline_transfers() {
             *in = sb * 4 + (same ? 1 : 3);
             *lat = same ? c.intra.latency_s : inter.latency_s;
           };
-          if (vs < pp * v - 1) {  // activation to the next virtual stage
-            const int nst = (vs + 1) % pp, nchunk = (vs + 1) / pp;
+          // One transfer of this microbatch's activation (or gradient) to virtual stage `to_vs`: after the
+          // sender's action, before the receiver's.
+          auto transfer = [&](Label label, int to_vs, const std::vector<std::vector<int>>& sender_last,
+                              const std::vector<std::vector<int>>& receiver_first) {
+            const int to_st = to_vs % pp, to_chunk = to_vs / pp;
             Task pt;
-            pt.kind = Kind::kP2P, pt.label = Label::kSendAct, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
+            pt.kind = Kind::kP2P, pt.label = label, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
             pt.bytes = p2p_bytes;
-            link_between(st, nst, &pt.links[0], &pt.links[1], &pt.latency);
-            pt.dst = sim_of(tpi, dpi, nst);
+            link_between(st, to_st, &pt.links[0], &pt.links[1], &pt.latency);
+            pt.dst = sim_of(tpi, dpi, to_st);
             int id = E.add_task(pt);
-            E.dep(fwd_last[s][idx(chunk, mb)], id);
-            E.dep(id, fwd_first[pt.dst][idx(nchunk, mb)]);
-          }
-          if (vs > 0) {  // gradient to the previous virtual stage
-            const int pst = (vs - 1) % pp, pchunk = (vs - 1) / pp;
-            Task pt;
-            pt.kind = Kind::kP2P, pt.label = Label::kSendGrad, pt.rank = s, pt.stream = -1, pt.mb = mb, pt.chunk = chunk;
-            pt.bytes = p2p_bytes;
-            link_between(st, pst, &pt.links[0], &pt.links[1], &pt.latency);
-            pt.dst = sim_of(tpi, dpi, pst);
-            int id = E.add_task(pt);
-            E.dep(bwd_last[s][idx(chunk, mb)], id);
-            E.dep(id, bwd_first[pt.dst][idx(pchunk, mb)]);
-          }
+            E.dep(sender_last[s][idx(chunk, mb)], id);
+            E.dep(id, receiver_first[pt.dst][idx(to_chunk, mb)]);
+          };
+          if (vs < pp * v - 1) transfer(Label::kSendAct, vs + 1, fwd_last, fwd_first);  // activation forward
+          if (vs > 0) transfer(Label::kSendGrad, vs - 1, bwd_last, bwd_first);          // gradient backward
         }
       }
     }

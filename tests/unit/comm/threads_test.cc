@@ -52,7 +52,10 @@ TEST(ProcessGroupArgs, BadArgumentsAreRejectedBeforeAnythingMoves) {
     expect_invalid([&] { pg->broadcast(f.data(), 16, DType::kFloat32, 2); }, "root 2");
     expect_invalid([&] { pg->send(f.data(), 16, DType::kFloat32, r); }, "itself");
     expect_invalid([&] { pg->all_reduce(nullptr, 16, DType::kFloat32, ReduceOp::kSum); }, "null");
+    // new_group's checks, in the base class for every backend.
     expect_invalid([&] { pg->new_group({0, 0}); }, "twice");
+    expect_invalid([&] { pg->new_group({0, 2}); }, "rank 2 is outside");
+    expect_invalid([&] { pg->new_group({}); }, "empty");
     CallOptions o;
     o.algo = Algo::kPairwise;
     expect_invalid([&] { pg->all_reduce(f.data(), 16, DType::kFloat32, ReduceOp::kSum, o); }, "not available");
@@ -62,6 +65,23 @@ TEST(ProcessGroupArgs, BadArgumentsAreRejectedBeforeAnythingMoves) {
     TRIDENT_RANK_CHECK(f[3] == 2.0f, "after errors: {}", f[3]);
   });
   EXPECT_EQ(testing::failures(res), "");
+}
+
+// Backends are rows of backend_table(): new_process_group finds them by name and names the table's rows
+// when the name is unknown; every row says whether it is built.
+TEST(Backends, TheTableNamesEveryBackendAndUnknownNamesAreRefused) {
+  std::vector<std::string> names;
+  for (const auto& b : backend_table()) names.push_back(b.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"native", "mpi", "nccl"}));
+  EXPECT_TRUE(backend_table().front().built());
+  GroupOptions o;
+  o.backend = "gloo";
+  try {
+    new_process_group(nullptr, 0, 1, o);
+    FAIL() << "an unknown backend was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("native, mpi, nccl"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Reduce, HalfTypesAccumulateInFloat32AndRoundOnce) {

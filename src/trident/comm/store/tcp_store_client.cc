@@ -91,46 +91,35 @@ ConnectResult connect_once(const std::string& host, int port, Clock::time_point 
   return out;
 }
 
-// Transfers all bytes before `deadline`. Returns "" or the reason it failed ("timeout" on expiry).
-std::string send_all(int fd, const std::string& data, Clock::time_point deadline) {
+// Sends (`sending`) or receives all `len` bytes at `buf` before `deadline`. Returns "" or the reason it
+// failed ("timeout" on expiry).
+std::string transfer_all(int fd, char* buf, size_t len, Clock::time_point deadline, bool sending) {
   size_t done = 0;
-  while (done < data.size()) {
-    pollfd p{fd, POLLOUT, 0};
+  while (done < len) {
+    pollfd p{fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0};
     int prc = ::poll(&p, 1, ms_until(deadline));
     if (prc < 0) {
       if (errno == EINTR) continue;
       return detail::errno_string(errno);
     }
     if (prc == 0) return "timeout";
-    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = sending ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return detail::errno_string(errno);
     }
+    if (n == 0 && !sending) return "connection closed by the server";
     done += static_cast<size_t>(n);
   }
   return {};
 }
-
+std::string send_all(int fd, const std::string& data, Clock::time_point deadline) {
+  // transfer_all only reads the buffer when sending.
+  return transfer_all(fd, const_cast<char*>(data.data()), data.size(), deadline, true);
+}
 std::string recv_all(int fd, char* buf, size_t len, Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < len) {
-    pollfd p{fd, POLLIN, 0};
-    int prc = ::poll(&p, 1, ms_until(deadline));
-    if (prc < 0) {
-      if (errno == EINTR) continue;
-      return detail::errno_string(errno);
-    }
-    if (prc == 0) return "timeout";
-    ssize_t n = ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return detail::errno_string(errno);
-    }
-    if (n == 0) return "connection closed by the server";
-    done += static_cast<size_t>(n);
-  }
-  return {};
+  return transfer_all(fd, buf, len, deadline, false);
 }
 
 constexpr auto kClientGrace = Seconds(5.0);  // how long past a wait's deadline the client waits for the answer
