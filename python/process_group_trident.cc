@@ -248,7 +248,14 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
       stop_ = true;
     }
     cv_.notify_all();
-    worker_.join();
+    // The worker drops the last references to tensors Python created, which takes the GIL: join without it
+    // (torch destroys groups from Python, with the GIL held).
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release no_gil;
+      worker_.join();
+    } else {
+      worker_.join();
+    }
   }
 
   const std::string getBackendName() const override { return "trident"; }
@@ -364,20 +371,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
     at::Tensor in = single(inputs, "gather");
     int root = static_cast<int>(opts.rootRank);
-    std::vector<at::Tensor> outs;
-    if (getRank() == root) {
-      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-                  "trident backend: gather at the root needs one list of ", getSize(), " output tensors");
-      outs = outputs[0];
-      for (auto& o : outs) {
-        check_cpu(o, "gather");
-        TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
-                    "trident backend: gather outputs must match the input's size and dtype");
-      }
-    } else {
-      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                  "trident backend: gather takes output tensors only at the root");
-    }
+    std::vector<at::Tensor> outs = per_rank(outputs, in, getRank() == root, "gather", "output");
     return enqueue(c10d::OpType::GATHER, "gather", opts.timeout, outs, [=, this](const trident::CallOptions& co) {
       at::Tensor c = in.contiguous();
       Buf s = moved(c);
@@ -397,20 +391,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                                          const c10d::ScatterOptions& opts) override {
     at::Tensor out = single(outputs, "scatter");
     int root = static_cast<int>(opts.rootRank);
-    std::vector<at::Tensor> ins;
-    if (getRank() == root) {
-      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                  "trident backend: scatter at the root needs one list of ", getSize(), " input tensors");
-      ins = inputs[0];
-      for (auto& i : ins) {
-        check_cpu(i, "scatter");
-        TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
-                    "trident backend: scatter inputs must match the output's size and dtype");
-      }
-    } else {
-      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                  "trident backend: scatter takes input tensors only at the root");
-    }
+    std::vector<at::Tensor> ins = per_rank(inputs, out, getRank() == root, "scatter", "input");
     return enqueue(c10d::OpType::SCATTER, "scatter", opts.timeout, {out}, [=, this](const trident::CallOptions& co) {
       at::Tensor flat;
       const void* send = nullptr;
@@ -429,14 +410,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
     at::Tensor out = single(outputs, "reduce_scatter");
-    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                "trident backend: reduce_scatter needs one list of ", getSize(), " input tensors");
-    std::vector<at::Tensor> ins = inputs[0];
-    for (auto& i : ins) {
-      check_cpu(i, "reduce_scatter");
-      TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
-                  "trident backend: reduce_scatter inputs must match the output's size and dtype");
-    }
+    std::vector<at::Tensor> ins = per_rank(inputs, out, true, "reduce_scatter", "input");
     trident::ReduceOp op = reduce_op(opts.reduceOp, out.scalar_type());
     return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.timeout, {out},
                    [=, this](const trident::CallOptions& co) {
@@ -574,6 +548,25 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     TORCH_CHECK(ts.size() == 1, "trident backend: ", op, " takes one tensor per call, got ", ts.size());
     check_cpu(ts[0], op);
     return ts[0];
+  }
+  // The one-tensor-per-rank list of a call (gather's outputs and scatter's inputs at the root, reduce_scatter's
+  // inputs): world_size CPU tensors with `like`'s size and dtype where `here`, nothing elsewhere.
+  std::vector<at::Tensor> per_rank(std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like, bool here,
+                                   const char* op, const char* which) const {
+    if (!here) {
+      TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "trident backend: ", op, " takes ",
+                  which, " tensors only at the root");
+      return {};
+    }
+    TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == getSize(), "trident backend: ", op,
+                " needs one list of ", getSize(), " ", which, " tensors");
+    for (auto& t : lists[0]) {
+      check_cpu(t, op);
+      TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(), "trident backend: ", op, " ",
+                  which, " tensors must have ", like.numel(), " elements of ", like.scalar_type(), ", got ",
+                  t.numel(), " of ", t.scalar_type());
+    }
+    return lists[0];
   }
   // The tensor a reduction runs on: contiguous, in a dtype trident reduces (a copy when t is neither).
   static at::Tensor reduce_view(const at::Tensor& t) {

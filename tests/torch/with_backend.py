@@ -1,6 +1,6 @@
 """Runs a torch.distributed script with init_process_group's backend replaced, for side-by-side numbers:
 
-    python3 python/with_backend.py trident script.py [args...]   (trident_torch on PYTHONPATH)
+    python3 tests/torch/with_backend.py trident script.py [args...]   (trident_torch on PYTHONPATH)
 
 Scripts that hard-code init_process_group("gloo") (e.g. shared/peers/torch_dist_bench.py) then run on the
 named backend unchanged."""
