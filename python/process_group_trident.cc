@@ -352,11 +352,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
-    check_cpu(input, "_allgather_base");
-    check_cpu(output, "_allgather_base");
-    TORCH_CHECK(output.numel() == input.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-                "trident backend: all_gather_into_tensor needs an output of world_size x the input's elements "
-                "and the same dtype (input ", input.numel(), " x ", getSize(), ", output ", output.numel(), ")");
+    check_whole(output, input, "all_gather_into_tensor", "output");
     at::Tensor in = input, out = output;
     return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", opts.timeout, {out},
                    [=, this](const trident::CallOptions& co) {
@@ -424,11 +420,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    check_cpu(input, "_reduce_scatter_base");
-    check_cpu(output, "_reduce_scatter_base");
-    TORCH_CHECK(input.numel() == output.numel() * getSize() && output.scalar_type() == input.scalar_type(),
-                "trident backend: reduce_scatter_tensor needs an input of world_size x the output's elements and "
-                "the same dtype (output ", output.numel(), " x ", getSize(), ", input ", input.numel(), ")");
+    check_whole(input, output, "reduce_scatter_tensor", "input");
     trident::ReduceOp op = reduce_op(opts.reduceOp, output.scalar_type());
     at::Tensor in = input, out = output;
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.timeout, {out},
@@ -567,6 +559,16 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                   t.numel(), " of ", t.scalar_type());
     }
     return lists[0];
+  }
+  // The single-tensor forms (all_gather_into_tensor, reduce_scatter_tensor): `whole` holds world_size x
+  // `part`'s elements, in `part`'s dtype, both CPU tensors.
+  void check_whole(const at::Tensor& whole, const at::Tensor& part, const char* op, const char* which) const {
+    check_cpu(whole, op);
+    check_cpu(part, op);
+    TORCH_CHECK(whole.numel() == part.numel() * getSize() && whole.scalar_type() == part.scalar_type(),
+                "trident backend: ", op, " needs an ", which, " of world_size x ", part.numel(), " = ",
+                part.numel() * getSize(), " elements of ", part.scalar_type(), ", got ", whole.numel(), " of ",
+                whole.scalar_type());
   }
   // The tensor a reduction runs on: contiguous, in a dtype trident reduces (a copy when t is neither).
   static at::Tensor reduce_view(const at::Tensor& t) {
