@@ -4,7 +4,8 @@
 set -euo pipefail
 what=${1:-build}
 pkgs=(cmake g++ make pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-      nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3)
+      nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
+      libtorch-dev pybind11-dev python3-torch python3-dev)
 case "$what" in
   main) pkgs+=(fortunes) ;;
   peers) pkgs+=(fortunes libgloo-dev python3-torch python3-numpy python3-matplotlib) ;;
