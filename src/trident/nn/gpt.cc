@@ -6,13 +6,13 @@
 #include <memory>
 
 #include "trident/core/error.h"
-#include "trident/nn/flat_model.h"
+#include "trident/nn/language_model.h"
 
 namespace trident::nn {
 
-class Gpt final : public FlatModel {
+class Gpt final : public LanguageModel {
  public:
-  explicit Gpt(ModelConfig c) : FlatModel(std::move(c)) {
+  explicit Gpt(ModelConfig c) : LanguageModel(std::move(c)) {
     const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
     wte_ = add_param("transformer.wte.weight", {V, C});
     wpe_ = add_param("transformer.wpe.weight", {cfg_.block_size, C});
@@ -53,28 +53,6 @@ class Gpt final : public FlatModel {
     finish_init();
   }
 
-  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
-                         float loss_scale) override {
-    check_batch(inputs, B, T);
-    TRIDENT_CHECK(targets != nullptr, InvalidArgument, "model: targets is null");
-    const size_t n = static_cast<size_t>(B) * T;
-    inputs = on_device(inputs_, inputs, n);
-    targets = on_device(targets_, targets, n);
-    forward(inputs, B, T);
-    const int N = B * T, V = cfg_.vocab_size;
-    const double sum = ops_->cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(),
-                                                            targets, N, V, loss_scale / static_cast<float>(N));
-    const float loss = static_cast<float>(sum / N);
-    if (backward) backward_pass(inputs, B, T);
-    return loss;
-  }
-
-  void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
-    check_batch(inputs, B, T);
-    forward(on_device(inputs_, inputs, static_cast<size_t>(B) * T), B, T);
-    ops_->to_host(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
-  }
-
   // Block 0: embeddings (wte, wpe); blocks 1..n_layer: transformer.h.{l}; block n_layer+1: ln_f and the
   // tied lm_head, which reads wte (so wte belongs to the first and the last block).
   std::vector<Block> blocks() const override {
@@ -106,10 +84,8 @@ class Gpt final : public FlatModel {
     kernels::DeviceArray<float> ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
 
-  void ensure(int B, int T) {
-    const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    if (N == cap_n_) return;
-    cap_n_ = N;
+  void resize_layers(size_t N) override {
+    const size_t C = cfg_.n_embd, L = cfg_.n_layer;
     const size_t nacts = cfg_.activation_checkpointing ? std::min<size_t>(1, L) : L;
     acts_.resize(nacts);
     for (auto& a : acts_) {
@@ -126,18 +102,16 @@ class Gpt final : public FlatModel {
       resize_buffer(a.fch, N * 4 * C);
       resize_buffer(a.fch_gelu, N * 4 * C);
     }
-    xs_.resize(L + 1);
-    for (auto& x : xs_) resize_buffer(x, N * C);
-    resize_buffer(lnf_, N * C);
-    resize_buffer(lnf_mean_, N);
-    resize_buffer(lnf_rstd_, N);
-    resize_buffer(logits_, N * cfg_.vocab_size);
-    resize_buffer(dres_, N * C);
-    resize_buffer(dc_, N * C);
     resize_buffer(dqkv_, N * 3 * C);
     resize_buffer(dfch_, N * 4 * C);
     resize_buffer(scratch_out_, N * C);
   }
+
+  // With checkpointing the recomputed output goes to scratch (x_{l+1} is kept).
+  void layer_forward(int l, int B, int T, bool recompute) override {
+    block_forward(l, xs_[l].data(), acts(l), recompute ? scratch_out_.data() : xs_[l + 1].data(), B, T);
+  }
+  void layer_backward(int l, int B, int T) override { block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T); }
 
   Acts& acts(int l) { return cfg_.activation_checkpointing ? acts_[0] : acts_[l]; }
 
@@ -166,7 +140,7 @@ class Gpt final : public FlatModel {
     const int N = B * T, C = cfg_.n_embd;
     const auto& lp = layers_[l];
     const auto prec = cfg_.precision();
-    float* dc = dc_.data();
+    float* dc = dscratch();
     float* dfch = dfch_.data();
     ops_->linear_backward(dfch, G(lp.mproj_w), G(lp.mproj_b), dres, a.fch_gelu.data(), P(lp.mproj_w), N, 4 * C, C,
                           0.0f, prec);
@@ -194,62 +168,9 @@ class Gpt final : public FlatModel {
     fire(lp.ln1_w);
   }
 
-  void forward(const int32_t* inputs, int B, int T) {
-    ensure(B, T);
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    block_event(0, BlockEvent::kBeforeForward);
-    ops_->embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
-    block_event(0, BlockEvent::kAfterForward);
-    for (int l = 0; l < L; ++l) {
-      block_event(l + 1, BlockEvent::kBeforeForward);
-      block_forward(l, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T);
-      block_event(l + 1, BlockEvent::kAfterForward);
-    }
-    block_event(L + 1, BlockEvent::kBeforeForward);
-    ops_->layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N,
-                            C, 1e-5f);
-    ops_->linear_forward(logits_.data(), lnf_.data(), P(wte_), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
-    block_event(L + 1, BlockEvent::kAfterForward);
-  }
-
-  // Expects logits_ to hold dloss/dlogits.
-  void backward_pass(const int32_t* inputs, int B, int T) {
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    const auto prec = cfg_.precision();
-    // lm_head (tied): d lnf = dlogits wte; d wte += dlogits^T lnf. wte is final only after the embedding.
-    block_event(L + 1, BlockEvent::kBeforeBackward);
-    ops_->linear_backward(dc_.data(), G(wte_), nullptr, logits_.data(), lnf_.data(), P(wte_), N, C, cfg_.vocab_size,
-                          0.0f, prec);
-    ops_->memset_zero(dres_.data(), sizeof(float) * static_cast<size_t>(N) * C);
-    ops_->layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dc_.data(), xs_[L].data(), P(lnf_w_), lnf_mean_.data(),
-                             lnf_rstd_.data(), N, C);
-    fire(lnf_b_);
-    fire(lnf_w_);
-    block_event(L + 1, BlockEvent::kAfterBackward);
-    for (int l = L - 1; l >= 0; --l) {
-      // With checkpointing the scratch set already holds the last block's activations.
-      if (cfg_.activation_checkpointing && l != L - 1) {
-        block_event(l + 1, BlockEvent::kBeforeRecompute);
-        block_forward(l, xs_[l].data(), acts(l), scratch_out_.data(), B, T);
-        block_event(l + 1, BlockEvent::kAfterRecompute);
-      }
-      block_event(l + 1, BlockEvent::kBeforeBackward);
-      block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T);
-      block_event(l + 1, BlockEvent::kAfterBackward);
-    }
-    block_event(0, BlockEvent::kBeforeBackward);
-    ops_->embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
-    fire(wpe_);
-    fire(wte_);
-    block_event(0, BlockEvent::kAfterBackward);
-  }
-
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   std::vector<LayerParams> layers_;
-  size_t cap_n_ = 0;
   std::vector<Acts> acts_;
-  std::vector<kernels::DeviceArray<float>> xs_;
-  kernels::DeviceArray<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dc_, dqkv_, dfch_, scratch_out_;
+  kernels::DeviceArray<float> dqkv_, dfch_, scratch_out_;
 };
 
 std::unique_ptr<Model> make_gpt(const ModelConfig& c) { return std::make_unique<Gpt>(c); }
