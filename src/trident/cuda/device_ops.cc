@@ -1,6 +1,5 @@
 // The CUDA op table (kernels/device.h): cuda/ops.h's kernels on the legacy default stream, and device
-// memory through cudaMalloc. Registered with the kernels layer at static initialization; the build links
-// this library whole (CMakeLists.txt) so the registrar is never dropped by the linker.
+// memory through cudaMalloc. register_device.cc registers it with the kernels layer.
 #include <cuda_runtime_api.h>
 
 #include "trident/cuda/check.h"
@@ -35,11 +34,6 @@ void dev_memset_zero(void* p, size_t bytes) {
   if (bytes) TRIDENT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
 }
 void dev_synchronize() { TRIDENT_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-std::string probe() {
-  if (device_count() > 0) return {};
-  return no_device_reason();
-}
 
 const k::DeviceOps kCudaOps = {
     k::Device::kCuda,
@@ -96,10 +90,8 @@ const k::DeviceOps kCudaOps = {
     [](float* out, const uint16_t* in, size_t n) { cuda::from_bf16(out, in, n); },
 };
 
-const bool kRegistered = [] {
-  k::register_device(k::Device::kCuda, &kCudaOps, probe);
-  return true;
-}();
-
 }  // namespace
+
+const kernels::DeviceOps& device_ops() { return kCudaOps; }
+
 }  // namespace trident::cuda
