@@ -7,6 +7,8 @@
 #include "trident/core/error.h"
 #include "trident/data/dataset.h"
 #include "trident/kernels/cpu/ops.h"
+#include "trident/kernels/device.h"
+#include "trident/nn/models.h"
 #include "trident/train/checkpoint.h"
 #include "trident/train/config.h"
 #include "trident/train/generate.h"
@@ -80,6 +82,8 @@ void setup_train(CLI::App& app) {
   sub->callback([sub, pf] {
     guarded([&] {
       train::TrainConfig cfg = train::parse_train_args(sub->remaining());  // validates before starting ranks
+      // --device cuda on a build or machine without one fails here, before any data is read or rank started.
+      kernels::device_ops(kernels::parse_device(cfg.device));
       const bool launched = launch::in_launched_job();
       if (!launched && (pf->nproc > 1 || cfg.tp * cfg.pp > 1)) {
         // The model-parallel layout against the world and the model, before any rank starts. The vocabulary
@@ -125,12 +129,15 @@ struct OpenedCheckpoint {
   train::LoadedCheckpoint ckpt;
   std::unique_ptr<nn::Model> model;
 };
-OpenedCheckpoint open_checkpoint(const std::string& path, int threads) {
+OpenedCheckpoint open_checkpoint(const std::string& path, int threads, const std::string& device) {
   if (threads > 0) kernels::cpu::set_num_threads(threads);
+  kernels::device_ops(kernels::parse_device(device));  // DeviceUnavailable at once, before reading the checkpoint
   std::string dir = train::find_checkpoint(path);
   if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--checkpoint '{}': no checkpoint found there", path);
   auto ckpt = train::load_checkpoint(dir, false);
-  auto model = train::model_from_checkpoint(ckpt);
+  nlohmann::json mcfg = ckpt.meta.model_config;
+  mcfg["device"] = device;  // a checkpoint is device-independent: it runs where this command is told
+  auto model = train::model_from_checkpoint(ckpt, [&](const nlohmann::json&) { return nn::make_model(mcfg); });
   return {dir, std::move(ckpt), std::move(model)};
 }
 
@@ -139,6 +146,7 @@ struct EvalArgs {
   int64_t windows = 0;
   bool json = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 void setup_eval(CLI::App& app) {
@@ -151,9 +159,10 @@ void setup_eval(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   sub->add_flag("--json", a->json, "print one JSON record");
   sub->add_option("--threads", a->threads, "compute threads (0: default)");
+  sub->add_option("--device", a->device, "cpu | cuda (one GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->callback([a] {
     guarded([&] {
-      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads);
+      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads, a->device);
       std::string source = a->data;
       if (source.empty()) source = ckpt.meta.train_config.value("data", std::string());
       if (source.empty()) TRIDENT_THROW(InvalidArgument, "--data is required: the checkpoint does not name its data");
@@ -179,6 +188,7 @@ void setup_eval(CLI::App& app) {
 struct SampleArgs {
   std::string checkpoint, prompt = "\n";
   int tokens = 200, top_k = 200, threads = 0;
+  std::string device = "cpu";
   double temperature = 0.8;
   uint64_t seed = 1337;
 };
@@ -194,9 +204,10 @@ void setup_sample(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", a->seed, "sampling seed");
   sub->add_option("--threads", a->threads, "compute threads (0: default)");
+  sub->add_option("--device", a->device, "cpu | cuda (one GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->callback([a] {
     guarded([&] {
-      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads);
+      auto [dir, ckpt, model] = open_checkpoint(a->checkpoint, a->threads, a->device);
       auto tok = data::Tokenizer::from_json(ckpt.meta.tokenizer);
       if (a->prompt.empty()) TRIDENT_THROW(InvalidArgument, "--prompt must not be empty");
       auto ctx = tok.encode(a->prompt);

@@ -1,8 +1,8 @@
 // Device memory, streams and events for the CUDA layer (RAII wrappers over the CUDA runtime).
 //
-// Ownership: DeviceBuffer<T> owns one cudaMalloc allocation on the device that was current when it was
-// made, Stream one cudaStream_t, Event one cudaEvent_t; all are move-only and free in the destructor
-// (errors there are logged, never thrown). Blocking: upload/download and synchronize() block the calling
+// Ownership: DeviceBuffer<T> owns one cudaMalloc allocation (through the CUDA op table) on the device that
+// was current when it was made, Stream one cudaStream_t, Event one cudaEvent_t; all are move-only and free
+// in the destructor (errors there are logged, never thrown). Blocking: upload/download and synchronize() block the calling
 // host thread until the copy or stream is done; everything else is asynchronous on the given stream.
 // Thread-safety: distinct objects may be used from distinct threads; one object is not synchronized.
 // Timeouts: none (CUDA calls do not take deadlines; a hung kernel is the driver's watchdog's business).
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "trident/cuda/check.h"
+#include "trident/kernels/device.h"
 
 namespace trident::cuda {
 
@@ -27,59 +28,39 @@ std::string no_device_reason();
 // "NVIDIA H100 80GB HBM3 (sm_90, 79 GiB)" for device `d`.
 std::string device_description(int d);
 
+// The CUDA op table (kernels/device.h): cuda/ops.h's kernels and cudaMalloc'd memory on the legacy
+// default stream. kernels::device_ops(Device::kCuda) returns it where a GPU is visible.
+const kernels::DeviceOps& device_ops();
+
+// A kernels::DeviceArray in CUDA memory (cudaMalloc, zero-filled), with blocking host copies.
 template <typename T>
-class DeviceBuffer {
+class DeviceBuffer : public kernels::DeviceArray<T> {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : n_(n) {
-    if (n > 0) TRIDENT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-  }
+  explicit DeviceBuffer(size_t n) : kernels::DeviceArray<T>(device_ops(), n) {}
   // Allocates and copies host data (blocking).
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-  ~DeviceBuffer() { reset(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
 
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  size_t size() const { return n_; }
-  size_t bytes() const { return n_ * sizeof(T); }
-
+  size_t bytes() const { return this->size() * sizeof(T); }
   void upload(const T* host, size_t n) {
-    TRIDENT_CHECK(n <= n_, InvalidArgument, "DeviceBuffer::upload: {} elements into a buffer of {}", n, n_);
-    if (n) TRIDENT_CUDA_CHECK(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice));
+    TRIDENT_CHECK(n <= this->size(), InvalidArgument, "DeviceBuffer::upload: {} elements into a buffer of {}", n,
+                  this->size());
+    device_ops().to_device(this->data(), host, n * sizeof(T));
   }
   void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
   void download(T* host, size_t n) const {
-    TRIDENT_CHECK(n <= n_, InvalidArgument, "DeviceBuffer::download: {} elements from a buffer of {}", n, n_);
-    if (n) TRIDENT_CUDA_CHECK(cudaMemcpy(host, p_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    TRIDENT_CHECK(n <= this->size(), InvalidArgument, "DeviceBuffer::download: {} elements from a buffer of {}", n,
+                  this->size());
+    device_ops().to_host(host, this->data(), n * sizeof(T));
   }
   std::vector<T> to_host() const {
-    std::vector<T> v(n_);
-    download(v.data(), n_);
+    std::vector<T> v(this->size());
+    download(v.data(), v.size());
     return v;
   }
   void zero() {
-    if (n_) TRIDENT_CUDA_CHECK(cudaMemset(p_, 0, bytes()));
+    if (this->size()) TRIDENT_CUDA_CHECK(cudaMemset(this->data(), 0, bytes()));
   }
-  void reset() {
-    if (p_) cudaFree(p_);  // no throw from destructors; a failing free means the context is already gone
-    p_ = nullptr;
-    n_ = 0;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
 };
 
 class Stream {

@@ -57,20 +57,30 @@ __global__ void gelu_fwd_k(float* out, const float* inp, size_t n, int tanh_kind
   }
 }
 
+// gelu'(x), the derivative of either form.
+__device__ __forceinline__ float gelu_grad(float x, int tanh_kind) {
+  if (tanh_kind) {
+    const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    const float th = tanhf(u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+  }
+  const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+  return cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+}
+
 __global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, size_t n, int tanh_kind) {
+  GRID_STRIDE(i, n) dinp[i] = dout[i] * gelu_grad(inp[i], tanh_kind);
+}
+
+// out = gelu(x), grad = gelu'(x); grad may alias inp (each element read before it is written).
+__global__ void gelu_fwd_grad_k(float* out, float* grad, const float* inp, size_t n, int tanh_kind) {
   GRID_STRIDE(i, n) {
     const float x = inp[i];
-    float g;
-    if (tanh_kind) {
-      const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-      const float th = tanhf(u);
-      const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
-      g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    } else {
-      const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
-      g = cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x);
-    }
-    dinp[i] = dout[i] * g;
+    const float y = tanh_kind ? 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)))
+                              : 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    grad[i] = gelu_grad(x, tanh_kind);
+    out[i] = y;
   }
 }
 
@@ -294,6 +304,9 @@ void gelu_forward(float* out, const float* inp, size_t n, int tanh_kind, cudaStr
 }
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, int tanh_kind, cudaStream_t s) {
   gelu_bwd_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(dinp, inp, dout, n, tanh_kind);
+}
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, int tanh_kind, cudaStream_t s) {
+  gelu_fwd_grad_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, grad, inp, n, tanh_kind);
 }
 void add(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {
   add_k<<<grid_for(n, kThreads), kThreads, 0, s>>>(out, a, b, n);

@@ -24,6 +24,7 @@ void column_sums_finish(float* acc, const float* partial, int chunks, int C, cud
 
 void gelu_forward(float* out, const float* inp, size_t n, int tanh_kind, cudaStream_t s);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, int tanh_kind, cudaStream_t s);
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, int tanh_kind, cudaStream_t s);
 void add(float* out, const float* a, const float* b, size_t n, cudaStream_t s);
 void add_inplace(float* acc, const float* x, size_t n, cudaStream_t s);
 void mul(float* out, const float* a, const float* b, size_t n, cudaStream_t s);

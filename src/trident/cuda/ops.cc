@@ -143,6 +143,10 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, G
   TRIDENT_CUDA_ELEMENTWISE("gelu_backward", n,
                            launch::gelu_backward(dinp, inp, dout, n, kind == GeluKind::kTanh, s));
 }
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind, cudaStream_t s) {
+  TRIDENT_CUDA_ELEMENTWISE("gelu_forward_and_grad", n,
+                           launch::gelu_forward_and_grad(out, grad, inp, n, kind == GeluKind::kTanh, s));
+}
 void add(float* out, const float* a, const float* b, size_t n, cudaStream_t s) {
   TRIDENT_CUDA_ELEMENTWISE("add", n, launch::add(out, a, b, n, s));
 }

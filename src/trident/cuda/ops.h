@@ -49,6 +49,9 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
 
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind, cudaStream_t stream = nullptr);
+// out = gelu(inp) and grad = gelu'(inp) in one pass (grad may alias inp), as the CPU kernel.
+void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind,
+                           cudaStream_t stream = nullptr);
 // dinp = dout * gelu'(inp); dinp may alias dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind,
                    cudaStream_t stream = nullptr);

@@ -18,7 +18,7 @@ const std::vector<std::string>& model_config_keys() {
   static const std::vector<std::string> keys = {"kind",     "n_layer", "n_head", "n_embd",
                                                 "block_size", "vocab_size", "bias", "dropout",
                                                 "gelu",     "activation_checkpointing", "seed", "dtype",
-                                                "tie_embeddings"};
+                                                "tie_embeddings", "device"};
   return keys;
 }
 
@@ -109,6 +109,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
     c.dtype = get_choice(norm, "dtype", c.dtype, {"float32", "bfloat16"});
   }
   c.tie_embeddings = get_bool(j, "tie_embeddings", c.tie_embeddings);
+  c.device = get_choice(j, "device", c.device, {"cpu", "cuda"});
   if (c.kind == "gpt") {
     TRIDENT_CHECK(c.n_embd % c.n_head == 0, InvalidArgument,
                   "model config: n_embd {} must be divisible by n_head {}", c.n_embd, c.n_head);
@@ -155,15 +156,27 @@ int FlatModel::add_param(std::string name, std::vector<int64_t> shape) {
 
 void FlatModel::finalize_params() {
   const size_t n = params_.empty() ? 0 : kernels::align_floats(params_.back().offset + params_.back().numel);
-  values_.assign(n, 0.0f);
-  grad_store_.assign(n, 0.0f);
+  values_ = kernels::DeviceArray<float>(*ops_, n);
+  grad_store_ = kernels::DeviceArray<float>(*ops_, n);
   grads_ = grad_store_.data();
   grad_owner_.reset();
+  if (ops_->device != kernels::Device::kCpu) init_staging_.assign(n, 0.0f);
   rng_.seed(cfg_.seed);
 }
 
+float* FlatModel::init_target(int idx) {
+  float* base = ops_->device == kernels::Device::kCpu ? values_.data() : init_staging_.data();
+  return base + params_[idx].offset;
+}
+
+void FlatModel::finish_init() {
+  if (ops_->device == kernels::Device::kCpu) return;
+  ops_->to_device(values_.data(), init_staging_.data(), init_staging_.size() * sizeof(float));
+  kernels::AlignedFloats().swap(init_staging_);
+}
+
 void FlatModel::init_normal(int idx, double std) {
-  float* p = P(idx);
+  float* p = init_target(idx);
   const size_t n = params_[idx].numel;
   const double k53 = 1.0 / 9007199254740992.0;  // 2^-53
   for (size_t i = 0; i < n; ++i) {
@@ -174,23 +187,28 @@ void FlatModel::init_normal(int idx, double std) {
 }
 
 void FlatModel::init_constant(int idx, float value) {
-  float* p = P(idx);
+  float* p = init_target(idx);
   for (size_t i = 0; i < params_[idx].numel; ++i) p[i] = value;
 }
 
 bool FlatModel::adopt_grad_storage(float* storage, std::shared_ptr<void> owner) {
   TRIDENT_CHECK(storage && reinterpret_cast<uintptr_t>(storage) % kernels::kAlignment == 0, InvalidArgument,
                 "adopt_grad_storage: the storage must be {}-byte aligned and not null", kernels::kAlignment);
+  if (ops_->device != kernels::Device::kCpu) return false;  // the storage offered is host memory
   const size_t n = num_params();
   if (storage != grads_) std::memcpy(storage, grads_, n * sizeof(float));
   grads_ = storage;
   grad_owner_ = std::move(owner);
-  kernels::AlignedFloats().swap(grad_store_);
+  grad_store_.reset();
   return true;
 }
 
 void FlatModel::zero_grad() {
   const size_t n = num_params();
+  if (ops_->device != kernels::Device::kCpu) {
+    ops_->memset_zero(grads_, n * sizeof(float));
+    return;
+  }
   if (!release_on_zero_) {
     std::memset(grads_, 0, n * sizeof(float));
     return;

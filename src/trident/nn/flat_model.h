@@ -5,6 +5,10 @@
 // seeded with config.seed; each normal draw is Box-Muller on two 53-bit uniforms u1 in (0,1], u2 in
 // [0,1): sqrt(-2 ln u1) * cos(2 pi u2) (the sine half is discarded), computed in double and scaled by
 // the std. Parameters are drawn in registration order (the order of parameters()).
+// Device: the flat buffers and activations live in the memory of config.device ("cpu" | "cuda"),
+// allocated through that device's op table (kernels/device.h), and every kernel call goes through the
+// table. Initial values are drawn on the host (into the buffer itself on the CPU, into a host staging
+// copy uploaded by finish_init() elsewhere), so a model's initial weights are the same on every device.
 // Ownership: the model owns its buffers. Thread-safety: one thread at a time.
 #pragma once
 
@@ -16,6 +20,7 @@
 
 #include "trident/kernels/aligned.h"
 #include "trident/kernels/cpu/ops.h"
+#include "trident/kernels/device.h"
 #include "trident/nn/model.h"
 
 namespace trident::nn {
@@ -34,21 +39,28 @@ struct ModelConfig {
   uint64_t seed = 1337;
   std::string dtype = "float32";
   bool tie_embeddings = true;
+  // cpu | cuda: where the buffers live and the kernels run. Not part of to_json() (nor of a model's
+  // config(), nor so of checkpoints): it says where a model runs, not what it is.
+  std::string device = "cpu";
 
   static ModelConfig from_json(const nlohmann::json& j);  // validates; throws InvalidArgument
   nlohmann::json to_json() const;
   kernels::cpu::GeluKind gelu_kind() const;
   kernels::cpu::Precision precision() const;
+  kernels::Device device_kind() const { return kernels::parse_device(device); }
 };
 
 class FlatModel : public Model {
  public:
-  explicit FlatModel(ModelConfig config) : cfg_(std::move(config)) {}
+  // Throws kernels::DeviceUnavailable when config.device cannot be used here.
+  explicit FlatModel(ModelConfig config)
+      : cfg_(std::move(config)), ops_(&kernels::device_ops(cfg_.device_kind())) {}
 
   const std::vector<Parameter>& parameters() const override { return params_; }
   float* param_data() override { return values_.data(); }
   float* grad_data() override { return grads_; }
   size_t num_params() const override { return values_.size(); }
+  kernels::Device device() const override { return ops_->device; }
   void zero_grad() override;
   void set_grad_ready_hook(GradReadyHook hook) override { hook_ = std::move(hook); }
   nlohmann::json config() const override { return cfg_.to_json(); }
@@ -60,11 +72,27 @@ class FlatModel : public Model {
  protected:
   // Registers a parameter (shape in PyTorch layout) and returns its index.
   int add_param(std::string name, std::vector<int64_t> shape);
-  // Allocates the flat buffers after all add_param calls.
+  // Allocates the flat buffers (zero-filled) after all add_param calls.
   void finalize_params();
-  // Fills parameter idx with N(0, std^2), or a constant (std < 0 means fill with `value`).
+  // Fills parameter idx with N(0, std^2), or a constant; then finish_init() once, after the last one.
   void init_normal(int idx, double std);
   void init_constant(int idx, float value);
+  void finish_init();
+  // Host memory the init_* calls write parameter idx into (the buffer itself on the CPU).
+  float* init_target(int idx);
+  const kernels::DeviceOps& ops() const { return *ops_; }
+  // Resizes an activation buffer to n floats of this model's device (zero-filled when it reallocates).
+  float* resize_buffer(kernels::DeviceArray<float>& buf, size_t n) {
+    buf.resize(*ops_, n);
+    return buf.data();
+  }
+  // Tokens on this model's device: `host` itself on the CPU, else a copy in `buf`.
+  const int32_t* on_device(kernels::DeviceArray<int32_t>& buf, const int32_t* host, size_t n) {
+    if (ops_->device == kernels::Device::kCpu) return host;
+    if (buf.size() < n) buf.resize(*ops_, n);
+    ops_->to_device(buf.data(), host, n * sizeof(int32_t));
+    return buf.data();
+  }
 
   float* P(int idx) { return idx < 0 ? nullptr : values_.data() + params_[idx].offset; }
   float* G(int idx) { return idx < 0 ? nullptr : grads_ + params_[idx].offset; }
@@ -77,9 +105,12 @@ class FlatModel : public Model {
   }
 
   ModelConfig cfg_;
+  const kernels::DeviceOps* ops_;
   std::vector<Parameter> params_;
-  kernels::AlignedFloats values_;
-  kernels::AlignedFloats grad_store_;  // the gradients, unless adopt_grad_storage() moved them
+  kernels::DeviceArray<float> values_;
+  kernels::DeviceArray<float> grad_store_;  // the gradients, unless adopt_grad_storage() moved them
+  kernels::AlignedFloats init_staging_;     // host copy being initialised (devices other than the CPU)
+  kernels::DeviceArray<int32_t> inputs_, targets_;  // device copies of the batch (devices other than the CPU)
   float* grads_ = nullptr;             // grad_store_.data() or the adopted storage
   std::shared_ptr<void> grad_owner_;   // keeps adopted storage alive
   GradReadyHook hook_;

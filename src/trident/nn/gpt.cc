@@ -6,15 +6,13 @@
 #include <memory>
 
 #include "trident/core/error.h"
-#include "trident/nn/flat_model.h"
+#include "trident/nn/language_model.h"
 
 namespace trident::nn {
 
-namespace kc = kernels::cpu;
-
-class Gpt final : public FlatModel {
+class Gpt final : public LanguageModel {
  public:
-  explicit Gpt(ModelConfig c) : FlatModel(std::move(c)) {
+  explicit Gpt(ModelConfig c) : LanguageModel(std::move(c)) {
     const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
     wte_ = add_param("transformer.wte.weight", {V, C});
     wpe_ = add_param("transformer.wpe.weight", {cfg_.block_size, C});
@@ -52,25 +50,7 @@ class Gpt final : public FlatModel {
       else if (ends("c_proj.weight")) init_normal(i, proj_std);
       else init_normal(i, 0.02);
     }
-  }
-
-  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
-                         float loss_scale) override {
-    check_batch(inputs, B, T);
-    TRIDENT_CHECK(targets != nullptr, InvalidArgument, "model: targets is null");
-    forward(inputs, B, T);
-    const int N = B * T, V = cfg_.vocab_size;
-    const double sum = kc::cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(), targets,
-                                                          N, V, loss_scale / static_cast<float>(N));
-    const float loss = static_cast<float>(sum / N);
-    if (backward) backward_pass(inputs, B, T);
-    return loss;
-  }
-
-  void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
-    check_batch(inputs, B, T);
-    forward(inputs, B, T);
-    std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
+    finish_init();
   }
 
   // Block 0: embeddings (wte, wpe); blocks 1..n_layer: transformer.h.{l}; block n_layer+1: ln_f and the
@@ -101,41 +81,37 @@ class Gpt final : public FlatModel {
   };
   struct Acts {
     // fch holds gelu'(c_fc output) after the forward (the pre-activation itself is not needed).
-    kernels::AlignedFloats ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+    kernels::DeviceArray<float> ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
 
-  void ensure(int B, int T) {
-    const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    if (N == cap_n_) return;
-    cap_n_ = N;
+  void resize_layers(size_t N) override {
+    const size_t C = cfg_.n_embd, L = cfg_.n_layer;
     const size_t nacts = cfg_.activation_checkpointing ? std::min<size_t>(1, L) : L;
     acts_.resize(nacts);
     for (auto& a : acts_) {
-      a.ln1.resize(N * C);
-      a.ln1_mean.resize(N);
-      a.ln1_rstd.resize(N);
-      a.qkv.resize(N * 3 * C);
-      a.atty.resize(N * C);
-      a.lse.resize(N * cfg_.n_head);
-      a.res2.resize(N * C);
-      a.ln2.resize(N * C);
-      a.ln2_mean.resize(N);
-      a.ln2_rstd.resize(N);
-      a.fch.resize(N * 4 * C);
-      a.fch_gelu.resize(N * 4 * C);
+      resize_buffer(a.ln1, N * C);
+      resize_buffer(a.ln1_mean, N);
+      resize_buffer(a.ln1_rstd, N);
+      resize_buffer(a.qkv, N * 3 * C);
+      resize_buffer(a.atty, N * C);
+      resize_buffer(a.lse, N * cfg_.n_head);
+      resize_buffer(a.res2, N * C);
+      resize_buffer(a.ln2, N * C);
+      resize_buffer(a.ln2_mean, N);
+      resize_buffer(a.ln2_rstd, N);
+      resize_buffer(a.fch, N * 4 * C);
+      resize_buffer(a.fch_gelu, N * 4 * C);
     }
-    xs_.resize(L + 1);
-    for (auto& x : xs_) x.resize(N * C);
-    lnf_.resize(N * C);
-    lnf_mean_.resize(N);
-    lnf_rstd_.resize(N);
-    logits_.resize(N * cfg_.vocab_size);
-    dres_.resize(N * C);
-    dc_.resize(N * C);
-    dqkv_.resize(N * 3 * C);
-    dfch_.resize(N * 4 * C);
-    scratch_out_.resize(N * C);
+    resize_buffer(dqkv_, N * 3 * C);
+    resize_buffer(dfch_, N * 4 * C);
+    resize_buffer(scratch_out_, N * C);
   }
+
+  // With checkpointing the recomputed output goes to scratch (x_{l+1} is kept).
+  void layer_forward(int l, int B, int T, bool recompute) override {
+    block_forward(l, xs_[l].data(), acts(l), recompute ? scratch_out_.data() : xs_[l + 1].data(), B, T);
+  }
+  void layer_backward(int l, int B, int T) override { block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T); }
 
   Acts& acts(int l) { return cfg_.activation_checkpointing ? acts_[0] : acts_[l]; }
 
@@ -143,19 +119,20 @@ class Gpt final : public FlatModel {
     const int N = B * T, C = cfg_.n_embd;
     const auto& lp = layers_[l];
     const auto prec = cfg_.precision();
-    kc::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(lp.ln1_w), P(lp.ln1_b), N, C);
-    kc::linear_forward(a.qkv.data(), a.ln1.data(), P(lp.attn_w), P(lp.attn_b), N, C, 3 * C, prec);
-    kc::attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), B, T, C, cfg_.n_head);
-    kc::linear_forward(a.res2.data(), a.atty.data(), P(lp.proj_w), P(lp.proj_b), N, C, C, prec);
-    kc::add_inplace(a.res2.data(), x, static_cast<size_t>(N) * C);
-    kc::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(lp.ln2_w),
-                          P(lp.ln2_b), N, C);
-    kc::linear_forward(a.fch.data(), a.ln2.data(), P(lp.fc_w), P(lp.fc_b), N, C, 4 * C, prec);
+    ops_->layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(lp.ln1_w), P(lp.ln1_b), N, C,
+                            1e-5f);
+    ops_->linear_forward(a.qkv.data(), a.ln1.data(), P(lp.attn_w), P(lp.attn_b), N, C, 3 * C, prec);
+    ops_->attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), B, T, C, cfg_.n_head);
+    ops_->linear_forward(a.res2.data(), a.atty.data(), P(lp.proj_w), P(lp.proj_b), N, C, C, prec);
+    ops_->add_inplace(a.res2.data(), x, static_cast<size_t>(N) * C);
+    ops_->layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), P(lp.ln2_w),
+                            P(lp.ln2_b), N, C, 1e-5f);
+    ops_->linear_forward(a.fch.data(), a.ln2.data(), P(lp.fc_w), P(lp.fc_b), N, C, 4 * C, prec);
     // fch becomes gelu'(pre-activation): all the backward needs of it.
-    kc::gelu_forward_and_grad(a.fch_gelu.data(), a.fch.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C,
-                              cfg_.gelu_kind());
-    kc::linear_forward(out, a.fch_gelu.data(), P(lp.mproj_w), P(lp.mproj_b), N, 4 * C, C, prec);
-    kc::add_inplace(out, a.res2.data(), static_cast<size_t>(N) * C);
+    ops_->gelu_forward_and_grad(a.fch_gelu.data(), a.fch.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C,
+                                cfg_.gelu_kind());
+    ops_->linear_forward(out, a.fch_gelu.data(), P(lp.mproj_w), P(lp.mproj_b), N, 4 * C, C, prec);
+    ops_->add_inplace(out, a.res2.data(), static_cast<size_t>(N) * C);
   }
 
   // dres: gradient of the block's output on entry, of its input x on return.
@@ -163,89 +140,37 @@ class Gpt final : public FlatModel {
     const int N = B * T, C = cfg_.n_embd;
     const auto& lp = layers_[l];
     const auto prec = cfg_.precision();
-    float* dc = dc_.data();
+    float* dc = dscratch();
     float* dfch = dfch_.data();
-    kc::linear_backward(dfch, G(lp.mproj_w), G(lp.mproj_b), dres, a.fch_gelu.data(), P(lp.mproj_w), N, 4 * C, C,
-                        0.0f, prec);
+    ops_->linear_backward(dfch, G(lp.mproj_w), G(lp.mproj_b), dres, a.fch_gelu.data(), P(lp.mproj_w), N, 4 * C, C,
+                          0.0f, prec);
     fire(lp.mproj_b);
     fire(lp.mproj_w);
-    kc::mul(dfch, dfch, a.fch.data(), static_cast<size_t>(N) * 4 * C);
-    kc::linear_backward(dc, G(lp.fc_w), G(lp.fc_b), dfch, a.ln2.data(), P(lp.fc_w), N, C, 4 * C, 0.0f, prec);
+    ops_->mul(dfch, dfch, a.fch.data(), static_cast<size_t>(N) * 4 * C);
+    ops_->linear_backward(dc, G(lp.fc_w), G(lp.fc_b), dfch, a.ln2.data(), P(lp.fc_w), N, C, 4 * C, 0.0f, prec);
     fire(lp.fc_b);
     fire(lp.fc_w);
-    kc::layernorm_backward(dres, G(lp.ln2_w), G(lp.ln2_b), dc, a.res2.data(), P(lp.ln2_w), a.ln2_mean.data(),
-                           a.ln2_rstd.data(), N, C);
+    ops_->layernorm_backward(dres, G(lp.ln2_w), G(lp.ln2_b), dc, a.res2.data(), P(lp.ln2_w), a.ln2_mean.data(),
+                             a.ln2_rstd.data(), N, C);
     fire(lp.ln2_b);
     fire(lp.ln2_w);
-    kc::linear_backward(dc, G(lp.proj_w), G(lp.proj_b), dres, a.atty.data(), P(lp.proj_w), N, C, C, 0.0f, prec);
+    ops_->linear_backward(dc, G(lp.proj_w), G(lp.proj_b), dres, a.atty.data(), P(lp.proj_w), N, C, C, 0.0f, prec);
     fire(lp.proj_b);
     fire(lp.proj_w);
-    kc::attention_backward(dqkv_.data(), dc, a.qkv.data(), a.atty.data(), a.lse.data(), B, T, C, cfg_.n_head);
-    kc::linear_backward(dc, G(lp.attn_w), G(lp.attn_b), dqkv_.data(), a.ln1.data(), P(lp.attn_w), N, C, 3 * C, 0.0f,
-                        prec);
+    ops_->attention_backward(dqkv_.data(), dc, a.qkv.data(), a.atty.data(), a.lse.data(), B, T, C, cfg_.n_head);
+    ops_->linear_backward(dc, G(lp.attn_w), G(lp.attn_b), dqkv_.data(), a.ln1.data(), P(lp.attn_w), N, C, 3 * C, 0.0f,
+                          prec);
     fire(lp.attn_b);
     fire(lp.attn_w);
-    kc::layernorm_backward(dres, G(lp.ln1_w), G(lp.ln1_b), dc, x, P(lp.ln1_w), a.ln1_mean.data(), a.ln1_rstd.data(),
-                           N, C);
+    ops_->layernorm_backward(dres, G(lp.ln1_w), G(lp.ln1_b), dc, x, P(lp.ln1_w), a.ln1_mean.data(), a.ln1_rstd.data(),
+                             N, C);
     fire(lp.ln1_b);
     fire(lp.ln1_w);
   }
 
-  void forward(const int32_t* inputs, int B, int T) {
-    ensure(B, T);
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    block_event(0, BlockEvent::kBeforeForward);
-    kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
-    block_event(0, BlockEvent::kAfterForward);
-    for (int l = 0; l < L; ++l) {
-      block_event(l + 1, BlockEvent::kBeforeForward);
-      block_forward(l, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T);
-      block_event(l + 1, BlockEvent::kAfterForward);
-    }
-    block_event(L + 1, BlockEvent::kBeforeForward);
-    kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
-    kc::linear_forward(logits_.data(), lnf_.data(), P(wte_), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
-    block_event(L + 1, BlockEvent::kAfterForward);
-  }
-
-  // Expects logits_ to hold dloss/dlogits.
-  void backward_pass(const int32_t* inputs, int B, int T) {
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    const auto prec = cfg_.precision();
-    // lm_head (tied): d lnf = dlogits wte; d wte += dlogits^T lnf. wte is final only after the embedding.
-    block_event(L + 1, BlockEvent::kBeforeBackward);
-    kc::linear_backward(dc_.data(), G(wte_), nullptr, logits_.data(), lnf_.data(), P(wte_), N, C, cfg_.vocab_size,
-                        0.0f, prec);
-    std::memset(dres_.data(), 0, sizeof(float) * static_cast<size_t>(N) * C);
-    kc::layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dc_.data(), xs_[L].data(), P(lnf_w_), lnf_mean_.data(),
-                           lnf_rstd_.data(), N, C);
-    fire(lnf_b_);
-    fire(lnf_w_);
-    block_event(L + 1, BlockEvent::kAfterBackward);
-    for (int l = L - 1; l >= 0; --l) {
-      // With checkpointing the scratch set already holds the last block's activations.
-      if (cfg_.activation_checkpointing && l != L - 1) {
-        block_event(l + 1, BlockEvent::kBeforeRecompute);
-        block_forward(l, xs_[l].data(), acts(l), scratch_out_.data(), B, T);
-        block_event(l + 1, BlockEvent::kAfterRecompute);
-      }
-      block_event(l + 1, BlockEvent::kBeforeBackward);
-      block_backward(l, dres_.data(), xs_[l].data(), acts(l), B, T);
-      block_event(l + 1, BlockEvent::kAfterBackward);
-    }
-    block_event(0, BlockEvent::kBeforeBackward);
-    kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
-    fire(wpe_);
-    fire(wte_);
-    block_event(0, BlockEvent::kAfterBackward);
-  }
-
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   std::vector<LayerParams> layers_;
-  size_t cap_n_ = 0;
   std::vector<Acts> acts_;
-  std::vector<kernels::AlignedFloats> xs_;
-  kernels::AlignedFloats lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dc_, dqkv_, dfch_, scratch_out_;
+  kernels::DeviceArray<float> dqkv_, dfch_, scratch_out_;
 };
 
 std::unique_ptr<Model> make_gpt(const ModelConfig& c) { return std::make_unique<Gpt>(c); }

@@ -12,15 +12,13 @@
 #include <memory>
 
 #include "trident/core/error.h"
-#include "trident/nn/flat_model.h"
+#include "trident/nn/language_model.h"
 
 namespace trident::nn {
 
-namespace kc = kernels::cpu;
-
-class DeepMlp final : public FlatModel {
+class DeepMlp final : public LanguageModel {
  public:
-  explicit DeepMlp(ModelConfig c) : FlatModel(std::move(c)) {
+  explicit DeepMlp(ModelConfig c) : LanguageModel(std::move(c)) {
     const int64_t C = cfg_.n_embd, V = cfg_.vocab_size;
     wte_ = add_param("wte.weight", {V, C});
     wpe_ = add_param("wpe.weight", {cfg_.block_size, C});
@@ -39,24 +37,7 @@ class DeepMlp final : public FlatModel {
       else if (params_[i].name.rfind("layers.", 0) == 0) init_normal(i, layer_std);
       else init_normal(i, 0.02);
     }
-  }
-
-  float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
-                         float loss_scale) override {
-    check_batch(inputs, B, T);
-    TRIDENT_CHECK(targets != nullptr, InvalidArgument, "model: targets is null");
-    forward(inputs, B, T);
-    const int N = B * T;
-    const double sum = kc::cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(), targets,
-                                                          N, cfg_.vocab_size, loss_scale / static_cast<float>(N));
-    if (backward) backward_pass(inputs, B, T);
-    return static_cast<float>(sum / N);
-  }
-
-  void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
-    check_batch(inputs, B, T);
-    forward(inputs, B, T);
-    std::memcpy(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
+    finish_init();
   }
 
   // Block 0: wte, wpe; blocks 1..n_layer: layers.{l}; block n_layer+1: ln_f and the head (wte when tied).
@@ -76,90 +57,36 @@ class DeepMlp final : public FlatModel {
   }
 
  private:
-  int head() const { return cfg_.tie_embeddings ? wte_ : head_; }
-
-  void ensure(int B, int T) {
-    const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    if (N == cap_n_) return;
-    cap_n_ = N;
-    xs_.resize(L + 1);
-    for (auto& x : xs_) x.resize(N * C);
+  void resize_layers(size_t N) override {
+    const size_t C = cfg_.n_embd, L = cfg_.n_layer;
     hs_.resize(cfg_.activation_checkpointing ? std::min<size_t>(L, 1) : L);
-    for (auto& h : hs_) h.resize(N * C);
-    lnf_.resize(N * C);
-    lnf_mean_.resize(N);
-    lnf_rstd_.resize(N);
-    logits_.resize(N * cfg_.vocab_size);
-    dres_.resize(N * C);
-    dh_.resize(N * C);
+    for (auto& h : hs_) resize_buffer(h, N * C);
   }
 
   float* h(int l) { return cfg_.activation_checkpointing ? hs_[0].data() : hs_[l].data(); }
 
-  void layer_forward(int l, int N, bool write_output) {
-    const int C = cfg_.n_embd;
-    kc::linear_forward(h(l), xs_[l].data(), P(w_[l]), P(b_[l]), N, C, C, cfg_.precision());
-    if (!write_output) return;
-    kc::gelu_forward(xs_[l + 1].data(), h(l), static_cast<size_t>(N) * C, cfg_.gelu_kind());
-    kc::add_inplace(xs_[l + 1].data(), xs_[l].data(), static_cast<size_t>(N) * C);
+  // The recompute refreshes only the pre-activation h_l (what the backward reads).
+  void layer_forward(int l, int B, int T, bool recompute) override {
+    const int N = B * T, C = cfg_.n_embd;
+    ops_->linear_forward(h(l), xs_[l].data(), P(w_[l]), P(b_[l]), N, C, C, cfg_.precision());
+    if (recompute) return;
+    ops_->gelu_forward(xs_[l + 1].data(), h(l), static_cast<size_t>(N) * C, cfg_.gelu_kind());
+    ops_->add_inplace(xs_[l + 1].data(), xs_[l].data(), static_cast<size_t>(N) * C);
   }
 
-  void forward(const int32_t* inputs, int B, int T) {
-    ensure(B, T);
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    block_event(0, BlockEvent::kBeforeForward);
-    kc::embedding_forward(xs_[0].data(), inputs, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
-    block_event(0, BlockEvent::kAfterForward);
-    for (int l = 0; l < L; ++l) {
-      block_event(l + 1, BlockEvent::kBeforeForward);
-      layer_forward(l, N, true);
-      block_event(l + 1, BlockEvent::kAfterForward);
-    }
-    block_event(L + 1, BlockEvent::kBeforeForward);
-    kc::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N, C);
-    kc::linear_forward(logits_.data(), lnf_.data(), P(head()), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
-    block_event(L + 1, BlockEvent::kAfterForward);
+  void layer_backward(int l, int B, int T) override {
+    const int N = B * T, C = cfg_.n_embd;
+    float* dh = dscratch();
+    ops_->gelu_backward(dh, h(l), dres_.data(), static_cast<size_t>(N) * C, cfg_.gelu_kind());
+    // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
+    ops_->linear_backward(dres_.data(), G(w_[l]), G(b_[l]), dh, xs_[l].data(), P(w_[l]), N, C, C, 1.0f,
+                          cfg_.precision());
+    fire(b_[l]);
+    fire(w_[l]);
   }
 
-  void backward_pass(const int32_t* inputs, int B, int T) {
-    const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
-    const auto prec = cfg_.precision();
-    block_event(L + 1, BlockEvent::kBeforeBackward);
-    kc::linear_backward(dh_.data(), G(head()), nullptr, logits_.data(), lnf_.data(), P(head()), N, C, cfg_.vocab_size,
-                        0.0f, prec);
-    fire(head_);  // untied head: final now (-1 when tied: no-op)
-    std::memset(dres_.data(), 0, sizeof(float) * static_cast<size_t>(N) * C);
-    kc::layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dh_.data(), xs_[L].data(), P(lnf_w_), lnf_mean_.data(),
-                           lnf_rstd_.data(), N, C);
-    fire(lnf_b_);
-    fire(lnf_w_);
-    block_event(L + 1, BlockEvent::kAfterBackward);
-    for (int l = L - 1; l >= 0; --l) {
-      if (cfg_.activation_checkpointing && l != L - 1) {
-        block_event(l + 1, BlockEvent::kBeforeRecompute);
-        layer_forward(l, N, false);
-        block_event(l + 1, BlockEvent::kAfterRecompute);
-      }
-      block_event(l + 1, BlockEvent::kBeforeBackward);
-      kc::gelu_backward(dh_.data(), h(l), dres_.data(), static_cast<size_t>(N) * C, cfg_.gelu_kind());
-      // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
-      kc::linear_backward(dres_.data(), G(w_[l]), G(b_[l]), dh_.data(), xs_[l].data(), P(w_[l]), N, C, C, 1.0f, prec);
-      fire(b_[l]);
-      fire(w_[l]);
-      block_event(l + 1, BlockEvent::kAfterBackward);
-    }
-    block_event(0, BlockEvent::kBeforeBackward);
-    kc::embedding_backward(G(wte_), G(wpe_), dres_.data(), inputs, B, T, C);
-    fire(wpe_);
-    fire(wte_);
-    block_event(0, BlockEvent::kAfterBackward);
-  }
-
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
   std::vector<int> w_, b_;
-  size_t cap_n_ = 0;
-  std::vector<kernels::AlignedFloats> xs_, hs_;
-  kernels::AlignedFloats lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dh_;
+  std::vector<kernels::DeviceArray<float>> hs_;
 };
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& c) { return std::make_unique<DeepMlp>(c); }

@@ -36,6 +36,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trident/kernels/device.h"
+
 namespace trident::nn {
 
 struct Parameter {
@@ -54,6 +56,10 @@ class Model {
   virtual float* param_data() = 0;   // flat buffer of all parameters
   virtual float* grad_data() = 0;    // flat buffer of all gradients (same layout)
   virtual size_t num_params() const = 0;  // elements in the flat buffers (including alignment padding)
+  // Where param_data() and grad_data() live: on kCuda they are device pointers (copy them through
+  // kernels::device_ops(device())). Inputs, targets and logits of the calls below are HOST memory on
+  // every device (the model copies the tokens over, B*T int32 per call, as llm.c's gpt2_forward does).
+  virtual kernels::Device device() const { return kernels::Device::kCpu; }
 
   // Mean cross-entropy over B*T positions of inputs[B*T] predicting targets[B*T].
   // With backward=true, ADDS the gradients of that loss into grad_data() (call zero_grad() between steps;

@@ -10,6 +10,9 @@
 //     OpenBLAS has it; Debian's OpenBLAS 0.3.21 lacks it, so there the operands are rounded to bfloat16
 //     and multiplied by sgemm: bfloat16 numerics, but no speed-up (about 15% slower than float32),
 //   tie_embeddings (true; mlp only: false gives it a separate lm_head.weight).
+//   device "cpu" | "cuda" (cpu): where the flat buffers live and the kernels run (kernels/device.h); cuda
+//     throws kernels::DeviceUnavailable when this build has no CUDA or no GPU is visible. Not echoed by
+//     config(): checkpoints stay device-independent.
 // The returned model's config() holds every key with its resolved value, enough to rebuild it.
 // Ownership: the caller owns the model. Thread-safety: a model is used from one thread at a time.
 #pragma once

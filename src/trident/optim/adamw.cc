@@ -3,12 +3,18 @@
 #include <algorithm>
 
 #include "trident/core/error.h"
-#include "trident/kernels/cpu/ops.h"
 
 namespace trident::optim {
 
 AdamW::AdamW(nn::Model& model, AdamWConfig config)
-    : model_(model), config_(config), exp_avg_(model.num_params(), 0.0f), exp_avg_sq_(model.num_params(), 0.0f) {
+    : model_(model), config_(config), ops_(&kernels::device_ops(model.device())) {
+  if (on_host()) {
+    exp_avg_.assign(model.num_params(), 0.0f);
+    exp_avg_sq_.assign(model.num_params(), 0.0f);
+  } else {
+    dev_m_ = kernels::DeviceArray<float>(*ops_, model.num_params());
+    dev_v_ = kernels::DeviceArray<float>(*ops_, model.num_params());
+  }
   TRIDENT_CHECK(config.beta1 >= 0 && config.beta1 < 1, InvalidArgument, "AdamW: beta1 {} must be in [0, 1)",
                 config.beta1);
   TRIDENT_CHECK(config.beta2 >= 0 && config.beta2 < 1, InvalidArgument, "AdamW: beta2 {} must be in [0, 1)",
@@ -32,9 +38,22 @@ void AdamW::step(float lr) { step_range(lr, 0, model_.num_params()); }
 void AdamW::step_range(float lr, size_t begin, size_t end) {
   TRIDENT_CHECK(begin <= end && end <= model_.num_params(), InvalidArgument,
                 "AdamW::step_range: [{}, {}) is outside the {} parameters", begin, end, model_.num_params());
-  if (exp_avg_.size() != model_.num_params()) {  // after release_state()
-    exp_avg_.assign(model_.num_params(), 0.0f);
-    exp_avg_sq_.assign(model_.num_params(), 0.0f);
+  float* m = nullptr;
+  float* v = nullptr;
+  if (on_host()) {
+    if (exp_avg_.size() != model_.num_params()) {  // after release_state()
+      exp_avg_.assign(model_.num_params(), 0.0f);
+      exp_avg_sq_.assign(model_.num_params(), 0.0f);
+    }
+    m = exp_avg_.data();
+    v = exp_avg_sq_.data();
+  } else {
+    if (dev_m_.size() != model_.num_params()) {  // after release_state()
+      dev_m_ = kernels::DeviceArray<float>(*ops_, model_.num_params());
+      dev_v_ = kernels::DeviceArray<float>(*ops_, model_.num_params());
+    }
+    m = dev_m_.data();
+    v = dev_v_.data();
   }
   ++step_;
   float* p = model_.param_data();
@@ -43,8 +62,8 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
   for (const auto& s : segments_) {
     const size_t i = std::max(s.begin, begin), j = std::min(s.end, end);
     if (i >= j) continue;
-    kernels::cpu::adamw_update(p + i, g + i, exp_avg_.data() + i, exp_avg_sq_.data() + i, j - i, lr, config_.beta1,
-                               config_.beta2, config_.eps, s.decay ? config_.weight_decay : 0.0f, step_);
+    ops_->adamw_update(p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps,
+                       s.decay ? config_.weight_decay : 0.0f, step_);
   }
 }
 
@@ -57,11 +76,27 @@ void AdamW::load_state(const std::vector<float>& exp_avg, const std::vector<floa
   exp_avg_ = exp_avg;
   exp_avg_sq_ = exp_avg_sq;
   step_ = step;
+  if (!on_host()) {
+    dev_m_ = kernels::DeviceArray<float>(*ops_, exp_avg.size());
+    dev_v_ = kernels::DeviceArray<float>(*ops_, exp_avg.size());
+    ops_->to_device(dev_m_.data(), exp_avg.data(), exp_avg.size() * sizeof(float));
+    ops_->to_device(dev_v_.data(), exp_avg_sq.data(), exp_avg_sq.size() * sizeof(float));
+  }
+}
+
+void AdamW::sync_state_to_host() {
+  if (on_host()) return;
+  exp_avg_.resize(dev_m_.size());
+  exp_avg_sq_.resize(dev_v_.size());
+  ops_->to_host(exp_avg_.data(), dev_m_.data(), dev_m_.size() * sizeof(float));
+  ops_->to_host(exp_avg_sq_.data(), dev_v_.data(), dev_v_.size() * sizeof(float));
 }
 
 void AdamW::release_state() {
   std::vector<float>().swap(exp_avg_);
   std::vector<float>().swap(exp_avg_sq_);
+  dev_m_.reset();
+  dev_v_.reset();
 }
 
 }  // namespace trident::optim

@@ -8,6 +8,9 @@
 //   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
 //   p -= lr*wd*p   (decoupled decay, only in the decay group)
 //   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// Device: the update runs through the op table of the model's device (kernels/device.h). On a device
+// other than the CPU the moments live in device memory; exp_avg()/exp_avg_sq() are host copies that
+// sync_state_to_host() refreshes (call it before saving them) and load_state() uploads.
 // Blocking: step() runs on the calling thread. Not thread-safe. No timeouts.
 #pragma once
 
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trident/kernels/device.h"
 #include "trident/nn/model.h"
 
 namespace trident::optim {
@@ -51,11 +55,17 @@ class AdamW {
   // exp_avg()/exp_avg_sq() are then empty until step()/step_range() re-creates them as zeros or
   // load_state() refills them. The step count is kept.
   void release_state();
-  bool has_state() const { return !exp_avg_.empty() || model_.num_params() == 0; }
+  // Copies device moments into exp_avg()/exp_avg_sq() (no-op on the CPU, where they are the state).
+  void sync_state_to_host();
+  bool has_state() const { return !exp_avg_.empty() || dev_m_.size() > 0 || model_.num_params() == 0; }
 
  private:
+  bool on_host() const { return ops_->device == kernels::Device::kCpu; }
+
   nn::Model& model_;
   AdamWConfig config_;
+  const kernels::DeviceOps* ops_;
+  kernels::DeviceArray<float> dev_m_, dev_v_;  // the moments on a device other than the CPU
   std::vector<float> exp_avg_;
   std::vector<float> exp_avg_sq_;
   struct Segment {

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 
+#include "trident/kernels/device.h"
+
 namespace trident::optim {
 
 // nanoGPT's get_lr: linear warmup for `warmup_iters` steps ((it+1)/(warmup_iters+1) * lr), then cosine
@@ -13,6 +15,8 @@ float lr_at(int it, int warmup_iters, int lr_decay_iters, float lr, float min_lr
 // Global L2 norm of grads[0..n) (accumulated in double); with max_norm > 0, scales the gradients by
 // min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_. Returns the pre-clip norm.
 float clip_grad_norm(float* grads, size_t n, float max_norm);
+// The same on memory of the device `ops` belongs to (kernels/device.h).
+float clip_grad_norm(const kernels::DeviceOps& ops, float* grads, size_t n, float max_norm);
 // The global L2 norm alone (for logging, or to combine shard norms).
 double grad_norm_squared(const float* grads, size_t n);
 

@@ -463,6 +463,10 @@ std::vector<ShardSpec> ParallelModel::shard_plan(const nlohmann::json& config, c
 ParallelModel::ParallelModel(nn::ModelConfig cfg, ModelLayout layout, std::shared_ptr<ProcessGroup> tp_group,
                              std::shared_ptr<ProcessGroup> embedding_group)
     : FlatModel(std::move(cfg)), layout_(std::move(layout)), tp_(tp_group), embedding_group_(std::move(embedding_group)) {
+  TRIDENT_CHECK(ops().device == kernels::Device::kCpu, Unsupported,
+                "ParallelModel: tensor and pipeline parallelism run on the CPU only for now (device {}); use "
+                "device cpu",
+                cfg_.device);
   TRIDENT_CHECK(tp_.size() == layout_.tp_size, InvalidArgument,
                 "ParallelModel: the tensor-parallel group has {} ranks but the layout says tp_size {}; pass the "
                 "rank's TP group (null only when tp_size is 1)",

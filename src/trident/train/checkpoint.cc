@@ -10,6 +10,7 @@
 #include "trident/core/log.h"
 #include "trident/core/tensor.h"
 #include "trident/data/file_io.h"
+#include "trident/kernels/device.h"
 
 namespace trident::train {
 namespace fs = std::filesystem;
@@ -181,6 +182,12 @@ std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const 
   try {
     const auto& params = model.parameters();
     const float* values = model.param_data();
+    std::vector<float> host_values;  // a host copy of a model on another device
+    if (model.device() != kernels::Device::kCpu) {
+      host_values.resize(model.num_params());
+      kernels::device_ops(model.device()).to_host(host_values.data(), values, host_values.size() * sizeof(float));
+      values = host_values.data();
+    }
     std::vector<TensorRef> tensors;
     bool has_head = false;
     for (const auto& p : params) {
@@ -351,7 +358,13 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
 
 void load_weights(nn::Model& model, const std::map<std::string, Tensor32>& weights, const std::string& origin) {
   const auto& params = model.parameters();
-  float* values = model.param_data();
+  const bool on_host = model.device() == kernels::Device::kCpu;
+  std::vector<float> staging;  // written here, then uploaded, for a model on another device
+  if (!on_host) {
+    staging.resize(model.num_params());
+    kernels::device_ops(model.device()).to_host(staging.data(), model.param_data(), staging.size() * sizeof(float));
+  }
+  float* values = on_host ? model.param_data() : staging.data();
   size_t used = 0;
   for (const auto& p : params) {
     auto it = weights.find(p.name);
@@ -372,6 +385,8 @@ void load_weights(nn::Model& model, const std::map<std::string, Tensor32>& weigh
       TRIDENT_THROW(InvalidArgument, "{}: tensor '{}' is not a parameter of this model", origin, name);
     }
   }
+  if (!on_host)
+    kernels::device_ops(model.device()).to_device(model.param_data(), staging.data(), staging.size() * sizeof(float));
 }
 
 void load_optimizer_moments(const nn::Model& model, const std::map<std::string, Tensor32>& tensors,

@@ -63,6 +63,8 @@ const std::vector<Key>& keys() {
       {"seed", &TrainConfig::seed, ">=0", "seed of initialization and data sampling"},
       {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
       {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
+      {"device", &TrainConfig::device, "cpu|cuda",
+       "where the model, its gradients and the optimizer state live (cuda: one GPU, single process)"},
       {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
        "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
       {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
@@ -293,6 +295,13 @@ void TrainConfig::validate() const {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
   }
   if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
+  if (device != "cpu" && (tp * pp > 1 || param_dtype != "float32")) {
+    TRIDENT_THROW(Unsupported,
+                  "device={} trains in one process on one GPU for now, but tp={} x pp={} and param_dtype={} were "
+                  "asked for: tensor/pipeline parallelism and bfloat16 parameter storage run on the CPU only; use "
+                  "--device cpu, or --tp 1 --pp 1 --param_dtype float32",
+                  device, tp, pp, param_dtype);
+  }
   if (param_dtype != "float32" && tp * pp > 1) {
     TRIDENT_THROW(InvalidArgument,
                   "param_dtype={} is not supported with model parallelism (tp={} x pp={}): bfloat16 parameter and "
@@ -438,7 +447,8 @@ nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
                         {"gelu", cfg.gelu},
                         {"activation_checkpointing", cfg.activation_checkpointing},
                         {"seed", cfg.seed},
-                        {"dtype", cfg.dtype}};
+                        {"dtype", cfg.dtype},
+                        {"device", cfg.device}};
 }
 
 }  // namespace trident::train

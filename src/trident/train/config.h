@@ -61,6 +61,7 @@ struct TrainConfig {
   int64_t seed = 1337;
   int threads = 0;                     // 0 = what the process is given
   std::string dtype = "float32";       // float32 | bfloat16
+  std::string device = "cpu";          // cpu | cuda (one GPU, single process; kernels/device.h)
   std::string param_dtype = "float32"; // float32 | bfloat16: data-parallel storage of parameters and gradients
   // model parallelism (train_distributed): the device mesh tp x pp x dp = world size
   int tp = 1;                          // tensor-parallel ranks (Megatron: heads and MLP columns split)

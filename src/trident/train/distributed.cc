@@ -31,7 +31,8 @@ struct Loop {
 
   void before(const TrainConfig& cfg, Trainer& t, nn::Model& model, ProcessGroup* pg, const DistributedOptions& opts,
               std::FILE* out) {
-    enabled = cfg.model == "gpt" && !cfg.eval_only && t.start_step() < cfg.max_iters;
+    // The cost model predicts CPU time and host memory: nothing to close the loop on for a GPU run.
+    enabled = cfg.model == "gpt" && cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
     if (!enabled) return;
     const int vocab = t.dataset().tokenizer().vocab_size();
     PredictionInput in;
@@ -101,7 +102,8 @@ struct Loop {
   void before_model_parallel(const TrainConfig& cfg, Trainer& t, parallel::ParallelModel& pm,
                              const parallel::DeviceMesh& mesh, const DistributedOptions& opts, std::FILE* out,
                              const std::function<void()>& rehearse = {}) {
-    enabled = cfg.model == "gpt" && !cfg.eval_only && t.start_step() < cfg.max_iters;
+    // The cost model predicts CPU time and host memory: nothing to close the loop on for a GPU run.
+    enabled = cfg.model == "gpt" && cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
     if (!enabled) return;
     ProcessGroup& world = *mesh.world();
     const int P = mesh.pp_size();
@@ -631,10 +633,20 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   return train_distributed(cfg, opts, std::move(hooks), init_process_group());
 }
 
+// Training on a GPU is single-process for now: the data-parallel wrappers reduce host memory.
+void check_device_world(const TrainConfig& cfg, int world_size) {
+  if (cfg.device == "cpu" || world_size <= 1) return;
+  TRIDENT_THROW(Unsupported,
+                "device={} with {} processes: multi-process training (DDP, ZeRO, tensor and pipeline parallelism) "
+                "runs on the CPU only for now; train on one GPU with one process (no --nproc), or use --device cpu",
+                cfg.device, world_size);
+}
+
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
                               std::shared_ptr<ProcessGroup> world) {
   std::FILE* out = hooks.out != nullptr ? hooks.out : stdout;
   Loop loop;
+  check_device_world(cfg, world ? world->size() : 1);
   if (world && cfg.tp * cfg.pp > 1) return train_model_parallel(cfg, opts, std::move(hooks), world);
   if (world && world->size() > 1 && cfg.dp > 0 && cfg.dp != world->size()) cfg.resolved_dp(world->size());
   if (!world || (world->size() <= 1 && cfg.param_dtype == "float32")) {
@@ -765,6 +777,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
 
 void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size) {
   cfg.validate();
+  check_device_world(cfg, world_size);
   const int dp_size = cfg.resolved_dp(world_size);
   parallel::validate_mesh({cfg.tp, cfg.pp, dp_size, cfg.mesh_order}, world_size);
   if (cfg.tp * cfg.pp == 1) return;

@@ -11,6 +11,7 @@
 #include "trident/data/file_io.h"
 #include "trident/data/rng.h"
 #include "trident/kernels/cpu/ops.h"
+#include "trident/kernels/device.h"
 #include "trident/nn/models.h"
 #include "trident/optim/schedule.h"
 #include "trident/train/generate.h"
@@ -63,6 +64,8 @@ std::unique_ptr<nn::Model> model_from_checkpoint(
 
 Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
   cfg_.validate();
+  // Fails at once (before any data is read) when the device cannot be used: DeviceUnavailable says why.
+  kernels::device_ops(kernels::parse_device(cfg_.device));
   if (!hooks_.make_model) hooks_.make_model = [](const nlohmann::json& j) { return nn::make_model(j); };
   if (!hooks_.average) hooks_.average = [](double v) { return v; };
   if (hooks_.out == nullptr) hooks_.out = stdout;
@@ -216,6 +219,7 @@ std::string Trainer::save(int64_t step) {
   if (!writer()) return {};
   if (view.model == nullptr) {
     view.model = model_.get();
+    opt_->sync_state_to_host();  // device moments to exp_avg()/exp_avg_sq() (no-op on the CPU)
     view.exp_avg = &opt_->exp_avg();
     view.exp_avg_sq = &opt_->exp_avg_sq();
     view.optimizer_step = opt_->step_count();
@@ -296,7 +300,8 @@ TrainResult Trainer::run() {
     double grad_norm = NAN;  // pre-clip global norm (recorded; with model parallelism over all shards)
     if (cfg_.grad_clip > 0) {
       if (hooks_.clip) grad_norm = hooks_.clip(*model_, static_cast<float>(cfg_.grad_clip));
-      else grad_norm = optim::clip_grad_norm(model_->grad_data(), model_->num_params(), static_cast<float>(cfg_.grad_clip));
+      else grad_norm = optim::clip_grad_norm(kernels::device_ops(model_->device()), model_->grad_data(),
+                                             model_->num_params(), static_cast<float>(cfg_.grad_clip));
     }
     if (hooks_.step) hooks_.step(static_cast<float>(lr));
     else opt_->step(static_cast<float>(lr));
@@ -381,6 +386,7 @@ class CroppedLogits : public nn::Model {
   float* param_data() override { return m_.param_data(); }
   float* grad_data() override { return m_.grad_data(); }
   size_t num_params() const override { return m_.num_params(); }
+  kernels::Device device() const override { return m_.device(); }
   float forward_backward(const int32_t* x, const int32_t* y, int B, int T, bool backward, float s) override {
     return m_.forward_backward(x, y, B, T, backward, s);
   }

@@ -1,13 +1,16 @@
-// The CUDA GPT against the CPU model of nn/gpt.cc: same parameter layout, same loss, same gradients.
-// Tolerances: loss 1e-5 relative (float32), 1e-3 (bf16 GEMMs: the same operands are rounded, but values
-// that differ in the last float32 bit round to different bf16 values); gradients 1e-4 relative per
-// parameter tensor (floored at 0.1 x the tensor's largest magnitude), float32 only.
+// nn's models on the GPU against the same models on the CPU: one implementation (nn/gpt.cc, nn/mlp.cc)
+// run through two op tables (kernels/device.h). Same parameter layout and initial weights, then the
+// loss, the logits and the gradients of two accumulated micro-steps compared.
+// Tolerances: loss and logits 1e-5 relative (float32), 1e-3 (bf16 GEMMs: the same operands are rounded,
+// but values that differ in the last float32 bit round to different bf16 values); gradients 1e-4 relative
+// per parameter tensor (floored at 0.1 x the tensor's largest magnitude), float32 only.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "cuda_test_util.h"
-#include "trident/cuda/gpt.h"
+#include "trident/kernels/device.h"
 #include "trident/nn/models.h"
 
 namespace trident::cuda {
@@ -17,64 +20,87 @@ using testing::expect_close;
 using testing::random_ints;
 
 struct Case {
+  const char* kind;
   bool bias;
   const char* gelu;
   const char* dtype;
+  bool checkpointing;
 };
 
-TEST(CudaGpt, MatchesCpuModelLossAndGradients) {
-  TRIDENT_REQUIRE_GPU();
-  for (const Case k : {Case{true, "exact", "float32"}, Case{false, "tanh", "float32"}, Case{true, "exact", "bfloat16"}}) {
-    const int L = 2, NH = 3, C = 48, BS = 16, V = 37, B = 3, T = 13;
-    nlohmann::json j = {{"kind", "gpt"}, {"n_layer", L},   {"n_head", NH},     {"n_embd", C},      {"block_size", BS},
-                        {"vocab_size", V}, {"bias", k.bias}, {"gelu", k.gelu}, {"dtype", k.dtype}, {"seed", 7}};
-    auto cpu = nn::make_model(j);
-    GptConfig gc;
-    gc.n_layer = L;
-    gc.n_head = NH;
-    gc.n_embd = C;
-    gc.block_size = BS;
-    gc.vocab_size = V;
-    gc.bias = k.bias;
-    gc.gelu = std::string(k.gelu) == "tanh" ? GeluKind::kTanh : GeluKind::kExact;
-    gc.precision = std::string(k.dtype) == "bfloat16" ? Precision::kBFloat16 : Precision::kFloat32;
-    Gpt gpu(gc);
-    // Same layout: names, shapes, offsets and flat size.
-    ASSERT_EQ(gpu.parameters().size(), cpu->parameters().size());
-    for (size_t i = 0; i < gpu.parameters().size(); ++i) {
-      EXPECT_EQ(gpu.parameters()[i].name, cpu->parameters()[i].name);
-      EXPECT_EQ(gpu.parameters()[i].shape, cpu->parameters()[i].shape);
-      EXPECT_EQ(gpu.parameters()[i].offset, cpu->parameters()[i].offset);
-    }
-    ASSERT_EQ(gpu.num_params(), cpu->num_params());
-    gpu.copy_params_from_host(cpu->param_data());
+std::vector<float> to_host(const kernels::DeviceOps& ops, const float* p, size_t n) {
+  std::vector<float> v(n);
+  ops.to_host(v.data(), p, n * sizeof(float));
+  return v;
+}
 
-    auto in = random_ints(size_t(B) * T, 5, 0, V), tg = random_ints(size_t(B) * T, 6, 0, V);
-    DeviceBuffer<int32_t> din(in.size()), dtg(tg.size());
-    din.upload(in);
-    dtg.upload(tg);
-    cpu->zero_grad();
-    gpu.zero_grad();
-    // Two micro-steps: gradients accumulate on both sides.
-    float lc = 0, lg = 0;
-    for (int step = 0; step < 2; ++step) {
-      lc = cpu->forward_backward(in.data(), tg.data(), B, T, true, 0.5f);
-      lg = gpu.forward_backward(din.data(), dtg.data(), B, T, true, 0.5f);
+TEST(CudaModel, MatchesCpuModelLossLogitsAndGradients) {
+  TRIDENT_REQUIRE_GPU();
+  const auto& gpu_ops = kernels::device_ops(kernels::Device::kCuda);
+  for (const Case k : {Case{"gpt", true, "exact", "float32", false}, Case{"gpt", false, "tanh", "float32", true},
+                       Case{"gpt", true, "exact", "bfloat16", false}, Case{"mlp", true, "tanh", "float32", false}}) {
+    const int L = 2, NH = 3, C = 48, BS = 16, V = 37, B = 3, T = 13;
+    nlohmann::json j = {{"kind", k.kind},   {"n_layer", L},     {"n_head", NH},    {"n_embd", C},
+                        {"block_size", BS}, {"vocab_size", V},  {"bias", k.bias},  {"gelu", k.gelu},
+                        {"dtype", k.dtype}, {"seed", 7},        {"activation_checkpointing", k.checkpointing}};
+    auto cpu = nn::make_model(j);
+    j["device"] = "cuda";
+    auto gpu = nn::make_model(j);
+    const std::string what = std::string(k.kind) + " " + k.dtype + " gelu=" + k.gelu;
+    ASSERT_EQ(gpu->device(), kernels::Device::kCuda);
+    ASSERT_EQ(gpu->num_params(), cpu->num_params());
+    ASSERT_EQ(gpu->parameters().size(), cpu->parameters().size());
+    for (size_t i = 0; i < gpu->parameters().size(); ++i) {
+      EXPECT_EQ(gpu->parameters()[i].name, cpu->parameters()[i].name);
+      EXPECT_EQ(gpu->parameters()[i].offset, cpu->parameters()[i].offset);
     }
-    const bool bf16 = gc.precision == Precision::kBFloat16;
-    EXPECT_NEAR(lg, lc, (bf16 ? 1e-3 : 1e-5) * std::fabs(lc)) << k.dtype << " " << k.gelu;
-    std::printf("gpt %s gelu=%s bias=%d: loss cpu %.7f gpu %.7f\n", k.dtype, k.gelu, k.bias, lc, lg);
+    // Initial weights are drawn on the host: identical bits on both devices.
+    const auto w = to_host(gpu_ops, gpu->param_data(), gpu->num_params());
+    ASSERT_EQ(0, std::memcmp(w.data(), cpu->param_data(), w.size() * sizeof(float))) << what;
+
+    // Tokens and logits are host memory on both devices (the GPU model copies the batch over).
+    auto in = random_ints(size_t(B) * T, 5, 0, V), tg = random_ints(size_t(B) * T, 6, 0, V);
+    const bool bf16 = std::string(k.dtype) == "bfloat16";
+    const double rtol = bf16 ? 1e-3 : 1e-5;
+
+    std::vector<float> lc(size_t(B) * T * V), lg(lc.size());
+    cpu->forward_logits(in.data(), B, T, lc.data());
+    gpu->forward_logits(in.data(), B, T, lg.data());
+    expect_close(lg, lc, rtol, what + " logits");
+
+    cpu->zero_grad();
+    gpu->zero_grad();
+    float loss_c = 0, loss_g = 0;
+    for (int step = 0; step < 2; ++step) {  // gradients accumulate on both sides
+      loss_c = cpu->forward_backward(in.data(), tg.data(), B, T, true, 0.5f);
+      loss_g = gpu->forward_backward(in.data(), tg.data(), B, T, true, 0.5f);
+    }
+    EXPECT_NEAR(loss_g, loss_c, rtol * std::fabs(loss_c)) << what;
+    std::printf("%s: loss cpu %.7f gpu %.7f\n", what.c_str(), loss_c, loss_g);
     if (bf16) continue;
-    std::vector<float> g(gpu.num_params());
-    TRIDENT_CUDA_CHECK(cudaMemcpy(g.data(), gpu.grad_data(), g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const auto g = to_host(gpu_ops, gpu->grad_data(), gpu->num_params());
     double worst = 0;
     for (const auto& p : cpu->parameters()) {
       std::vector<float> ref(cpu->grad_data() + p.offset, cpu->grad_data() + p.offset + p.numel);
       std::vector<float> got(g.begin() + p.offset, g.begin() + p.offset + p.numel);
-      worst = std::max(worst, expect_close(got, ref, 1e-4, "grad " + p.name));
+      worst = std::max(worst, expect_close(got, ref, 1e-4, what + " grad " + p.name));
     }
-    std::printf("gpt %s gelu=%s bias=%d: worst gradient relative error %.3g\n", k.dtype, k.gelu, k.bias, worst);
+    std::printf("%s: worst gradient relative error %.3g\n", what.c_str(), worst);
   }
+}
+
+// One AdamW step through each table from the same state gives the same parameters (1e-5 relative).
+TEST(CudaModel, OptimizerStepThroughOpTableMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const auto& cpu = kernels::device_ops(kernels::Device::kCpu);
+  const auto& gpu = kernels::device_ops(kernels::Device::kCuda);
+  const size_t n = 1000;
+  auto p = testing::random_floats(n, 1), gr = testing::random_floats(n, 2), m = testing::random_floats(n, 3, 0, 0.1f),
+       v = testing::random_floats(n, 4, 0.0f, 0.1f);
+  DeviceBuffer<float> dp(p), dg(gr), dm(m), dv(v);
+  cpu.adamw_update(p.data(), gr.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  gpu.adamw_update(dp.data(), dg.data(), dm.data(), dv.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  expect_close(dp.to_host(), p, 1e-5, "adamw param");
+  EXPECT_NEAR(gpu.sum_squares(dg.data(), n), cpu.sum_squares(gr.data(), n), 1e-9 * cpu.sum_squares(gr.data(), n));
 }
 
 }  // namespace

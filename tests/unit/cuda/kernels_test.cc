@@ -159,6 +159,15 @@ TEST(CudaKernels, GeluExactAndTanhForwardBackward) {
         expect_close(got_out, ref_out, 1e-5, "gelu forward vs double " + tag);
         expect_close(got_din, ref_din, 1e-5, "gelu backward vs double " + tag);
       }
+      // The fused form (what the models use): out = gelu(x) and grad = gelu'(x) written over x; then
+      // mul(grad, g) is the backward. The values of the two kernels above (1e-6: contraction may differ).
+      auto dxf = dev(x);
+      DeviceBuffer<float> dof(n);
+      cuda::gelu_forward_and_grad(dof.data(), dxf.data(), dxf.data(), n, kind);
+      auto dgf = dev(g);
+      cuda::mul(dgf.data(), dgf.data(), dxf.data(), n);
+      expect_close(dof.to_host(), got_out, 1e-6, "gelu_forward_and_grad out vs gelu_forward " + tag);
+      expect_close(dgf.to_host(), got_din, 1e-6, "gelu_forward_and_grad grad * g vs gelu_backward " + tag);
     }
   }
 }

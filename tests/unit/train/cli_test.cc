@@ -51,9 +51,11 @@ class Cli : public ::testing::Test {
            " --lr-decay-iters 12 --eval-interval 6 --eval-iters 2 --sample-tokens 20 --threads 1";
   }
 
-  static Result run(const std::string& args) {
+  static Result run(const std::string& args) { return run_env("", args); }
+  // `env` is prefixed to the command line as shell assignments ("NAME=value ").
+  static Result run_env(const std::string& env, const std::string& args) {
     std::string err_file = (dir_ / "stderr.txt").string();
-    std::string cmd = std::string(TRIDENT_BIN) + " " + args + " 2>" + err_file;
+    std::string cmd = env + std::string(TRIDENT_BIN) + " " + args + " 2>" + err_file;
     std::FILE* p = ::popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];
@@ -209,4 +211,37 @@ TEST_F(Cli, ResumeOnAnotherNumberOfRanksKeepsTheRun) {
   ASSERT_EQ(ref.size(), 12u);
   ASSERT_EQ(resumed.size(), 6u);
   for (auto [step, loss] : resumed) EXPECT_NEAR(loss, ref.at(step), 1e-4 * std::abs(ref.at(step))) << step;
+}
+
+// --device cuda where no GPU can be used fails at once with an error naming what was looked for.
+// CUDA_VISIBLE_DEVICES="" hides every GPU, so this runs the same on a machine with one.
+TEST_F(Cli, DeviceCudaWithoutAGpuFailsAtOnce) {
+  const fs::path out = dir_ / "cuda-out";
+  const std::string hide = "CUDA_VISIBLE_DEVICES= ";
+#ifdef TRIDENT_HAVE_CUDA
+  const std::string why = "CUDA_VISIBLE_DEVICES=''";  // and the cudaGetDeviceCount result before it
+#else
+  const std::string why = "this build of trident has no CUDA: nvcc was not found";
+#endif
+  Result r = run_env(hide, "train " + tiny_args() + " --device cuda --out_dir " + out.string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "device cuda is not available");
+  EXPECT_CONTAINS(r.err, why);
+  EXPECT_FALSE(fs::exists(out));  // nothing read or written: no token cache, no metrics
+  // The config key does the same.
+  std::ofstream(dir_ / "cuda.json") << R"({"device": "cuda"})";
+  r = run_env(hide, "train " + tiny_args() + " --config " + (dir_ / "cuda.json").string() + " --out_dir " +
+                        out.string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "device cuda is not available");
+  for (const char* cmd : {"eval --windows 2", "sample --tokens 3"}) {
+    r = run_env(hide, std::string(cmd) + " --device cuda --checkpoint " + (dir_ / "out").string());
+    EXPECT_EQ(r.rc, 1) << cmd << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "device cuda is not available");
+    EXPECT_CONTAINS(r.err, why);
+  }
+  // --device cpu is the default and runs as before.
+  r = run("eval --windows 2 --device cpu --checkpoint " + (dir_ / "out").string());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "val loss");
 }

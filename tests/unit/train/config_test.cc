@@ -163,3 +163,26 @@ TEST(Config, ModelConfigCarriesTheModelKeys) {
   EXPECT_EQ(j["gelu"], "tanh");
   EXPECT_EQ(j["block_size"], 64);
 }
+
+TEST(Config, DeviceFromFlagAndJsonAndItsLimits) {
+  EXPECT_EQ(parse_train_args({}).device, "cpu");
+  EXPECT_EQ(parse_train_args({"--device", "cuda"}).device, "cuda");
+  EXPECT_EQ(parse_train_args({"--device=cuda"}).device, "cuda");
+  std::string f = write_tmp("device.json", R"({"device": "cuda"})");
+  EXPECT_EQ(parse_train_args({"--config", f}).device, "cuda");
+  EXPECT_EQ(parse_train_args({"--config", f, "--device", "cpu"}).device, "cpu");  // flags win over files
+  fs::remove(f);
+  EXPECT_CONTAINS(error_of({"--device", "gpu"}), "one of cpu|cuda");
+  // The model config carries it to nn::make_model.
+  TrainConfig c = parse_train_args({"--device", "cuda"});
+  EXPECT_EQ(model_config_json(c, 65).at("device"), "cuda");
+  // GPU training is one process: model parallelism and bfloat16 storage are refused by name.
+  try {
+    parse_train_args({"--device", "cuda", "--tp", "2", "--n_head", "4"});
+    ADD_FAILURE() << "device cuda with tp 2 was accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_CONTAINS(e.what(), "tp=2 x pp=1");
+    EXPECT_CONTAINS(e.what(), "--device cpu");
+  }
+  EXPECT_THROW(parse_train_args({"--device", "cuda", "--param_dtype", "bfloat16"}), Unsupported);
+}

@@ -1,0 +1,142 @@
+// Devices and their op tables: one model and one training stack, run on the CPU or on a CUDA GPU.
+//
+// A DeviceOps is a table of function pointers: the memory operations (alloc, free, copies between host
+// and device, memset, synchronize) and every kernel of kernels/cpu/ops.h with the same signature and
+// conventions. Code that runs on either device calls ops.linear_forward(...) instead of a kernel by name.
+// Pointers passed to a table's kernels are memory of ITS device (alloc()); host_* arguments of the copies
+// are host memory. The CPU table calls the kernels of kernels/cpu/ops.h (so CPU results are those
+// kernels' results, bit for bit). The CUDA table lives in trident_cuda (cuda/device_ops.cc), which
+// registers it when linked in (register_device below), so this layer never depends on CUDA.
+//
+// Ownership: tables are static and live for the process; DeviceMemory owns one allocation.
+// Blocking: the CPU table is synchronous. The CUDA table queues work on the legacy default stream;
+// to_host and the kernels that return a host value (cross_entropy_forward_backward, sum_squares) or
+// validate indices (embedding_forward) block until the device is done, as cuda/ops.h documents.
+// Thread-safety: device_ops() is safe from any thread; kernels as their own headers say. No timeouts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/ops.h"
+
+namespace trident::kernels {
+
+enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
+
+const char* device_name(Device d);  // "cpu" | "cuda"
+// "cpu" | "cuda" -> Device; anything else throws InvalidArgument naming the choices.
+Device parse_device(const std::string& name);
+
+// The device asked for cannot be used here: this build lacks it (`reason` says what was looked for at
+// configure time) or no device of that kind is visible (`reason` names the probe's result and
+// CUDA_VISIBLE_DEVICES).
+class DeviceUnavailable : public Error {
+ public:
+  DeviceUnavailable(const std::string& what, Device device, std::string reason)
+      : Error(what), device(device), reason(std::move(reason)) {}
+  Device device;
+  std::string reason;
+};
+
+struct DeviceOps {
+  Device device;
+
+  // ---- memory (bytes; alloc returns 64-byte aligned, zero-filled memory; free(nullptr) is a no-op) ----
+  void* (*alloc)(size_t bytes);
+  void (*free)(void* p);
+  void (*to_device)(void* dst, const void* host_src, size_t bytes);
+  void (*to_host)(void* host_dst, const void* src, size_t bytes);
+  void (*copy)(void* dst, const void* src, size_t bytes);  // within the device
+  void (*memset_zero)(void* p, size_t bytes);
+  void (*synchronize)();  // waits for all queued work
+
+  // ---- kernels: the signatures and conventions of kernels/cpu/ops.h ----
+  void (*gemm)(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc, cpu::Precision p);
+  void (*linear_forward)(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                         cpu::Precision p);
+  void (*linear_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, int N, int C, int OC, float dinp_beta, cpu::Precision p);
+  void (*gelu_forward)(float* out, const float* inp, size_t n, cpu::GeluKind kind);
+  void (*gelu_forward_and_grad)(float* out, float* grad, const float* inp, size_t n, cpu::GeluKind kind);
+  void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n, cpu::GeluKind kind);
+  void (*mul)(float* out, const float* a, const float* b, size_t n);
+  void (*add)(float* out, const float* a, const float* b, size_t n);
+  void (*add_inplace)(float* acc, const float* x, size_t n);
+  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int N, int C, float eps);
+  void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd, int N, int C);
+  void (*softmax_forward)(float* out, const float* inp, int N, int C);
+  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+  void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH);
+  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                            int C, int V);
+  void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+  double (*cross_entropy_forward_backward)(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                           float dscale);
+  void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, int64_t t);
+  double (*sum_squares)(const float* x, size_t n);
+  void (*scale_inplace)(float* x, float a, size_t n);
+  void (*to_bf16)(uint16_t* out, const float* in, size_t n);
+  void (*from_bf16)(float* out, const uint16_t* in, size_t n);
+};
+
+// The op table of `d`. Throws DeviceUnavailable when this build has no such device or none is visible.
+const DeviceOps& device_ops(Device d);
+// Empty when device_ops(d) would succeed; otherwise why it throws.
+std::string device_unavailable_reason(Device d);
+
+// Called once per device by the layer that implements it (a static registrar in cuda/device_ops.cc).
+// `probe` returns "" when a device is usable, else why not; `ops` is used only after an empty probe.
+void register_device(Device d, const DeviceOps* ops, std::string (*probe)());
+
+// One allocation of `count` elements of T in a device's memory, zero-filled, 64-byte aligned.
+// Move-only; frees through the table it came from.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(const DeviceOps& ops, size_t count)
+      : ops_(&ops), p_(static_cast<T*>(count ? ops.alloc(count * sizeof(T)) : nullptr)), n_(count) {}
+  ~DeviceArray() { reset(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept
+      : ops_(o.ops_), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ops_ = o.ops_;
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  // Reallocates (zero-filled, contents dropped) unless it already holds exactly n elements.
+  void resize(const DeviceOps& ops, size_t n) {
+    if (n == n_ && ops_ == &ops) return;
+    *this = DeviceArray(ops, n);
+  }
+  void reset() {
+    if (p_) ops_->free(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  const DeviceOps* ops_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace trident::kernels

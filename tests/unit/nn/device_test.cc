@@ -1,0 +1,136 @@
+// Devices and op tables (kernels/device.h): names, the CPU table against the CPU kernels it wraps, and the
+// error when cuda is asked for where it cannot run. The CUDA table itself is checked against the CPU one
+// in tests/unit/cuda (GPU only).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "harness/temp_dir.h"
+#include "trident/core/error.h"
+#include "trident/kernels/device.h"
+#include "trident/nn/models.h"
+
+using namespace trident;
+using kernels::Device;
+
+namespace {
+
+std::vector<float> randoms(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(Device, NamesRoundTripAndBadNamesAreRefused) {
+  EXPECT_EQ(kernels::parse_device("cpu"), Device::kCpu);
+  EXPECT_EQ(kernels::parse_device("cuda"), Device::kCuda);
+  EXPECT_STREQ(kernels::device_name(Device::kCpu), "cpu");
+  EXPECT_STREQ(kernels::device_name(Device::kCuda), "cuda");
+  try {
+    kernels::parse_device("gpu");
+    ADD_FAILURE() << "'gpu' was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "cpu or cuda");
+  }
+}
+
+TEST(Device, CpuTableMemoryIsAlignedZeroedAndCopies) {
+  const auto& ops = kernels::device_ops(Device::kCpu);
+  EXPECT_EQ(ops.device, Device::kCpu);
+  EXPECT_TRUE(kernels::device_unavailable_reason(Device::kCpu).empty());
+  kernels::DeviceArray<float> a(ops, 1000);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.data()[i], 0.0f);
+  auto src = randoms(1000, 1);
+  ops.to_device(a.data(), src.data(), 1000 * sizeof(float));
+  kernels::DeviceArray<float> b(ops, 1000);
+  ops.copy(b.data(), a.data(), 1000 * sizeof(float));
+  std::vector<float> back(1000);
+  ops.to_host(back.data(), b.data(), 1000 * sizeof(float));
+  EXPECT_TRUE(same_bits(back, src));
+  ops.memset_zero(b.data(), 10 * sizeof(float));
+  EXPECT_EQ(b.data()[9], 0.0f);
+  EXPECT_EQ(b.data()[10], src[10]);
+  b.resize(ops, 7);  // reallocates, zero-filled
+  EXPECT_EQ(b.size(), 7u);
+  EXPECT_EQ(b.data()[0], 0.0f);
+  ops.synchronize();
+}
+
+// The table's entries forward every argument to the CPU kernels: the same bits as calling them directly.
+TEST(Device, CpuTableGivesTheCpuKernelsBits) {
+  namespace kc = kernels::cpu;
+  const auto& ops = kernels::device_ops(Device::kCpu);
+  const int N = 7, C = 12, OC = 9;
+  auto x = randoms(N * C, 2), w = randoms(OC * C, 3), bias = randoms(OC, 4), dy = randoms(N * OC, 5);
+  for (auto p : {kc::Precision::kFloat32, kc::Precision::kBFloat16}) {
+    std::vector<float> y1(N * OC), y2(N * OC);
+    kc::linear_forward(y1.data(), x.data(), w.data(), bias.data(), N, C, OC, p);
+    ops.linear_forward(y2.data(), x.data(), w.data(), bias.data(), N, C, OC, p);
+    EXPECT_TRUE(same_bits(y1, y2));
+    std::vector<float> dx1(N * C, 1.0f), dx2 = dx1, dw1(OC * C, 0.5f), dw2 = dw1, db1(OC, 0.25f), db2 = db1;
+    kc::linear_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC, 1.0f, p);
+    ops.linear_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC, 1.0f, p);
+    EXPECT_TRUE(same_bits(dx1, dx2) && same_bits(dw1, dw2) && same_bits(db1, db2));
+    std::vector<float> c1(N * OC, 2.0f), c2 = c1;
+    kc::gemm(false, true, N, OC, C, 0.5f, x.data(), C, w.data(), C, 1.0f, c1.data(), OC, p);
+    ops.gemm(false, true, N, OC, C, 0.5f, x.data(), C, w.data(), C, 1.0f, c2.data(), OC, p);
+    EXPECT_TRUE(same_bits(c1, c2));
+  }
+  std::vector<float> m1(N * C), m2(N * C), r1(N), r2(N), s1(N), s2(N);
+  kc::layernorm_forward(m1.data(), r1.data(), s1.data(), x.data(), w.data(), nullptr, N, C);
+  ops.layernorm_forward(m2.data(), r2.data(), s2.data(), x.data(), w.data(), nullptr, N, C, 1e-5f);
+  EXPECT_TRUE(same_bits(m1, m2) && same_bits(r1, r2) && same_bits(s1, s2));
+  EXPECT_EQ(kc::sum_squares(x.data(), x.size()), ops.sum_squares(x.data(), x.size()));
+}
+
+// Asking for cuda where it cannot run: a DeviceUnavailable whose reason names what was looked for, from
+// the op table and from every model constructor.
+TEST(Device, CudaUnavailableIsAClearError) {
+  const std::string why = kernels::device_unavailable_reason(Device::kCuda);
+  if (why.empty())
+    GTEST_SKIP() << "a CUDA device is visible here; the CLI test covers the error with CUDA_VISIBLE_DEVICES=''";
+#ifdef TRIDENT_HAVE_CUDA
+  EXPECT_CONTAINS(why, "cudaGetDeviceCount");
+  EXPECT_CONTAINS(why, "CUDA_VISIBLE_DEVICES");
+#else
+  EXPECT_CONTAINS(why, "this build of trident has no CUDA: nvcc was not found");
+#endif
+  try {
+    kernels::device_ops(Device::kCuda);
+    ADD_FAILURE() << "device_ops(cuda) returned";
+  } catch (const kernels::DeviceUnavailable& e) {
+    EXPECT_EQ(e.device, Device::kCuda);
+    EXPECT_EQ(e.reason, why);
+    EXPECT_CONTAINS(e.what(), "device cuda is not available: " + why);
+  }
+  for (const char* kind : {"gpt", "mlp"}) {
+    nlohmann::json j = {{"kind", kind}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 4},
+                        {"vocab_size", 5}, {"device", "cuda"}};
+    EXPECT_THROW(nn::make_model(j), kernels::DeviceUnavailable) << kind;
+  }
+}
+
+TEST(Device, ModelConfigTakesDeviceButDoesNotEchoIt) {
+  nlohmann::json j = {{"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 4}, {"vocab_size", 5},
+                      {"device", "cpu"}};
+  auto m = nn::make_model(j);
+  EXPECT_EQ(m->device(), Device::kCpu);
+  EXPECT_FALSE(m->config().contains("device"));  // checkpoints stay device-independent
+  j["device"] = "tpu";
+  try {
+    nn::make_model(j);
+    ADD_FAILURE() << "device tpu was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "'device' must be one of cpu|cuda");
+  }
+}
