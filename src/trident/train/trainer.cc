@@ -83,6 +83,7 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   data::DatasetOptions dopts;
   dopts.source = cfg_.data;
   dopts.tokenizer = data::parse_tokenizer_kind(cfg_.tokenizer);
+  dopts.tokenizer_path = cfg_.tokenizer_path();
   if (ckpt) dopts.tokenizer_override = data::Tokenizer::from_json(ckpt->meta.tokenizer);
   dopts.cache_dir = cfg_.cache_dir.empty() ? (fs::path(cfg_.out_dir) / "cache").string() : cfg_.cache_dir;
   dataset_ = data::TokenDataset::open(dopts);
