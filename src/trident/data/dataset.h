@@ -35,9 +35,9 @@ std::vector<std::string> list_source_files(const std::string& source);
 struct DatasetOptions {
   std::string source;                    // file or folder
   TokenizerKind tokenizer = TokenizerKind::kChar;
-  std::string tokenizer_path;            // gpt2: folder of encoder.json + vocab.bpe; sentencepiece: .model
   std::optional<Tokenizer> tokenizer_override;  // e.g. the checkpoint's: encode with exactly this vocabulary
   std::string cache_dir;                 // "" = no cache file (tokens kept in memory)
+  std::string tokenizer_path;            // gpt2: folder of encoder.json + vocab.bpe; sentencepiece: .model
 };
 
 enum class Split { kTrain, kVal };

@@ -36,13 +36,6 @@ std::vector<uint32_t> bytes_to_unicode() {
   return cs;
 }
 
-// Safe cut for parallel encoding: just after a '\n' followed by printable ASCII other than space. No
-// pattern alternative matches whitespace followed by such a character, so a piece always ends there.
-bool safe_cut(std::string_view t, size_t p) {
-  if (p == 0 || p >= t.size() || t[p - 1] != '\n') return false;
-  unsigned char c = static_cast<unsigned char>(t[p]);
-  return c > 0x20 && c < 0x7F;
-}
 }  // namespace
 
 struct Gpt2Bpe::Regex {
@@ -51,6 +44,15 @@ struct Gpt2Bpe::Regex {
 };
 
 Gpt2Bpe::~Gpt2Bpe() = default;
+
+bool Gpt2Bpe::is_neutral_cut(std::string_view t, size_t p) {
+  if (p < 2 || p >= t.size() || t[p - 1] != '\n') return false;
+  auto printable = [](char ch) {
+    auto c = static_cast<unsigned char>(ch);
+    return c > 0x20 && c < 0x7F;
+  };
+  return printable(t[p]) && printable(t[p - 2]);
+}
 
 std::string Gpt2Bpe::default_dir() {
   std::vector<std::string> roots = {"/usr/lib/node_modules", "/usr/local/lib/node_modules"};
@@ -237,7 +239,7 @@ std::vector<int32_t> Gpt2Bpe::encode(std::string_view text, int threads) const {
   if (threads > 1) {
     size_t target = std::max(kMinChunk, text.size() / (static_cast<size_t>(threads) * 4));
     for (size_t p = target; p < text.size();) {
-      while (p < text.size() && !safe_cut(text, p)) ++p;
+      while (p < text.size() && !is_neutral_cut(text, p)) ++p;
       if (p >= text.size()) break;
       cuts.push_back(p);
       p += target;

@@ -12,9 +12,8 @@
 //   2. Each piece's UTF-8 bytes map to GPT-2's byte alphabet (bytes_to_unicode), then merges apply by rank
 //      (vocab.bpe line order), all occurrences of the best pair left to right, as the reference does.
 //   Pieces' ids are cached per call (and per thread): text repeats words.
-// Large inputs are split at piece boundaries (after a "\n" that precedes printable ASCII other than space,
-// where no pattern alternative can span the cut) and encoded on several threads; the result is identical
-// to a single-threaded encode.
+// Large inputs are split at neutral cuts (is_neutral_cut) and encoded on several threads; the result is
+// identical to a single-threaded encode.
 // <|endoftext|> (id 50256) is never produced from text (the reference treats the literal as text); token
 // shards put it between documents (data/token_shards.h).
 //
@@ -52,6 +51,11 @@ class Gpt2Bpe {
   std::string decode(const int32_t* ids, size_t n) const;
   const std::string& token_bytes(int32_t id) const { return token_bytes_.at(static_cast<size_t>(id)); }
 
+  // Whether cutting `text` before position p leaves the pieces of both sides unchanged: text[p-1] is "\n"
+  // between two printable ASCII characters other than space. No alternative matches across it, and the
+  // lone "\n" is its own piece whatever follows (a longer whitespace run would not be: \s+(?!\S) looks
+  // past the cut).
+  static bool is_neutral_cut(std::string_view text, size_t p);
   // The pre-tokenization alone (for tests): the pieces of `text` in order; their concatenation is `text`.
   std::vector<std::string_view> split(std::string_view text) const;
 

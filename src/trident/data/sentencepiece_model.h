@@ -2,7 +2,8 @@
 // train one on a corpus (BPE or unigram).
 //
 // Models trident trains use the identity normalization, no dummy prefix, byte fallback and split digits,
-// so any byte string round-trips (bytes outside the vocabulary become <0xNN> pieces) and "\n" survives.
+// so any valid UTF-8 round-trips (characters outside the vocabulary become <0xNN> byte pieces) and "\n"
+// survives; SentencePiece itself replaces bytes that are not valid UTF-8 with U+FFFD.
 // A model trained elsewhere keeps its own normalization: decode(encode(s)) may then differ from s.
 // Long inputs are encoded per chunk of lines on several threads; the chunks are cut after a "\n".
 //

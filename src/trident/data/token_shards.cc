@@ -8,6 +8,7 @@
 
 #include "trident/core/error.h"
 #include "trident/data/dataset.h"
+#include "trident/data/gpt2_bpe.h"
 
 namespace trident::data {
 namespace fs = std::filesystem;
@@ -146,19 +147,16 @@ std::vector<std::string> ShardWriter::finish() {
 }
 
 namespace {
-// The last position p in (0, limit] of `t` right after a '\n' that precedes printable ASCII; 0 if none.
+// Cuts that change no tokenizer's output (Gpt2Bpe::is_neutral_cut; SentencePiece encodes line chunks).
+// The last one in (0, limit], 0 if none; the first one at or after `from`, t.size() if none.
 size_t last_safe_cut(std::string_view t, size_t limit) {
-  for (size_t p = std::min(limit, t.size() - 1); p > 0; --p) {
-    unsigned char c = static_cast<unsigned char>(t[p]);
-    if (t[p - 1] == '\n' && c > 0x20 && c < 0x7F) return p;
-  }
+  for (size_t p = std::min(limit, t.size() - 1); p > 0; --p)
+    if (Gpt2Bpe::is_neutral_cut(t, p)) return p;
   return 0;
 }
 size_t first_safe_cut(std::string_view t, size_t from) {
-  for (size_t p = std::max<size_t>(from, 1); p < t.size(); ++p) {
-    unsigned char c = static_cast<unsigned char>(t[p]);
-    if (t[p - 1] == '\n' && c > 0x20 && c < 0x7F) return p;
-  }
+  for (size_t p = from; p < t.size(); ++p)
+    if (Gpt2Bpe::is_neutral_cut(t, p)) return p;
   return t.size();
 }
 }  // namespace

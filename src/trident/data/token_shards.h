@@ -69,8 +69,8 @@ class ShardWriter {
 
 // `trident tokenize`: text -> shards. Each source file (data/dataset.h: list_source_files) is a document,
 // preceded by the tokenizer's end-of-text id where it has one (llm.c). The text streams through in blocks
-// of `block_bytes` cut after a "\n" that precedes printable ASCII (a piece boundary for every tokenizer
-// here, so the ids equal those of encoding each document whole, unless a block holds no such cut), each
+// of `block_bytes` cut at Gpt2Bpe::is_neutral_cut positions (so gpt2's ids equal those of encoding each
+// document whole, unless a block holds no such cut), each
 // block encoded on `threads` threads. The last `val_fraction` of the source bytes (from the first such cut
 // at or after that point) go to the val shards, the rest to the train shards: nanoGPT's split.
 // Memory: one block of text, its ids, and one shard of tokens; nothing grows with the corpus.

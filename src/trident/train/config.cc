@@ -42,6 +42,8 @@ const std::vector<Key>& keys() {
       {"checkpoint_interval", &TrainConfig::checkpoint_interval, ">=0", "also save every N steps (0: off)"},
       {"keep_checkpoints", &TrainConfig::keep_checkpoints, ">=1", "checkpoints kept in out_dir"},
       {"resume", &TrainConfig::resume, "", "continue from the latest checkpoint in out_dir"},
+      {"init_from", &TrainConfig::init_from, "",
+       "checkpoint (folder or out_dir) whose weights start this run, e.g. an imported GPT-2 (not with resume)"},
       {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
       {"model", &TrainConfig::model, "gpt|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl",
        "model architecture; gpt2*: GPT-2's shapes (a gpt; later shape keys override them)"},

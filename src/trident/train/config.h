@@ -35,6 +35,7 @@ struct TrainConfig {
   int checkpoint_interval = 0;         // also save every N steps (0 = only on eval improvement and at the end)
   int keep_checkpoints = 1;            // completed checkpoints kept in out_dir (oldest removed first)
   bool resume = false;                 // continue from the latest checkpoint in out_dir
+  std::string init_from;               // start from this checkpoint's weights (fresh optimizer and data position)
   bool json = false;                   // stream metrics records to stdout instead of the progress line
   // model
   std::string model = "gpt";           // gpt | mlp (presets gpt2, gpt2-medium, gpt2-large, gpt2-xl set a gpt's shapes)
