@@ -458,7 +458,8 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
     try {
       auto j = nlohmann::json::parse(io::read_file(f));
       if (j.is_object() && j.contains("model") && j["model"].is_string()) preset = j["model"].get<std::string>();
-    } catch (const nlohmann::json::exception&) {
+    } catch (const std::exception&) {
+      // apply_config_file below reports an unreadable or malformed file.
     }
   }
   for (const auto& it : items)
