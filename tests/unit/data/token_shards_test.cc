@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/shared_data.h"
 #include "harness/temp_dir.h"
 #include "trident/core/error.h"
 #include "trident/data/dataset.h"
@@ -120,11 +121,9 @@ TEST(TokenShards, MalformedShardsAreRefusedWithTheReason) {
 }
 
 TEST(TokenShards, TokenizeStreamsBlocksAndEqualsTheWholeEncode) {
-  const char* sd = std::getenv("TRIDENT_SHARED_DIR");
-  std::string dir = (sd != nullptr ? std::string(sd) : std::string(TRIDENT_SOURCE_DIR) + "/../shared") + "/data/gpt2-bpe";
-  if (!fs::exists(dir + "/encoder.json")) dir = Gpt2Bpe::default_dir();
+  std::string dir = trident::testing::gpt2_bpe_dir();
   if (dir.empty()) {
-    if (std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true") FAIL() << "no GPT-2 vocabulary";
+    if (trident::testing::in_ci()) FAIL() << "no GPT-2 vocabulary";
     GTEST_SKIP() << "no GPT-2 vocabulary";
   }
   trident::testing::TempDir d("tokenize");

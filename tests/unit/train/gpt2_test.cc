@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "harness/shared_data.h"
 #include "harness/synthetic_data.h"
 #include "harness/temp_dir.h"
 #include "trident/core/error.h"
@@ -26,14 +27,9 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kSource = TRIDENT_SOURCE_DIR;
 
-std::string bpe_dir() {
-  const char* sd = std::getenv("TRIDENT_SHARED_DIR");
-  std::string shared = (sd != nullptr ? std::string(sd) : kSource + "/../shared") + "/data/gpt2-bpe";
-  if (fs::exists(shared + "/encoder.json")) return shared;
-  return data::Gpt2Bpe::default_dir();
-}
+std::string bpe_dir() { return trident::testing::gpt2_bpe_dir(); }
 bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0; }
-bool in_ci() { return std::getenv("CI") != nullptr && std::string(std::getenv("CI")) == "true"; }
+using trident::testing::in_ci;
 
 std::vector<double> read_doubles(const fs::path& p) {
   std::string b = io::read_file(p.string());
