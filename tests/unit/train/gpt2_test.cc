@@ -12,6 +12,7 @@
 
 #include "harness/shared_data.h"
 #include "harness/synthetic_data.h"
+#include "harness/quiet_trainer.h"
 #include "harness/temp_dir.h"
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
@@ -58,12 +59,7 @@ std::vector<float> trident_logits(nn::Model& m, const std::vector<int32_t>& x, i
   return out;
 }
 
-TrainerHooks quiet() {
-  TrainerHooks h;
-  static std::FILE* devnull = std::fopen("/dev/null", "w");
-  h.out = devnull;
-  return h;
-}
+TrainerHooks quiet() { return trident::testing::quiet_hooks(); }
 
 #define NEED_GPT2_AND_TORCH()                                                              \
   do {                                                                                     \
