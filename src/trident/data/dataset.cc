@@ -10,6 +10,7 @@
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/data/file_io.h"
+#include "trident/data/token_shards.h"
 
 namespace trident::data {
 namespace fs = std::filesystem;
@@ -98,8 +99,21 @@ struct TokenDataset::Impl {
   const uint8_t* tokens = nullptr;
   uint32_t token_bytes = 4;
   size_t count = 0;
+  std::vector<Shard> shards;    // token shards (then `tokens` is unused)
+  std::vector<size_t> starts;   // first token of each shard, and the total at the end
+  size_t train_count = 0;       // shards: tokens of the training shards (0: the 90% rule)
+
+  // Shards: the shard holding token i and its offset there.
+  std::pair<size_t, size_t> locate(size_t i) const {
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), i) - starts.begin()) - 1;
+    return {k, i - starts[k]};
+  }
 
   int32_t at(size_t i) const {
+    if (!shards.empty()) {
+      auto [k, off] = locate(i);
+      return shards[k].tokens[off];
+    }
     if (token_bytes == 2) {
       uint16_t v;
       std::memcpy(&v, tokens + 2 * i, 2);
@@ -149,6 +163,34 @@ bool try_load_cache(TokenDataset::Impl& d, const std::optional<Tokenizer>& want,
 
 TokenDataset TokenDataset::open(const DatasetOptions& opts) {
   auto d = std::make_shared<Impl>();
+  if (is_token_source(opts.source)) {
+    if (!opts.tokenizer_override && opts.tokenizer == TokenizerKind::kChar) {
+      TRIDENT_THROW(InvalidArgument,
+                    "data '{}' is token shards: name the tokenizer they were made with (--tokenizer gpt2, "
+                    "sentencepiece or byte); the char tokenizer is defined by a text corpus",
+                    opts.source);
+    }
+    d->tokenizer = opts.tokenizer_override ? *opts.tokenizer_override
+                                           : Tokenizer::create(opts.tokenizer, opts.tokenizer_path);
+    d->shards = open_token_source(opts.source, d->tokenizer.vocab_size());
+    uint64_t h = io::kFnvOffset;
+    d->starts.push_back(0);
+    for (const auto& sh : d->shards) {
+      d->files.push_back(sh.path);
+      if (!sh.val) d->train_count += sh.count;
+      d->starts.push_back(d->starts.back() + sh.count);
+      uint64_t n = sh.count;
+      h = io::fnv1a64(fs::path(sh.path).filename().string(), h);
+      h = io::fnv1a64(&n, sizeof n, h);
+    }
+    if (d->train_count == d->starts.back()) d->train_count = 0;  // no val shards: 90/10
+    d->count = d->starts.back();
+    d->source_checksum = h;  // names and sizes: shards are too large to hash on every open
+    if (d->count < 2) TRIDENT_THROW(InvalidArgument, "token source '{}' holds {} tokens", opts.source, d->count);
+    TokenDataset ds;
+    ds.impl_ = std::move(d);
+    return ds;
+  }
   d->files = list_source_files(opts.source);
   std::string text;
   uint64_t h = io::kFnvOffset;
@@ -168,7 +210,7 @@ TokenDataset TokenDataset::open(const DatasetOptions& opts) {
   // The tokenizer this dataset must use: the given one, or the corpus's own vocabulary.
   Tokenizer want = opts.tokenizer_override ? *opts.tokenizer_override
                    : kind == TokenizerKind::kChar ? Tokenizer::char_level(text)
-                                                  : Tokenizer::byte_level();
+                                                  : Tokenizer::create(kind, opts.tokenizer_path);
 
   if (!opts.cache_dir.empty()) {
     std::string abs = fs::absolute(opts.source).lexically_normal().string();
@@ -247,6 +289,18 @@ void TokenDataset::copy(size_t begin, size_t n, int32_t* out) const {
     TRIDENT_THROW(InvalidArgument, "token range [{}, {}) is outside the dataset of {} tokens", begin, begin + n,
                   impl_->count);
   }
+  if (!impl_->shards.empty()) {
+    while (n > 0) {
+      auto [k, off] = impl_->locate(begin);
+      size_t take = std::min(n, impl_->shards[k].count - off);
+      const uint16_t* src = impl_->shards[k].tokens + off;
+      for (size_t i = 0; i < take; ++i) out[i] = src[i];
+      out += take;
+      begin += take;
+      n -= take;
+    }
+    return;
+  }
   if (impl_->token_bytes == 4) {
     std::memcpy(out, impl_->tokens + 4 * begin, 4 * n);
   } else {
@@ -260,6 +314,7 @@ void TokenDataset::copy(size_t begin, size_t n, int32_t* out) const {
 }
 const Tokenizer& TokenDataset::tokenizer() const { return impl_->tokenizer; }
 size_t TokenDataset::train_size() const {
+  if (impl_->train_count > 0) return impl_->train_count;
   return static_cast<size_t>(static_cast<double>(impl_->count) * 0.9);
 }
 TokenSpan TokenDataset::span(Split s) const {

@@ -49,25 +49,33 @@ EpochSampler::EpochSampler(TokenSpan data, int block_size, uint64_t seed)
     TRIDENT_THROW(InvalidArgument, "the split has {} tokens, too few for one window of block_size {}", data_.size,
                   block_size);
   }
+  while ((int64_t{1} << (2 * half_bits_)) < num_windows_) ++half_bits_;
 }
 
 void EpochSampler::set_epoch(int64_t epoch) {
   if (epoch == epoch_) return;
   epoch_ = epoch;
-  order_.resize(static_cast<size_t>(num_windows_));
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<uint32_t>(i);
-  Rng rng(seed_, hash_keys(kStreamEpoch, static_cast<uint64_t>(epoch)));
-  for (size_t i = order_.size(); i > 1; --i) {
-    size_t j = static_cast<size_t>(rng.next_below(i));
-    std::swap(order_[i - 1], order_[j]);
-  }
 }
 
 size_t EpochSampler::window_start(int64_t k) const {
   TRIDENT_CHECK(epoch_ >= 0, InvalidArgument, "EpochSampler: call set_epoch() before sampling");
   TRIDENT_CHECK(k >= 0 && k < num_windows_, InvalidArgument, "window {} is outside the epoch of {} windows", k,
                 num_windows_);
-  return static_cast<size_t>(order_[static_cast<size_t>(k)]) * static_cast<size_t>(block_size_);
+  // A bijection of [0, 4^half_bits) (balanced Feistel), applied until the value lands in [0, num_windows):
+  // restricted to [0, num_windows) that is a bijection too (cycle walking).
+  const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
+  uint64_t v = static_cast<uint64_t>(k);
+  do {
+    uint64_t l = v >> half_bits_, r = v & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      uint64_t f = hash_keys(seed_, kStreamEpoch, static_cast<uint64_t>(epoch_), round, r) & mask;
+      uint64_t next = l ^ f;
+      l = r;
+      r = next;
+    }
+    v = (l << half_bits_) | r;
+  } while (v >= static_cast<uint64_t>(num_windows_));
+  return static_cast<size_t>(v) * static_cast<size_t>(block_size_);
 }
 
 void EpochSampler::sample_batch(int64_t batch, int global_batch, int rank_offset, int count, int32_t* x,

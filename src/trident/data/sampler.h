@@ -7,7 +7,9 @@
 //   i = hash(seed, stream, step, micro, j) mod (len - T)   (nanoGPT: torch.randint(len(data) - block_size))
 //   x = tokens[i .. i+T-1], y = tokens[i+1 .. i+T].
 // EpochSampler: the (len-1)/T non-overlapping windows (window w: x = tokens[wT .. wT+T-1]) in a random
-//   order per epoch (Fisher-Yates seeded by (seed, epoch)); set_epoch() selects the permutation.
+//   order per epoch; set_epoch() selects the permutation. The permutation is computed per index (a 4-round
+//   Feistel network keyed by (seed, epoch) over the next even power of two, cycle-walking into range), so
+//   the sampler holds no per-window state: its memory does not grow with the corpus.
 //
 // Ownership: samplers hold a TokenSpan (which keeps the dataset alive). Blocking: never.
 // Thread-safety: const methods are safe concurrently; set_epoch() is not.
@@ -64,7 +66,7 @@ class EpochSampler {
   uint64_t seed_;
   int64_t num_windows_;
   int64_t epoch_ = -1;
-  std::vector<uint32_t> order_;
+  int half_bits_ = 1;  // the Feistel domain is 2^(2 * half_bits_) >= num_windows_
 };
 
 enum class SamplerKind { kRandom, kEpoch };

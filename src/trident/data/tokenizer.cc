@@ -1,19 +1,32 @@
 #include "trident/data/tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
+#include "trident/data/gpt2_bpe.h"
+#include "trident/data/sentencepiece_model.h"
 
 namespace trident::data {
 
 TokenizerKind parse_tokenizer_kind(std::string_view name) {
   if (name == "char") return TokenizerKind::kChar;
   if (name == "byte") return TokenizerKind::kByte;
-  TRIDENT_THROW(InvalidArgument, "unknown tokenizer '{}'; allowed: char, byte", name);
+  if (name == "gpt2") return TokenizerKind::kGpt2;
+  if (name == "sentencepiece") return TokenizerKind::kSentencePiece;
+  TRIDENT_THROW(InvalidArgument, "unknown tokenizer '{}'; allowed: char, byte, gpt2, sentencepiece", name);
 }
 
-const char* tokenizer_kind_name(TokenizerKind k) { return k == TokenizerKind::kChar ? "char" : "byte"; }
+const char* tokenizer_kind_name(TokenizerKind k) {
+  switch (k) {
+    case TokenizerKind::kChar: return "char";
+    case TokenizerKind::kByte: return "byte";
+    case TokenizerKind::kGpt2: return "gpt2";
+    case TokenizerKind::kSentencePiece: return "sentencepiece";
+  }
+  return "?";
+}
 
 std::vector<uint32_t> decode_utf8(std::string_view s) {
   std::vector<uint32_t> out;
@@ -71,6 +84,44 @@ void append_utf8(uint32_t cp, std::string& out) {
 
 Tokenizer Tokenizer::byte_level() { return Tokenizer(); }
 
+Tokenizer Tokenizer::gpt2(const std::string& path) {
+  Tokenizer t(TokenizerKind::kGpt2);
+  t.bpe_ = Gpt2Bpe::load(path);
+  return t;
+}
+
+Tokenizer Tokenizer::sentencepiece(const std::string& model_path) {
+  Tokenizer t(TokenizerKind::kSentencePiece);
+  t.sp_ = SentencePieceModel::load(model_path);
+  return t;
+}
+
+Tokenizer Tokenizer::create(TokenizerKind kind, const std::string& path) {
+  switch (kind) {
+    case TokenizerKind::kByte: return byte_level();
+    case TokenizerKind::kGpt2: return gpt2(path);
+    case TokenizerKind::kSentencePiece: return sentencepiece(path);
+    case TokenizerKind::kChar: break;
+  }
+  TRIDENT_THROW(InvalidArgument, "the char tokenizer is built from its corpus (Tokenizer::char_level)");
+}
+
+int Tokenizer::vocab_size() const {
+  switch (kind_) {
+    case TokenizerKind::kByte: return 256;
+    case TokenizerKind::kGpt2: return bpe_->vocab_size();
+    case TokenizerKind::kSentencePiece: return sp_->vocab_size();
+    case TokenizerKind::kChar: break;
+  }
+  return static_cast<int>(chars_.size());
+}
+
+int32_t Tokenizer::end_of_text() const {
+  if (kind_ == TokenizerKind::kGpt2) return Gpt2Bpe::kEndOfText;
+  if (kind_ == TokenizerKind::kSentencePiece) return sp_->eos_id();
+  return -1;
+}
+
 Tokenizer Tokenizer::char_level(std::string_view corpus) {
   std::vector<uint32_t> cps = decode_utf8(corpus);
   std::sort(cps.begin(), cps.end());
@@ -104,6 +155,12 @@ nlohmann::json Tokenizer::to_json() const {
   j["vocab_size"] = vocab_size();
   if (kind_ == TokenizerKind::kChar) {
     j["code_points"] = chars_;  // integers: safe for any byte (surrogate-escaped ones are not valid UTF-8)
+  } else if (kind_ == TokenizerKind::kGpt2) {
+    j["dir"] = bpe_->dir();
+    j["fnv1a64"] = io::hex64(bpe_->fingerprint());
+  } else if (kind_ == TokenizerKind::kSentencePiece) {
+    j["model"] = sp_->path();
+    j["fnv1a64"] = io::hex64(sp_->fingerprint());
   }
   return j;
 }
@@ -112,6 +169,22 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j) {
   try {
     TokenizerKind k = parse_tokenizer_kind(j.at("kind").get<std::string>());
     if (k == TokenizerKind::kByte) return byte_level();
+    if (k == TokenizerKind::kGpt2 || k == TokenizerKind::kSentencePiece) {
+      const bool gpt = k == TokenizerKind::kGpt2;
+      std::string path = j.at(gpt ? "dir" : "model").get<std::string>();
+      const std::string want = j.at("fnv1a64").get<std::string>();
+      std::error_code ec;
+      if (gpt && !std::filesystem::exists(path, ec) && !Gpt2Bpe::default_dir().empty()) path = Gpt2Bpe::default_dir();
+      Tokenizer t = create(k, path);
+      std::string have = io::hex64(gpt ? t.bpe_->fingerprint() : t.sp_->fingerprint());
+      if (have != want) {
+        TRIDENT_THROW(InvalidArgument,
+                      "{} tokenizer: '{}' has checksum {} but the checkpoint or cache was made with {} (checksum {}); "
+                      "restore those files",
+                      tokenizer_kind_name(k), path, have, j.at(gpt ? "dir" : "model").get<std::string>(), want);
+      }
+      return t;
+    }
     auto cps = j.at("code_points").get<std::vector<uint32_t>>();
     Tokenizer t = char_level_from_vocab(cps);
     if (t.chars_.size() != cps.size()) TRIDENT_THROW(InvalidArgument, "tokenizer: code_points are not unique");
@@ -127,10 +200,16 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j) {
 
 uint64_t Tokenizer::fingerprint() const {
   uint64_t h = io::fnv1a64(tokenizer_kind_name(kind_));
+  if (bpe_ || sp_) {
+    const uint64_t files = bpe_ ? bpe_->fingerprint() : sp_->fingerprint();
+    return io::fnv1a64(&files, sizeof files, h);
+  }
   return io::fnv1a64(chars_.data(), chars_.size() * sizeof(uint32_t), h);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, int threads) const {
+  if (kind_ == TokenizerKind::kGpt2) return bpe_->encode(text, threads);
+  if (kind_ == TokenizerKind::kSentencePiece) return sp_->encode(text, threads);
   std::vector<int32_t> out;
   if (kind_ == TokenizerKind::kByte) {
     out.resize(text.size());
@@ -162,6 +241,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(const int32_t* ids, size_t n) const {
+  if (kind_ == TokenizerKind::kGpt2) return bpe_->decode(ids, n);
+  if (kind_ == TokenizerKind::kSentencePiece) return sp_->decode(ids, n);
   std::string out;
   out.reserve(n);
   int v = vocab_size();

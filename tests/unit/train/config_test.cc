@@ -186,3 +186,20 @@ TEST(Config, DeviceFromFlagAndJsonAndItsLimits) {
   }
   EXPECT_THROW(parse_train_args({"--device", "cuda", "--param_dtype", "bfloat16"}), Unsupported);
 }
+
+TEST(Config, Gpt2PresetsSetShapesThatOtherKeysOverride) {
+  TrainConfig c = parse_train_args({"--n_embd", "64", "--model", "gpt2-medium"});
+  EXPECT_EQ(c.model, "gpt");
+  EXPECT_EQ(c.n_layer, 24);
+  EXPECT_EQ(c.n_head, 16);
+  EXPECT_EQ(c.n_embd, 64);  // given explicitly: wins over the preset wherever it appears
+  EXPECT_EQ(c.block_size, 1024);
+  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(c.gelu, "tanh");
+  EXPECT_EQ(c.tokenizer, "gpt2");
+  EXPECT_EQ(padded_vocab(c, 50257), 50304);
+  TrainConfig xl = parse_train_args({"--model=gpt2-xl"});
+  EXPECT_EQ(xl.n_layer, 48);
+  EXPECT_EQ(xl.n_head, 25);
+  EXPECT_EQ(xl.n_embd, 1600);
+}

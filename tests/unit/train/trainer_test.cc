@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/temp_dir.h"
+#include "harness/quiet_trainer.h"
 #include "harness/synthetic_data.h"
 #include <unistd.h>
 
@@ -55,12 +56,7 @@ std::vector<nlohmann::json> read_metrics(const std::string& out_dir) {
   return v;
 }
 
-TrainerHooks quiet() {
-  TrainerHooks h;
-  static std::FILE* devnull = std::fopen("/dev/null", "w");
-  h.out = devnull;
-  return h;
-}
+TrainerHooks quiet() { return trident::testing::quiet_hooks(); }
 }  // namespace
 
 TEST(Trainer, SameSeedIsBitIdenticalAndTheLossFalls) {

