@@ -6,13 +6,14 @@
 #include <filesystem>
 #include <string>
 
+#include "trident/core/env.h"
 #include "trident/data/gpt2_bpe.h"
 
 namespace trident::testing {
 
 inline std::string shared_data_dir() {
-  const char* env = std::getenv("TRIDENT_SHARED_DIR");
-  return (env != nullptr ? std::string(env) : std::string(TRIDENT_SOURCE_DIR) + "/../shared") + "/data";
+  const std::string dir = env::param_string("TRIDENT_SHARED_DIR");
+  return (dir.empty() ? std::string(TRIDENT_SOURCE_DIR) + "/../shared" : dir) + "/data";
 }
 
 // CI=true: reference checks that would skip elsewhere must run (and fail when they cannot).

@@ -40,6 +40,7 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
       {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},
       {"TRIDENT_TEST_VERBOSE", "0", "tests only: 1 = the bf16 storage test prints its measured figures"},
+      {"TRIDENT_SHARED_DIR", "", "tests only: the shared test-data folder (default: the source tree's ../shared)"},
   };
   return params;
 }
