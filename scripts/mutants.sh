@@ -14,6 +14,8 @@ export TRIDENT_TIMEOUT=${TRIDENT_TIMEOUT:-20}  # a mutant that deadlocks fails i
 backup=$(mktemp -d)
 restore() { [ -n "${current:-}" ] && cp "$backup/file" "$current" && touch "$current"; current=""; }
 trap 'restore; rm -rf "$backup"' EXIT
+trap 'exit 130' INT TERM
+built=()
 results=()
 missed=0
 start_all=$(date +%s)
@@ -31,6 +33,7 @@ while IFS=$'\t' read -r name file script targets tests; do
     continue
   fi
   caught=""
+  built+=(${targets//,/ })
   if ! cmake --build "$build" -j"$(nproc)" --target ${targets//,/ } >"$backup/build.log" 2>&1; then
     caught="(does not compile)"
   else
@@ -54,8 +57,8 @@ while IFS=$'\t' read -r name file script targets tests; do
   results+=("$name|$caught|$secs")
   echo "mutant $name: $caught (${secs}s)" >&2
 done <"$table"
-# Rebuild the unmutated targets so the build folder matches the source again.
-cmake --build "$build" -j"$(nproc)" >/dev/null 2>&1 || true
+# Rebuild the targets of the mutants from the restored source, so the build folder matches it again.
+((${#built[@]})) && cmake --build "$build" -j"$(nproc)" --target $(printf '%s\n' "${built[@]}" | sort -u) >/dev/null 2>&1
 echo
 echo "| mutant | caught by | seconds |"
 echo "|---|---|---|"

@@ -23,7 +23,7 @@
 namespace trident {
 namespace {
 
-std::shared_ptr<ProcessGroup> make_pg(std::shared_ptr<Store> st, int r, int n, double timeout_s = 120,
+std::shared_ptr<ProcessGroup> make_pg(std::shared_ptr<Store> st, int r, int n, double timeout_s = 20,
                                       const std::string& transport = "shm") {
   GroupOptions go;
   go.transport = transport;
@@ -251,7 +251,7 @@ TEST(ShmCma, CacheBudgetsThatDifferAcrossRanksAgree) {
 TEST(ShmCma, KilledPeerDuringTransfersIsNamed) {
   for (int world : {2, 3}) {
     auto res = testing::run_processes(world, [](int r, int n, std::shared_ptr<Store> st) {
-      auto pg = make_pg(st, r, n, 60);
+      auto pg = make_pg(st, r, n, 20);
       std::vector<float> v(size_t{8} << 20, 1.0f), out(v.size());
       pg->all_reduce(v.data(), out.data(), v.size(), DType::kFloat32, ReduceOp::kSum, cma());
       std::thread killer;

@@ -24,7 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::shared_ptr<ProcessGroup> make_pg(std::shared_ptr<Store> st, int r, int n, double timeout_s = 120) {
+std::shared_ptr<ProcessGroup> make_pg(std::shared_ptr<Store> st, int r, int n, double timeout_s = 20) {
   GroupOptions go;
   go.transport = "shm";
   go.timeout = Seconds(timeout_s);
@@ -148,7 +148,7 @@ TEST(ShmFastPath, MismatchWindowAgainstMessages) {
 // A peer killed while the others wait on the window: they fail with PeerDiedError naming it, quickly.
 TEST(ShmFastPath, KilledPeerIsNamed) {
   auto res = testing::run_processes(3, [](int r, int n, std::shared_ptr<Store> st) {
-    auto pg = make_pg(st, r, n, 60);
+    auto pg = make_pg(st, r, n, 20);
     std::vector<float> v(1 << 20, 1.0f);
     pg->all_reduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, shm_algo());
     if (r == 2) raise(SIGKILL);
@@ -177,7 +177,7 @@ TEST(ShmFastPath, KilledPeerIsNamed) {
 // A rank that never joins: the deadline names the op, the sequence number, the group and the silent rank.
 TEST(ShmFastPath, DeadlineNamesTheSilentRank) {
   auto res = testing::run_processes(3, [](int r, int n, std::shared_ptr<Store> st) {
-    auto pg = make_pg(st, r, n, 60);
+    auto pg = make_pg(st, r, n, 20);
     pg->barrier();
     if (r == 2) {
       std::this_thread::sleep_for(std::chrono::seconds(3));
