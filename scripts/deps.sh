@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what trident needs from Debian's packages, only where something is missing.
-# Usage: scripts/deps.sh [build|main|peers]   (build: compile and test; main: also the default corpus)
+# Usage: scripts/deps.sh [build|main|peers]   (build: compile and test, with the tests' references and the
+# default corpus; main: the same; peers: also the systems trident is compared with)
 set -euo pipefail
 what=${1:-build}
 pkgs=(cmake g++ make pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
-      libtorch-dev pybind11-dev python3-torch python3-dev libpcre2-dev libsentencepiece-dev nodejs)
+      libtorch-dev pybind11-dev python3-torch python3-dev python3-numpy libpcre2-dev libsentencepiece-dev nodejs
+      fortunes)  # fortunes: the main job's corpus; torch/numpy: the tests' independent references
 case "$what" in
-  main) pkgs+=(fortunes) ;;
-  peers) pkgs+=(fortunes libgloo-dev python3-torch python3-numpy python3-matplotlib) ;;
+  peers) pkgs+=(libgloo-dev python3-matplotlib) ;;
 esac
 missing=()
 for p in "${pkgs[@]}"; do

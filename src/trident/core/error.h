@@ -60,10 +60,14 @@ class PeerDiedError : public NetworkError {
   using NetworkError::NetworkError;
 };
 
-// Ranks issued different collectives at the same sequence number.
+// Ranks issued different collectives at the same sequence number. `ranks` are the two ranks whose calls
+// differ (the one that noticed first); `peer` is the one of them that is not this rank.
 class MismatchError : public NetworkError {
  public:
-  using NetworkError::NetworkError;
+  MismatchError(const std::string& what, int rank = -1, int peer = -1, std::string op = {}, long seq = -1,
+                std::vector<int> ranks = {})
+      : NetworkError(what, rank, peer, std::move(op), seq), ranks(std::move(ranks)) {}
+  std::vector<int> ranks;
 };
 
 // A deadline expired. `missing` lists the ranks not heard from, when known.

@@ -304,6 +304,7 @@ void Supervisor::stop_all(int sig) {
     if (c.running || c.out.fd >= 0 || c.err.fd >= 0) signal_child(c.result.pid, sig);
     if (c.running) c.result.sent_stop = true;
   }
+  stop_signal_ = sig;
   if (sig == SIGKILL) {
     killed_ = true;
   } else if (!stopping_) {
@@ -389,7 +390,14 @@ void Supervisor::reap() {
         c.result.term_signal = WTERMSIG(status);
       }
     }
-    if (!c.result.ok() && !c.result.sent_stop && first_failure_ < 0) {
+    // Failed on its own: not stopped by us, or killed by a signal we did not send (it died in the same
+    // instant as the peer whose failure stopped the job). A death by a signal is the cause of the failures
+    // it provokes (peers exiting with an error that names it), so it replaces a first failure that is
+    // only an exit code.
+    const bool own = !c.result.sent_stop || (c.result.term_signal != 0 && c.result.term_signal != stop_signal_);
+    if (c.result.ok() || !own) continue;
+    if (first_failure_ < 0 ||
+        (c.result.term_signal != 0 && children_[static_cast<size_t>(first_failure_)].result.exited)) {
       first_failure_ = static_cast<int>(i);
       if (options_.stop_on_failure && !stopping_) stop_all(SIGTERM);
     }

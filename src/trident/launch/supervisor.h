@@ -86,7 +86,8 @@ struct ChildResult {
 
 struct SuperviseResult {
   std::vector<ChildResult> children;
-  int first_failure = -1;    // index of the first child that failed on its own (not stopped by us), or -1
+  int first_failure = -1;    // the child that failed on its own (not stopped by us) first, or -1; a later one
+                             // killed by a signal we did not send replaces one that only exited with an error
   int received_signal = 0;   // the first forwarded signal, or 0
   bool timed_out = false;    // timeout_seconds expired
   bool ok() const;           // every child exited 0 and nothing stopped the run
@@ -131,6 +132,7 @@ class Supervisor {
   SuperviseOptions options_;
   std::vector<Child> children_;
   int first_failure_ = -1;
+  int stop_signal_ = 0;  // the last signal stop_all sent (0: none)
   int received_signal_ = 0;
   bool stopping_ = false;
   bool killed_ = false;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -46,6 +47,34 @@ int64_t parse_ckpt_name(const std::string& name) {
     v = v * 10 + (name[i] - '0');
   }
   return v;
+}
+
+// Index of the first element of v[0, n) that is not finite, or -1.
+int64_t first_nonfinite(const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// A checkpoint never holds a NaN or an infinity: a diverged run's state is refused before it is written.
+void check_finite_state(const nn::Model& model, const float* values, const OptimizerState& opt, int64_t step) {
+  for (const auto& p : model.parameters()) {
+    struct Part {
+      const char* what;
+      const float* data;
+    } parts[] = {{"value", values + p.offset},
+                 {"AdamW exp_avg", opt.exp_avg ? opt.exp_avg->data() + p.offset : nullptr},
+                 {"AdamW exp_avg_sq", opt.exp_avg_sq ? opt.exp_avg_sq->data() + p.offset : nullptr}};
+    for (const auto& part : parts) {
+      if (part.data == nullptr) continue;
+      const int64_t bad = first_nonfinite(part.data, p.numel);
+      if (bad >= 0)
+        TRIDENT_THROW(InvalidArgument,
+                      "refusing to save the checkpoint of step {}: the {} of parameter '{}' is not finite ({} at "
+                      "element {}); the run diverged (lower learning_rate or set grad_clip)",
+                      step, part.what, p.name, part.data[bad], bad);
+    }
+  }
 }
 }  // namespace
 
@@ -162,6 +191,14 @@ std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::m
 
 std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
                             const OptimizerState& opt, int keep) {
+  const float* values = model.param_data();
+  std::vector<float> host_values;  // a host copy of a model on another device
+  if (model.device() != kernels::Device::kCpu) {
+    host_values.resize(model.num_params());
+    kernels::device_ops(model.device()).to_host(host_values.data(), values, host_values.size() * sizeof(float));
+    values = host_values.data();
+  }
+  check_finite_state(model, values, opt, meta.step);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", out_dir, ec.message());
@@ -181,13 +218,6 @@ std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const 
 
   try {
     const auto& params = model.parameters();
-    const float* values = model.param_data();
-    std::vector<float> host_values;  // a host copy of a model on another device
-    if (model.device() != kernels::Device::kCpu) {
-      host_values.resize(model.num_params());
-      kernels::device_ops(model.device()).to_host(host_values.data(), values, host_values.size() * sizeof(float));
-      values = host_values.data();
-    }
     std::vector<TensorRef> tensors;
     bool has_head = false;
     for (const auto& p : params) {
@@ -350,6 +380,13 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
     TRIDENT_THROW(IoError, "checkpoint file '{}' is corrupt: {}", meta_path, e.what());
   }
   if (out.weights.empty()) TRIDENT_THROW(IoError, "checkpoint '{}' lists no {}", meta_path, kModelFile);
+  for (const auto* tensors : {&out.weights, &out.optimizer})
+    for (const auto& [name, t] : *tensors)
+      if (const int64_t bad = first_nonfinite(t.data.data(), t.data.size()); bad >= 0)
+        TRIDENT_THROW(IoError,
+                      "checkpoint '{}' holds a non-finite value in '{}' ({} at element {}): it is the state of a "
+                      "diverged run, not a usable model",
+                      dir, name, t.data[static_cast<size_t>(bad)], bad);
   if (with_optimizer && out.meta.has_optimizer && out.optimizer.empty()) {
     TRIDENT_THROW(IoError, "checkpoint '{}' lists no {}", meta_path, kOptimFile);
   }

@@ -69,7 +69,8 @@ struct OptimizerState {
 
 // Saves a checkpoint of `model` (and the optimizer moments when given) as ckpt-<meta.step> in out_dir;
 // keeps the newest `keep` checkpoints. Returns the checkpoint folder. Throws IoError (ENOSPC: says that
-// the previous checkpoint is intact).
+// the previous checkpoint is intact); InvalidArgument, before writing anything, when a value or moment is
+// not finite.
 std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
                             const OptimizerState& opt, int keep = 1);
 
@@ -84,7 +85,8 @@ struct LoadedCheckpoint {
   std::map<std::string, Tensor32> weights;
   std::map<std::string, Tensor32> optimizer;  // empty when the checkpoint has none
 };
-// Reads a checkpoint folder, verifying every file's size and checksum; throws IoError naming the file.
+// Reads a checkpoint folder, verifying every file's size and checksum; throws IoError naming the file, or
+// naming the tensor when one holds a NaN or an infinity.
 LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer = true);
 
 // Copies weights into the model's flat buffer; throws InvalidArgument naming a missing, extra or

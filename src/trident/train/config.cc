@@ -63,6 +63,8 @@ const std::vector<Key>& keys() {
       {"beta1", &TrainConfig::beta1, "[0,1)", "AdamW beta1"},
       {"beta2", &TrainConfig::beta2, "[0,1)", "AdamW beta2"},
       {"grad_clip", &TrainConfig::grad_clip, ">=0", "clip the global gradient norm (0: off)"},
+      {"on_nonfinite", &TrainConfig::on_nonfinite, "stop|skip",
+       "a step whose loss or gradient is not finite: stop with an error naming it, or skip its update (counted)"},
       {"decay_lr", &TrainConfig::decay_lr, "", "warmup + cosine decay (else constant learning_rate)"},
       {"warmup_iters", &TrainConfig::warmup_iters, ">=0", "linear warmup steps"},
       {"lr_decay_iters", &TrainConfig::lr_decay_iters, ">=1", "step where the cosine reaches min_lr"},

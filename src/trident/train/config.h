@@ -56,6 +56,7 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.99;
   double grad_clip = 1.0;              // 0 = no clipping
+  std::string on_nonfinite = "stop";   // stop | skip: a step whose loss or gradient norm is not finite
   bool decay_lr = true;
   int warmup_iters = 100;
   int lr_decay_iters = 2000;

@@ -178,6 +178,21 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
 
 bool Trainer::writer() const { return hooks_.writer >= 0 ? hooks_.writer == 1 : hooks_.rank == 0; }
 
+std::string Trainer::first_nonfinite_gradient() const {
+  const float* g = model_->grad_data();
+  if (g == nullptr) return "";
+  std::vector<float> host;  // a host copy of gradients on another device
+  if (model_->device() != kernels::Device::kCpu) {
+    host.resize(model_->num_params());
+    kernels::device_ops(model_->device()).to_host(host.data(), g, host.size() * sizeof(float));
+    g = host.data();
+  }
+  for (const auto& p : model_->parameters())
+    for (size_t i = 0; i < p.numel; ++i)
+      if (!std::isfinite(g[p.offset + i])) return p.name;
+  return "";
+}
+
 double Trainer::micro_step(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale) {
   if (hooks_.forward_backward) return hooks_.forward_backward(x, y, B, T, backward, loss_scale);
   return model_->forward_backward(x, y, B, T, backward, loss_scale);
@@ -313,15 +328,26 @@ TrainResult Trainer::run() {
       loss_sum += micro_step(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
     }
     if (hooks_.after_backward) hooks_.after_backward(*model_);
-    double grad_norm = NAN;  // pre-clip global norm (recorded; with model parallelism over all shards)
-    if (cfg_.grad_clip > 0) {
-      if (hooks_.clip) grad_norm = hooks_.clip(*model_, static_cast<float>(cfg_.grad_clip));
-      else grad_norm = optim::clip_grad_norm(kernels::device_ops(model_->device()), model_->grad_data(),
-                                             model_->num_params(), static_cast<float>(cfg_.grad_clip));
+    // The pre-clip global norm (with model parallelism over all shards; grad_clip 0 only measures it) and
+    // the loss are the same on every rank: a non-finite one stops or skips the step everywhere alike.
+    const float max_norm = static_cast<float>(cfg_.grad_clip);
+    const double grad_norm = hooks_.clip ? hooks_.clip(*model_, max_norm)
+                                         : optim::clip_grad_norm(kernels::device_ops(model_->device()),
+                                                                   model_->grad_data(), model_->num_params(), max_norm);
+    const double loss = hooks_.average(loss_sum / accum);
+    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    if (!finite && cfg_.on_nonfinite != "skip") {
+      const std::string param = first_nonfinite_gradient();
+      throw NonFiniteError(
+          fmt::format("step {}: the loss is {} and the gradient norm {}; first parameter with a non-finite gradient "
+                      "on rank {}: {}. Nothing was updated or saved; lower learning_rate, set grad_clip, or pass "
+                      "--on_nonfinite skip to skip such steps",
+                      it, loss, grad_norm, hooks_.rank, param.empty() ? "none (another rank holds it)" : param),
+          it, param);
     }
-    if (hooks_.step) hooks_.step(static_cast<float>(lr));
+    if (!finite) ++res.nonfinite_skips;
+    else if (hooks_.step) hooks_.step(static_cast<float>(lr));
     else opt_->step(static_cast<float>(lr));
-    double loss = hooks_.average(loss_sum / accum);
     double dt = seconds_since(t0);
     run_seconds_ += dt;
     run_tokens_ += tokens_per_step;
@@ -334,6 +360,8 @@ TrainResult Trainer::run() {
                           {"tokens_per_s", tokens_per_step / dt},
                           {"elapsed", seconds_since(t_start)}};
     if (std::isfinite(grad_norm)) rec["grad_norm"] = grad_norm;
+    if (!finite) rec["skipped"] = true;
+    if (res.nonfinite_skips > 0) rec["nonfinite_skips"] = res.nonfinite_skips;
     if (hooks_.annotate_step) hooks_.annotate_step(rec);
     emit(rec);
     progress(it, loss, lr, tokens_per_step / ema_step, ema_step * static_cast<double>(cfg_.max_iters - it - 1));

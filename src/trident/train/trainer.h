@@ -16,9 +16,14 @@
 // world*B (so N ranks see exactly the windows of one process with batch N*B). Hooks average scalars.
 //
 // Outputs: out_dir/metrics.jsonl gets one JSON record per step {"type":"step", step, loss, lr,
-// tokens_per_s, elapsed, grad_norm (the pre-clip global norm, when grad_clip > 0)} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
+// tokens_per_s, elapsed, grad_norm (the pre-clip global norm)} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
 // same records go to stdout instead of the progress line, which otherwise redraws in place on a terminal
 // (isatty) and prints a plain line every log_interval steps elsewhere. Only rank 0 writes files and prints.
+//
+// Non-finite steps: a loss or global gradient norm that is not finite stops the run before the update
+// with NonFiniteError (on_nonfinite = stop), or skips that step's update and counts it in the step record's
+// "nonfinite_skips" (on_nonfinite = skip, as a loss scaler skips an overflowed step). Every rank sees the
+// same loss and norm, so every rank decides alike.
 //
 // Ownership: the Trainer owns the model, optimizer, dataset and samplers. Blocking: run() trains on the
 // calling thread until max_iters. Thread-safety: none (one trainer per process). No timeouts of its own.
@@ -36,6 +41,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trident/core/error.h"
 #include "trident/data/dataset.h"
 #include "trident/data/sampler.h"
 #include "trident/data/tokenizer.h"
@@ -48,6 +54,17 @@
 namespace trident::train {
 
 struct TrainResult;
+
+// A step's loss or gradient was not finite (on_nonfinite = stop). `parameter`: the first parameter, in the
+// model's order, whose gradient on this rank is not finite ("" when this rank's are all finite: another
+// rank's shard holds it, or only the loss is not finite).
+class NonFiniteError : public Error {
+ public:
+  NonFiniteError(const std::string& what, int64_t step, std::string parameter)
+      : Error(what), step(step), parameter(std::move(parameter)) {}
+  int64_t step;
+  std::string parameter;
+};
 
 struct TrainerHooks {
   int rank = 0;
@@ -113,6 +130,7 @@ struct TrainResult {
   double tokens_per_s = 0;           // training tokens (all ranks) per second of training time
   std::string sample;                // text generated at the end ("" when sample_tokens = 0)
   std::string last_checkpoint;
+  int64_t nonfinite_skips = 0;       // steps whose update was skipped (on_nonfinite = skip)
 };
 
 class Trainer {
@@ -136,6 +154,7 @@ class Trainer {
   void emit(const nlohmann::json& rec);
   bool writer() const;
   double micro_step(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale);
+  std::string first_nonfinite_gradient() const;
   void progress(int64_t step, double loss, double lr, double tps, double eta_s);
 
   TrainConfig cfg_;

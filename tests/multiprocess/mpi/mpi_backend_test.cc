@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness/collective_sweep.h"
+#include "harness/skip.h"
 #include "trident/comm/backends/mpi_pg.h"
 #include "trident/comm/process_group.h"
 #include "trident/core/env.h"
@@ -365,8 +366,8 @@ int count_ok(const std::string& out) {
 
 void skip_unless_mpi(bool& skip) {
   skip = true;
-  if (!mpi_backend_built()) GTEST_SKIP() << "trident was built without MPI";
-  if (find_mpirun().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  if (!mpi_backend_built()) TRIDENT_SKIP_MISSING("trident was built without MPI (apt-get install libopenmpi-dev, then reconfigure)");
+  if (find_mpirun().empty()) TRIDENT_SKIP_MISSING("mpirun is not installed (apt-get install openmpi-bin)");
   skip = false;
 }
 

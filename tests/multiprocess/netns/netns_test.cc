@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "harness/skip.h"
 #include "harness/temp_dir.h"
 
 namespace trident {
@@ -37,11 +38,16 @@ std::pair<int, std::string> sh(const std::string& cmd) {
 std::string script() { return std::string(TRIDENT_SOURCE_DIR) + "/scripts/netns_hosts.sh"; }
 
 // Why this machine cannot run the test, or "" when it can.
-std::string skip_reason() {
-  if (::geteuid() != 0) return fmt::format("network namespaces need root; this test runs as uid {}", ::geteuid());
+// A tool the test needs and this machine lacks (a package to install), or "".
+std::string missing_tool() {
   for (const char* tool : {"ip", "tc"})
-    if (sh(fmt::format("command -v {}", tool)).first != 0)
-      return fmt::format("'{}' not found (install iproute2)", tool);
+    if (sh(fmt::format("command -v {}", tool)).first != 0) return fmt::format("'{}' not found (install iproute2)", tool);
+  return "";
+}
+
+// Why this process may not create network namespaces (a privilege the machine does not give), or "".
+std::string no_privilege() {
+  if (::geteuid() != 0) return fmt::format("network namespaces need root; this test runs as uid {}", ::geteuid());
   const std::string probe = fmt::format("trprobe{}", ::getpid());
   auto [rc, out] = sh("ip netns add " + probe);
   sh("ip netns del " + probe);
@@ -101,8 +107,8 @@ void run_layout(int hosts, int per_host) {
 }
 
 TEST(NetnsHosts, TwoAndThreeHostsOfTwoRanks) {
-  const std::string why = skip_reason();
-  if (!why.empty()) GTEST_SKIP() << why;
+  if (const std::string tool = missing_tool(); !tool.empty()) TRIDENT_SKIP_MISSING(tool);
+  if (const std::string why = no_privilege(); !why.empty()) TRIDENT_SKIP_MACHINE(why);
   run_layout(2, 2);
   run_layout(3, 2);
 }

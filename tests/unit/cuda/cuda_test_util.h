@@ -18,7 +18,7 @@ namespace trident::cuda::testing {
 #define TRIDENT_REQUIRE_GPU()                                                                     \
   do {                                                                                            \
     if (::trident::cuda::device_count() == 0)                                                     \
-      GTEST_SKIP() << "needs a CUDA GPU: " << ::trident::cuda::no_device_reason();               \
+      GTEST_SKIP() << "machine: needs a CUDA GPU: " << ::trident::cuda::no_device_reason();               \
   } while (0)
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "harness/skip.h"
 #include "trident/core/error.h"
 #include "trident/data/dataset.h"
 #include "trident/data/file_io.h"
@@ -195,7 +196,7 @@ TEST(Dataset, FolderSkipsBinariesSymlinksAndPrefersU8Twins) {
 
 TEST(Dataset, DebianFortunesFolder) {
   const std::string dir = "/usr/share/games/fortunes";
-  if (!fs::is_directory(dir)) GTEST_SKIP() << "fortunes not installed";
+  if (!fs::is_directory(dir)) TRIDENT_SKIP_MISSING(dir + " not found (apt-get install fortunes)");
   auto files = list_source_files(dir);
   ASSERT_FALSE(files.empty());
   for (auto& f : files) {

@@ -126,6 +126,39 @@ TEST(Supervisor, FirstFailureStopsTheOthers) {
   EXPECT_EQ(result.children[1].tail, std::deque<std::string>{"failing"});
 }
 
+// A rank killed by a signal (the OOM killer) while a peer, noticing, exits with an error first: the killed
+// rank is the failure reported, not the peer that only reported it.
+TEST(Supervisor, ASignalDeathIsTheCauseOverAPeerThatExitedFirst) {
+  Captured cap;
+  SuperviseOptions o = capturing(cap);
+  o.grace_seconds = 5;
+  Supervisor sup(o);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  sup.spawn(body([&ready] {
+    char c;
+    if (::read(ready[0], &c, 1) != 1) return 3;  // the victim ignores SIGTERM from here on
+    std::printf("rank 1 died\n");
+    return 1;  // the survivor: exits with an error naming the dead peer
+  }));
+  sup.spawn(body([&ready] {
+    // The victim: still "running" when the supervisor reaps the survivor and sends SIGTERM (ignored here),
+    // then killed by a signal nobody in the supervisor sent.
+    ::signal(SIGTERM, SIG_IGN);
+    if (::write(ready[1], "x", 1) != 1) return 3;
+    ::usleep(300000);
+    ::raise(SIGKILL);
+    return 0;
+  }));
+  auto result = sup.run();
+  ::close(ready[0]);
+  ::close(ready[1]);
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(result.first_failure, 1);
+  EXPECT_EQ(result.children[1].term_signal, SIGKILL);
+  EXPECT_EQ(result.children[0].exit_code, 1);
+}
+
 TEST(Supervisor, TimeoutStopsAndEscalatesToSigkill) {
   SuperviseOptions o;
   o.timeout_seconds = 0.2;

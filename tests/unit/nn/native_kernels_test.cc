@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "harness/skip.h"
 #include "reference.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/nn/models.h"
@@ -46,7 +47,7 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
 }  // namespace
 
 TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
-  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   KernelPath path(true);
   // Tails in every dimension; K past the 128-deep blocks; M past the 6-row tiles; N past 64-wide panels.
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 64, 128}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65},
@@ -80,7 +81,7 @@ TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
 }
 
 TEST(NativeKernels, GemmOtherScalarsFallBackToBlas) {
-  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   KernelPath path(true);
   const int M = 9, N = 20, K = 7;
   const std::vector<float> a = ref::to_float(ref::random_vec(M * K, 1)), b = ref::to_float(ref::random_vec(K * N, 2));
@@ -96,7 +97,7 @@ TEST(NativeKernels, GemmOtherScalarsFallBackToBlas) {
 }
 
 TEST(NativeKernels, AttentionMatchesReferenceAndPortablePath) {
-  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   // Head dims 8, 20 (masked tail), 32, 64; T of 1, 17, 64 and 140 (past one 128-deep block).
   const int cases[][3] = {{1, 16, 2}, {17, 40, 2}, {64, 128, 4}, {140, 64, 1}, {33, 24, 3}};
   for (const auto& cs : cases) {
@@ -123,7 +124,7 @@ TEST(NativeKernels, AttentionMatchesReferenceAndPortablePath) {
 }
 
 TEST(NativeKernels, GptStepAgreesWithPortablePathAndIsDeterministic) {
-  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   const nlohmann::json cfg = {{"kind", "gpt"}, {"n_layer", 2},     {"n_head", 4},   {"n_embd", 64},
                               {"block_size", 24}, {"vocab_size", 37}, {"bias", true}, {"seed", 3}};
   const int B = 3, T = 24;
@@ -145,7 +146,7 @@ TEST(NativeKernels, GptStepAgreesWithPortablePathAndIsDeterministic) {
 }
 
 TEST(NativeKernels, Bf16GemmMatchesRoundedOperandsReference) {
-  if (!native_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   KernelPath path(true);
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65}};
   for (const auto& s : shapes) {

@@ -24,14 +24,12 @@ class StoreUnderTest {
  public:
   virtual ~StoreUnderTest() = default;
   virtual std::shared_ptr<Store> handle() = 0;
-  virtual bool cross_process() const = 0;
 };
 
 class HashUnderTest : public StoreUnderTest {
  public:
   HashUnderTest() : store_(std::make_shared<HashStore>()) { store_->set_timeout(Seconds(30)); }
   std::shared_ptr<Store> handle() override { return store_; }
-  bool cross_process() const override { return false; }
 
  private:
   std::shared_ptr<HashStore> store_;
@@ -40,7 +38,6 @@ class HashUnderTest : public StoreUnderTest {
 class FileUnderTest : public StoreUnderTest {
  public:
   std::shared_ptr<Store> handle() override { return std::make_shared<FileStore>(dir_.path() + "/store", Seconds(30)); }
-  bool cross_process() const override { return true; }
 
  private:
   TempDir dir_;
@@ -52,7 +49,6 @@ class TcpUnderTest : public StoreUnderTest {
   std::shared_ptr<Store> handle() override {
     return std::make_shared<TCPStore>("127.0.0.1", server_.port(), "test-token", Seconds(30));
   }
-  bool cross_process() const override { return true; }
 
  private:
   TCPStoreServer server_;
@@ -62,7 +58,6 @@ template <typename Inner>
 class PrefixUnderTest : public StoreUnderTest {
  public:
   std::shared_ptr<Store> handle() override { return std::make_shared<PrefixStore>("group0/gen1", inner_.handle()); }
-  bool cross_process() const override { return inner_.cross_process(); }
 
  private:
   Inner inner_;
@@ -130,8 +125,22 @@ TYPED_TEST(StoreBehaviour, AddFromManyThreadsReachesTheExactTotal) {
   EXPECT_EQ(shared->add("negative", -5), -5);
 }
 
-TYPED_TEST(StoreBehaviour, AddFromForkedProcessesReachesTheExactTotal) {
-  if (!this->sut_.cross_process()) GTEST_SKIP() << "in-process store";
+// The stores that processes share (a HashStore lives in one process: forked children get copies).
+template <typename T>
+class CrossProcessStoreBehaviour : public StoreBehaviour<T> {};
+using CrossProcessStoreKinds = ::testing::Types<FileUnderTest, TcpUnderTest, PrefixUnderTest<FileUnderTest>,
+                                                PrefixUnderTest<TcpUnderTest>>;
+class CrossProcessKindNames {
+ public:
+  template <typename T>
+  static std::string GetName(int i) {
+    const char* names[] = {"File", "Tcp", "PrefixFile", "PrefixTcp"};
+    return names[i];
+  }
+};
+TYPED_TEST_SUITE(CrossProcessStoreBehaviour, CrossProcessStoreKinds, CrossProcessKindNames);
+
+TYPED_TEST(CrossProcessStoreBehaviour, AddFromForkedProcessesReachesTheExactTotal) {
   constexpr int kProcs = 4, kAdds = 50;
   auto s = this->sut_.handle();
   s->set("ready", B("1"));

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/temp_dir.h"
+#include "harness/skip.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -90,7 +91,7 @@ TEST(Safetensors, WritesTheDocumentedLayoutAndReadsBack) {
 }
 
 TEST(Safetensors, PythonReaderAgrees) {
-  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 numpy";
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) TRIDENT_SKIP_MISSING("/usr/bin/python3 has no numpy (apt-get install python3-numpy)");
   TempDir d;
   std::string p = (d.path / "m.safetensors").string();
   std::vector<float> a = {0.5f, 1.0f, -3.0f, 8.0f};

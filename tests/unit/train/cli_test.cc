@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -175,6 +177,58 @@ TEST_F(Cli, CorruptCheckpointIsReportedWithTheFile) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_CONTAINS(r.err, model);
   EXPECT_CONTAINS(r.err, "truncated");
+}
+
+// The run that diverges (nanoGPT's loss -nan): --learning_rate 1e6 without clipping. It stops with an error
+// naming the step and a parameter, exits non-zero and leaves no checkpoint of the diverged state; with
+// --on_nonfinite skip it finishes, counting the skipped steps, and what it saves is finite.
+TEST_F(Cli, DivergedTrainingStopsAndNamesTheStep) {
+  const std::string out = (dir_ / "diverged").string();
+  Result r = run("train " + tiny_args() + " --learning_rate 1e6 --grad_clip 0 --sample-tokens 0 --out_dir " + out);
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "first parameter with a non-finite gradient on rank 0: ");
+  EXPECT_CONTAINS(r.err, "--on_nonfinite skip");
+  EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
+  const std::string ck = train::find_checkpoint(out);
+  if (!ck.empty()) EXPECT_NO_THROW(train::load_checkpoint(ck)) << "a checkpoint of the diverged run: " << ck;
+
+  const std::string skipped = (dir_ / "diverged-skip").string();
+  Result s = run("train " + tiny_args() + " --learning_rate 1e6 --grad_clip 0 --sample-tokens 0 --on_nonfinite skip"
+                 " --json --out_dir " + skipped);
+  ASSERT_EQ(s.rc, 0) << s.err;
+  int64_t skips = 0;
+  std::istringstream in(s.out);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "step" && j.contains("nonfinite_skips")) skips = j["nonfinite_skips"].get<int64_t>();
+  }
+  EXPECT_GT(skips, 0) << s.out;
+  EXPECT_NO_THROW(train::load_checkpoint(train::find_checkpoint(skipped)));
+}
+
+// A checkpoint holding a NaN (written by something else, or by an older trident) is refused by eval, naming
+// the tensor; its checksums are right, so only the values give it away.
+TEST_F(Cli, EvalRefusesACheckpointWithNonFiniteValues) {
+  fs::path copy = dir_ / "nan-checkpoint";
+  fs::copy(dir_ / "out", copy, fs::copy_options::recursive);
+  const std::string dir = train::find_checkpoint(copy.string());
+  const std::string model = dir + "/model.safetensors";
+  std::map<std::string, std::string> md;
+  auto tensors = train::read_safetensors(model, &md);
+  const std::string victim = tensors.begin()->first;
+  tensors.begin()->second.data[3] = std::nanf("");
+  std::vector<train::TensorRef> refs;
+  for (auto& [name, t] : tensors) refs.push_back({name, t.shape, t.data.data()});
+  const uint64_t sum = train::write_safetensors(model, refs, md);
+  const std::string meta_path = dir + "/checkpoint.json";
+  auto meta = nlohmann::json::parse(io::read_file(meta_path));
+  meta["files"]["model.safetensors"]["fnv1a64"] = io::hex64(sum);
+  meta["files"]["model.safetensors"]["bytes"] = fs::file_size(model);
+  std::ofstream(meta_path) << meta.dump(2) << "\n";
+  Result r = run("eval --checkpoint " + copy.string() + " --windows 2");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_CONTAINS(r.err, "non-finite value in '" + victim + "'");
+  EXPECT_CONTAINS(r.err, "diverged run");
 }
 
 // A ZeRO-3 run on 2 ranks resumes on 3 (ZeRO-1) with the same global batch (batch_size 6 x 2 = 4 x 3) and

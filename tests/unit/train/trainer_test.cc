@@ -9,6 +9,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <memory>
 
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
@@ -159,6 +161,98 @@ TEST(Trainer, EpochSamplerResumesExactly) {
   ASSERT_EQ(rest.losses.size(), 9u);
   for (size_t i = 0; i < 9; ++i) ASSERT_EQ(rest.losses[i], full.losses[7 + i]) << "step " << 7 + i;
   EXPECT_EQ(rest.val_loss, full.val_loss);
+}
+
+// A gradient made NaN in one parameter at step 3: the run stops there, naming the step and that parameter,
+// before the update and without saving; with on_nonfinite = skip the step is skipped and counted, the others
+// train, and the final checkpoint is finite.
+TEST(Trainer, NonFiniteGradientStopsNamingTheStepAndParameterOrIsSkipped) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig c = tiny(data, (d.path / "stop").string());
+  c.max_iters = 8;
+  c.eval_interval = 2;
+  c.always_save_checkpoint = true;
+  std::string victim;
+  auto plant = [&](TrainerHooks h) {
+    auto step = std::make_shared<int>(0);
+    h.after_backward = [&victim, step](nn::Model& m) {
+      if ((*step)++ != 3) return;
+      const nn::Parameter& p = m.parameters()[m.parameters().size() / 2];
+      victim = p.name;
+      m.grad_data()[p.offset + p.numel - 1] = std::nanf("");
+    };
+    return h;
+  };
+  try {
+    Trainer(c, plant(quiet())).run();
+    FAIL() << "a NaN gradient did not stop the run";
+  } catch (const NonFiniteError& e) {
+    EXPECT_EQ(e.step, 3);
+    EXPECT_EQ(e.parameter, victim);
+  }
+  // Checkpoints at steps 2 (evaluation); none at or after the failed step.
+  EXPECT_EQ(load_checkpoint(find_checkpoint(c.out_dir)).meta.step, 2);
+
+  c.out_dir = (d.path / "skip").string();
+  c.on_nonfinite = "skip";
+  TrainResult r = Trainer(c, plant(quiet())).run();
+  EXPECT_EQ(r.nonfinite_skips, 1);
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_TRUE(std::isfinite(r.losses.back()));
+  int skipped = 0;
+  for (const auto& rec : read_metrics(c.out_dir)) {
+    if (rec["type"] != "step") continue;
+    if (rec.value("skipped", false)) {
+      ++skipped;
+      EXPECT_EQ(rec["step"], 3);
+    }
+    if (rec["step"].get<int>() >= 3) EXPECT_EQ(rec["nonfinite_skips"], 1) << rec.dump();
+  }
+  EXPECT_EQ(skipped, 1);
+  auto ck = load_checkpoint(find_checkpoint(c.out_dir));  // refuses non-finite values
+  EXPECT_EQ(ck.meta.step, 8);
+}
+
+// A loss that is not finite (the model's output overflowed) stops the run the same way.
+TEST(Trainer, NonFiniteLossStops) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig c = tiny(data, (d.path / "o").string());
+  c.max_iters = 4;
+  TrainerHooks h = quiet();
+  int calls = 0;
+  h.forward_backward = [&](const int32_t*, const int32_t*, int, int, bool backward, float) {
+    return backward && calls++ == 2 ? std::numeric_limits<double>::infinity() : 1.0;
+  };
+  try {
+    Trainer(c, h).run();
+    FAIL() << "an infinite loss did not stop the run";
+  } catch (const NonFiniteError& e) {
+    EXPECT_EQ(e.step, 2);
+    EXPECT_EQ(e.parameter, "");  // the gradients (all zero here) are finite
+  }
+}
+
+// save_checkpoint refuses a model or optimizer state holding a NaN, before writing anything.
+TEST(Checkpoint, NonFiniteStateIsNeverWritten) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig c = tiny(data, (d.path / "o").string());
+  c.max_iters = 2;
+  Trainer t(c, quiet());
+  t.run();
+  const std::string before = find_checkpoint(c.out_dir);
+  const nn::Parameter& p = t.model().parameters()[1];
+  t.model().param_data()[p.offset] = std::numeric_limits<float>::infinity();
+  try {
+    t.save(5);
+    FAIL() << "a checkpoint with an infinite weight was written";
+  } catch (const InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "'" + p.name + "'");
+  }
+  EXPECT_EQ(find_checkpoint(c.out_dir), before);
+  EXPECT_FALSE(fs::exists(fs::path(c.out_dir) / "ckpt-00000005"));
 }
 
 TEST(Trainer, ResumeErrors) {

@@ -133,10 +133,24 @@ std::exception_ptr Engine::fail(std::exception_ptr e) {
   return failure_;
 }
 
-void Engine::abort(char code, const std::string& reason) {
+AbortRecord Engine::record(AbortRecord::Kind kind, std::string message, int peer, std::vector<int> ranks) const {
+  AbortRecord r;
+  r.kind = kind;
+  r.reporter = rank_;
+  r.peer = peer;
+  r.ranks = std::move(ranks);
+  if (in_collective_ || args_.op == OpKind::kSend || args_.op == OpKind::kRecv) {
+    r.op = op_name(args_.op);
+    r.seq = static_cast<long>(seq_);
+  }
+  r.message = std::move(message);
+  return r;
+}
+
+void Engine::abort(const AbortRecord& record) {
   if (aborted_.exchange(true)) return;
-  std::string encoded = std::string(1, code) + ":" + reason;
-  if (shm_) shm_->set_abort(peers_[rank_].global_rank, encoded);
+  const std::string encoded = record.encode();
+  if (shm_) shm_->set_abort(record);
   if (store_) {
     try {
       store_->compare_set("abort", Bytes{}, Bytes(encoded.begin(), encoded.end()));
@@ -148,22 +162,33 @@ void Engine::abort(char code, const std::string& reason) {
     if (!channels_[i]->is_shm()) channels_[i]->shutdown();
 }
 
-[[noreturn]] void Engine::raise_encoded(const std::string& encoded) {
-  char code = encoded.size() > 2 && encoded[1] == ':' ? encoded[0] : 'A';
-  std::string msg = encoded.size() > 2 && encoded[1] == ':' ? encoded.substr(2) : encoded;
-  std::string op = in_collective_ ? op_name(args_.op) : "";
-  long seq = in_collective_ ? static_cast<long>(seq_) : -1;
-  switch (code) {
-    case 'M': throw MismatchError(msg, rank_, -1, op, seq);
-    case 'D': throw PeerDiedError(msg, rank_, -1, op, seq);
-    case 'T': throw TimeoutError(msg, rank_, op, seq);
-    default: throw NetworkError(msg, rank_, -1, op, seq);
+void Engine::fail_group(const AbortRecord& r) {
+  abort(r);
+  r.raise(rank_);
+}
+
+std::optional<AbortRecord> Engine::stored_abort(double wait_s) {
+  if (!store_) return std::nullopt;
+  try {
+    if (wait_s <= 0 && !store_->check({"abort"})) return std::nullopt;
+    Bytes b = store_->get("abort", Seconds(wait_s > 0 ? wait_s : 1.0));
+    return AbortRecord::decode(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+  } catch (const std::exception&) {
+    return std::nullopt;  // none within the wait, or the store is gone with the process that hosted it
   }
+}
+
+void Engine::raise_recorded(AbortRecord r) {
+  if (r.op.empty() && in_collective_) {  // a record without a collective (e.g. an abort() call): ours
+    r.op = op_name(args_.op);
+    r.seq = static_cast<long>(seq_);
+  }
+  r.raise(rank_);
 }
 
 void Engine::begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_point deadline) {
   if (auto f = failure()) std::rethrow_exception(f);
-  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
   args_ = args;
   algo_ = algo;
   // The fingerprint's count: all_gatherv's per-rank counts differ by design; their total must agree.
@@ -192,6 +217,9 @@ void Engine::end() {
                     describe(args_), seq_, name_, r.peer);
   if (in_collective_) {
     last_done_seq_ = seq_;
+    last_done_args_ = args_;
+    last_done_args_.count = fp_count_;
+    last_done_algo_ = algo_;
     any_done_ = true;
   }
   in_collective_ = false;
@@ -220,8 +248,7 @@ void Engine::check_fingerprint(int peer, const MsgHeader& h) {
       "collective mismatch in group '{}' at sequence number {}: {} issued {} but {} issued {}; every rank must "
       "issue the same collectives in the same order with the same count, dtype, op and root",
       name_, seq_, who(rank_), mine, who(peer), describe_header(h));
-  abort('M', msg);
-  throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+  fail_group(record(AbortRecord::Kind::kMismatch, msg, peer));
 }
 
 void Engine::check_size(const Req& r, const MsgHeader& h, int peer) {
@@ -235,8 +262,7 @@ void Engine::check_size(const Req& r, const MsgHeader& h, int peer) {
                       "but {} sent {} bytes for {}",
                       name_, seq_, who(rank_), r.nbytes, r.step, describe(args_), who(peer), h.nbytes,
                       describe_header(h));
-  abort('M', msg);
-  throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+  fail_group(record(AbortRecord::Kind::kMismatch, msg, peer));
 }
 
 Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes) {
@@ -463,17 +489,29 @@ void Engine::on_header(int peer) {
   if (h.magic != kMsgMagic || (h.kind != kKindColl && h.kind != kKindP2P)) {
     std::string msg = fmt::format("group '{}': corrupt message header from {} (magic {:#x}); the stream is out of sync",
                                   name_, who(peer), h.magic);
-    abort('A', msg);
-    throw NetworkError(msg, rank_, peer);
+    fail_group(record(AbortRecord::Kind::kOther, msg, peer));
   }
   if (h.kind == kKindColl) {
     if (any_done_ && h.seq <= last_done_seq_) {
-      std::string msg = fmt::format(
-          "collective mismatch in group '{}': {} sent a message for {} at sequence number {}, which {} has already "
-          "completed; the ranks disagree on that collective's count, algorithm or dtype",
-          name_, who(peer), describe_header(h), h.seq, who(rank_));
-      abort('M', msg);
-      throw MismatchError(msg, rank_, peer, op_name(args_.op), static_cast<long>(h.seq));
+      // This rank finished that collective without this peer's message: the calls differed. Both are named
+      // when it is the last one this rank completed (the usual case: a root's sends need no reply).
+      std::string msg;
+      if (h.seq == last_done_seq_)
+        msg = fmt::format(
+            "collective mismatch in group '{}' at sequence number {}: {} issued {} [algorithm {}] (and completed it) "
+            "but {} issued {}; every rank must issue the same collectives in the same order with the same count, "
+            "dtype, op and root",
+            name_, h.seq, who(rank_), describe(last_done_args_), algo_name(last_done_algo_), who(peer),
+            describe_header(h));
+      else
+        msg = fmt::format(
+            "collective mismatch in group '{}': {} sent a message for {} at sequence number {}, which {} has already "
+            "completed; the ranks disagree on that collective's count, algorithm or dtype",
+            name_, who(peer), describe_header(h), h.seq, who(rank_));
+      AbortRecord r = record(AbortRecord::Kind::kMismatch, msg, peer);
+      r.seq = static_cast<long>(h.seq);
+      r.op = op_name(static_cast<OpKind>(h.op));
+      fail_group(r);
     }
     if (in_collective_ && h.seq == seq_) check_fingerprint(peer, h);
   }
@@ -622,10 +660,7 @@ int Engine::progress_peer(int p, bool tx, bool rx) {
       if (waiting_on(p)) raise_abort_from_peer(p, e.what());
       // A peer that finished and exited closes its end; that is an error only if the group was aborted
       // or if this rank still needs that peer (checked when a request to it is posted).
-      if (store_ && store_->check({"abort"})) {
-        Bytes b = store_->get("abort", Seconds(1.0));
-        raise_encoded(std::string(b.begin(), b.end()));
-      }
+      if (auto r = stored_abort(0)) raise_recorded(std::move(*r));
       closed_.push_back(p);
       closed_reason_[p] = e.what();
       active_peers_.erase(std::find(active_peers_.begin(), active_peers_.end(), p));
@@ -642,19 +677,9 @@ bool Engine::waiting_on(int p) const {
 
 [[noreturn]] void Engine::raise_abort_from_peer(int peer, const std::string& channel_error) {
   // Why did the connection break? A dead process, an abort with a recorded reason, or the network.
-  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
   // An aborting rank records its reason in the store before it closes its connections.
-  if (store_) {
-    try {
-      if (store_->check({"abort"})) {
-        Bytes b = store_->get("abort", Seconds(1.0));
-        raise_encoded(std::string(b.begin(), b.end()));
-      }
-    } catch (const NetworkError&) {
-      throw;
-    } catch (const std::exception&) {
-    }
-  }
+  if (auto r = stored_abort(0)) raise_recorded(std::move(*r));
   const PeerInfo& p = peers_[peer];
   if (p.same_host) {
     // Give a dying process a moment to become a zombie.
@@ -663,27 +688,17 @@ bool Engine::waiting_on(int p) const {
     if (!process_alive(p.pid, p.starttime)) {
       std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(peer),
                                     in_collective_ ? describe(args_) : describe(args_), seq_, name_);
-      abort('D', msg);
-      throw PeerDiedError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+      fail_group(record(AbortRecord::Kind::kPeerDied, msg, peer));
     }
   }
-  if (store_) {
-    try {
-      Bytes b = store_->get("abort", Seconds(1.0));
-      raise_encoded(std::string(b.begin(), b.end()));
-    } catch (const NetworkError&) {
-      throw;
-    } catch (const std::exception&) {
-    }
-  }
+  if (auto r = stored_abort(1.0)) raise_recorded(std::move(*r));
   std::string msg = fmt::format("{} in group '{}' during {} (sequence number {}): {}", who(rank_), name_,
                                 describe(args_), seq_, channel_error);
-  abort('D', msg);
-  throw PeerDiedError(msg, rank_, peer, op_name(args_.op), static_cast<long>(seq_));
+  fail_group(record(AbortRecord::Kind::kPeerDied, msg, peer));
 }
 
 void Engine::periodic_checks() {
-  if (shm_ && shm_->aborted()) raise_encoded(shm_->abort_reason());
+  if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
   // ---- shared-memory fast path: a peer inside a window collective at this sequence number ----
   if (shm_ && shm_->window() && in_collective_) {
     ShmWindow::Fingerprint theirs;
@@ -695,8 +710,7 @@ void Engine::periodic_checks() {
           "collective mismatch in group '{}' at sequence number {}: {} issued {} [algorithm {}] but {} issued {}; "
           "every rank must issue the same collectives in the same order with the same count, dtype, op and root",
           name_, seq_, who(rank_), describe(shown), algo_name(algo_), who(p), ShmWindow::describe(theirs));
-      abort('M', msg);
-      throw MismatchError(msg, rank_, p, op_name(args_.op), static_cast<long>(seq_));
+      fail_group(record(AbortRecord::Kind::kMismatch, msg, p));
     }
   }
   // ---- end shared-memory fast path ----
@@ -710,8 +724,7 @@ void Engine::periodic_checks() {
     if (moved >= 0 && waiting_on(p)) {
       std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(args_),
                                     seq_, name_);
-      abort('D', msg);
-      throw PeerDiedError(msg, rank_, p, op_name(args_.op), static_cast<long>(seq_));
+      fail_group(record(AbortRecord::Kind::kPeerDied, msg, p));
     }
   }
 }
@@ -756,8 +769,7 @@ ShmWindow* Engine::shm_window() {
   else detail = fmt::format("rank(s) {} did not drain what was sent to them", fmt::join(stuck, ", "));
   std::string msg = fmt::format("{} (sequence number {}) in group '{}' timed out on rank {}; {}",
                                 in_collective_ ? describe(args_) : describe(args_), seq_, name_, rank_, detail);
-  abort('T', msg);
-  throw TimeoutError(msg, rank_, op_name(args_.op), static_cast<long>(seq_), missing);
+  fail_group(record(AbortRecord::Kind::kTimeout, msg, -1, missing));
 }
 
 void Engine::block_once(Clock::time_point deadline) {

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,11 @@ class Engine final : public AlgoContext {
   void end();
   // Records a failure (the group is then aborted on this rank) and returns the exception to report.
   std::exception_ptr fail(std::exception_ptr e);
-  // Aborts the group on every rank: `code` is 'M' mismatch, 'D' peer died, 'T' timeout, 'A' other.
-  void abort(char code, const std::string& reason);
+  // Aborts the group on every rank: the record goes to the shared-memory segment and the store, and the
+  // TCP connections are shut down, so every rank raises the error it describes.
+  void abort(const AbortRecord& record);
+  // An AbortRecord of `kind` reported by this rank in the current collective.
+  AbortRecord record(AbortRecord::Kind kind, std::string message, int peer = -1, std::vector<int> ranks = {}) const;
   std::exception_ptr failure();
 
   // AlgoContext
@@ -129,7 +133,12 @@ class Engine final : public AlgoContext {
   void periodic_checks();
   [[noreturn]] void raise_timeout(std::span<const Request> reqs);
   [[noreturn]] void raise_abort_from_peer(int peer, const std::string& channel_error);
-  [[noreturn]] void raise_encoded(const std::string& encoded);
+  // Aborts the group with `r` and throws it here (the same error every other rank raises).
+  [[noreturn]] void fail_group(const AbortRecord& r);
+  // Throws the record another rank left (in the segment or the store).
+  [[noreturn]] void raise_recorded(AbortRecord r);
+  // The record an aborting rank left in the store, waiting up to wait_s for it (0: only one already there).
+  std::optional<AbortRecord> stored_abort(double wait_s);
   std::string who(int r) const;
   std::string describe_header(const MsgHeader& h) const;
 
@@ -158,6 +167,8 @@ class Engine final : public AlgoContext {
   uint64_t seq_ = 0;
   bool in_collective_ = false;
   uint64_t last_done_seq_ = 0;
+  CollArgs last_done_args_;  // the collective of last_done_seq_ (named when a peer's call differs)
+  Algo last_done_algo_ = Algo::kAuto;
   bool any_done_ = false;
   Clock::time_point deadline_;
   Clock::time_point next_check_;

@@ -416,13 +416,18 @@ std::exception_ptr NativeProcessGroup::run_call(const CollArgs& a, const Algorit
   } catch (const NetworkError&) {
     return engine_->fail(std::current_exception());
   } catch (const std::exception& e) {
-    engine_->abort('A', fmt::format("rank {} of group '{}' failed in {}: {}", rank(), name(), describe(a), e.what()));
+    engine_->abort(engine_->record(AbortRecord::Kind::kOther, fmt::format("rank {} of group '{}' failed in {}: {}",
+                                                                          rank(), name(), describe(a), e.what())));
     return engine_->fail(std::current_exception());
   }
 }
 
 void NativeProcessGroup::abort(const std::string& reason) {
-  engine_->abort('A', fmt::format("group '{}' aborted by rank {}: {}", name(), rank(), reason));
+  // Any thread may call this: the record carries no collective (the executing thread's state is not read).
+  AbortRecord r;
+  r.reporter = rank();
+  r.message = fmt::format("group '{}' aborted by rank {}: {}", name(), rank(), reason);
+  engine_->abort(r);
   engine_->fail(std::make_exception_ptr(NetworkError(fmt::format("group '{}' aborted on this rank: {}", name(), reason),
                                                      rank())));
 }

@@ -48,9 +48,9 @@ struct Header {
   uint32_t local_size;
   uint32_t pad0;
   uint64_t ring_bytes;
-  std::atomic<uint32_t> abort_state;  // 0 none, 1 writing, 2 reason ready
-  int32_t abort_rank;
-  char abort_reason[2048];
+  std::atomic<uint32_t> abort_state;  // 0 none, 1 writing, 2 record ready
+  uint32_t abort_len;
+  char abort_record[2048];  // AbortRecord::encode()
 };
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -244,7 +244,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create_or_open(Store& store, const std::
   if (local_rank == 0) {
     hdr->local_size = static_cast<uint32_t>(local_size);
     hdr->ring_bytes = cap;
-    hdr->abort_rank = -1;
+    hdr->abort_len = 0;
     std::atomic_thread_fence(std::memory_order_release);
     hdr->magic = kShmMagic;
   }
@@ -305,14 +305,13 @@ void ShmSegment::wake_all() {
   }
 }
 
-void ShmSegment::set_abort(int global_rank, const std::string& reason) {
+void ShmSegment::set_abort(const AbortRecord& record) {
   auto* hdr = reinterpret_cast<Header*>(base_);
   uint32_t expected = 0;
   if (hdr->abort_state.compare_exchange_strong(expected, 1)) {
-    hdr->abort_rank = global_rank;
-    size_t n = std::min(reason.size(), sizeof(hdr->abort_reason) - 1);
-    std::memcpy(hdr->abort_reason, reason.data(), n);
-    hdr->abort_reason[n] = '\0';
+    const std::string bytes = record.encode(sizeof(hdr->abort_record));
+    std::memcpy(hdr->abort_record, bytes.data(), bytes.size());
+    hdr->abort_len = static_cast<uint32_t>(bytes.size());
     hdr->abort_state.store(2, std::memory_order_release);
   }
   wake_all();
@@ -322,14 +321,16 @@ bool ShmSegment::aborted() const {
   return reinterpret_cast<const Header*>(base_)->abort_state.load(std::memory_order_acquire) != 0;
 }
 
-std::string ShmSegment::abort_reason() const {
+AbortRecord ShmSegment::abort_record() const {
   auto* hdr = reinterpret_cast<const Header*>(base_);
   for (int i = 0; i < 1000 && hdr->abort_state.load(std::memory_order_acquire) == 1; ++i) usleep(100);
-  if (hdr->abort_state.load(std::memory_order_acquire) != 2) return "(no reason recorded)";
-  return std::string(hdr->abort_reason);
+  if (hdr->abort_state.load(std::memory_order_acquire) != 2) {
+    AbortRecord none;
+    none.message = "the group was aborted (no reason recorded)";
+    return none;
+  }
+  return AbortRecord::decode(std::string_view(hdr->abort_record, hdr->abort_len));
 }
-
-int ShmSegment::abort_rank() const { return reinterpret_cast<const Header*>(base_)->abort_rank; }
 
 int32_t ShmSegment::pid(int local) const {
   Layout lay(local_size_, ring_bytes_);
@@ -555,41 +556,29 @@ void ShmWindow::slow_checks_for(const std::vector<int>& missing, const std::func
   }
   for (int p : missing)
     if (!process_alive(seg_->pid(p), seg_->starttime(p)) && behind(p))  // re-read after seeing it gone
-      fail('D', fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(fp_), fp_.seq, group_),
-           p);
+      fail(AbortRecord::Kind::kPeerDied,
+           fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(fp_), fp_.seq, group_), p);
   if (!missing.empty() && std::chrono::steady_clock::now() >= deadline_)
-    fail('T',
+    fail(AbortRecord::Kind::kTimeout,
          fmt::format("{} (sequence number {}) in group '{}' timed out on rank {}; not heard from: rank(s) {}",
                      describe(fp_), fp_.seq, group_, me_, fmt::join(missing, ", ")),
          -1, missing);
 }
 
-void ShmWindow::fail(char code, const std::string& msg, int peer, std::vector<int> missing) {
-  int g = me_ < static_cast<int>(global_ranks_.size()) ? global_ranks_[me_] : me_;
-  seg_->set_abort(g, std::string(1, code) + ":" + msg);
-  const std::string op = op_name(static_cast<OpKind>(fp_.op));
-  const long seq = static_cast<long>(fp_.seq);
-  switch (code) {
-    case 'M': throw MismatchError(msg, me_, peer, op, seq);
-    case 'D': throw PeerDiedError(msg, me_, peer, op, seq);
-    case 'T': throw TimeoutError(msg, me_, op, seq, std::move(missing));
-    default: throw NetworkError(msg, me_, peer, op, seq);
-  }
+void ShmWindow::fail(AbortRecord::Kind kind, const std::string& msg, int peer, std::vector<int> missing) {
+  AbortRecord r;
+  r.kind = kind;
+  r.reporter = me_;
+  r.peer = peer;
+  r.ranks = std::move(missing);
+  r.op = op_name(static_cast<OpKind>(fp_.op));
+  r.seq = static_cast<long>(fp_.seq);
+  r.message = msg;
+  seg_->set_abort(r);
+  r.raise(me_);
 }
 
-void ShmWindow::raise_aborted() {
-  std::string encoded = seg_->abort_reason();
-  char code = encoded.size() > 2 && encoded[1] == ':' ? encoded[0] : 'A';
-  std::string msg = encoded.size() > 2 && encoded[1] == ':' ? encoded.substr(2) : encoded;
-  const std::string op = op_name(static_cast<OpKind>(fp_.op));
-  const long seq = static_cast<long>(fp_.seq);
-  switch (code) {
-    case 'M': throw MismatchError(msg, me_, -1, op, seq);
-    case 'D': throw PeerDiedError(msg, me_, -1, op, seq);
-    case 'T': throw TimeoutError(msg, me_, op, seq);
-    default: throw NetworkError(msg, me_, -1, op, seq);
-  }
-}
+void ShmWindow::raise_aborted() { seg_->abort_record().raise(me_); }
 
 void ShmWindow::check_fingerprints() {
   for (int p = 0; p < n_; ++p)
@@ -600,7 +589,7 @@ void ShmWindow::check_one(int p, const Fingerprint& f) {
   if (f.seq == fp_.seq && f.count == fp_.count && f.op == fp_.op && f.dtype == fp_.dtype && f.redop == fp_.redop &&
       f.algo == fp_.algo && f.root == fp_.root)
     return;
-  fail('M',
+  fail(AbortRecord::Kind::kMismatch,
        fmt::format("collective mismatch in group '{}' at sequence number {}: {} issued {} but {} issued {} "
                    "(sequence number {}); every rank must issue the same collectives in the same order with the "
                    "same count, dtype, op and root",
@@ -638,10 +627,11 @@ void ShmWindow::fail_peer_access(int peer, int err, const std::string& what) {
     check_abort();
   }
   if (gone)
-    fail('D', fmt::format("{} died during {} (sequence number {}) in group '{}' ({} failed: {})", who(peer),
+    fail(AbortRecord::Kind::kPeerDied,
+         fmt::format("{} died during {} (sequence number {}) in group '{}' ({} failed: {})", who(peer),
                           describe(fp_), fp_.seq, group_, what, std::strerror(err)),
          peer);
-  fail('N', fmt::format("{} on rank {} failed for {} during {} (sequence number {}) in group '{}': {}", what, me_,
+  fail(AbortRecord::Kind::kOther, fmt::format("{} on rank {} failed for {} during {} (sequence number {}) in group '{}': {}", what, me_,
                         who(peer), describe(fp_), fp_.seq, group_, std::strerror(err)),
        peer);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/comm/transport/abort.h"
 #include "trident/comm/transport/channel.h"
 #include "trident/comm/types.h"
 
@@ -49,11 +50,10 @@ class ShmSegment {
   // Sleeps until the bell moves from `seen` or timeout_ms passes.
   void sleep_on_bell(uint32_t seen, int timeout_ms);
 
-  // Abort: first caller wins; reason readable by all local ranks.
-  void set_abort(int global_rank, const std::string& reason);
+  // Abort: first caller wins; its record is readable by all local ranks.
+  void set_abort(const AbortRecord& record);
   bool aborted() const;
-  std::string abort_reason() const;
-  int abort_rank() const;
+  AbortRecord abort_record() const;
   void wake_all();
 
   // pid/starttime of each local rank, published at open.
@@ -159,7 +159,8 @@ class ShmWindow {
 
  private:
   Ctl* ctl(int r) const;
-  [[noreturn]] void fail(char code, const std::string& msg, int peer, std::vector<int> missing = {});
+  // Records the failure in the segment (every local rank wakes and raises the same error) and raises it.
+  [[noreturn]] void fail(AbortRecord::Kind kind, const std::string& msg, int peer, std::vector<int> missing = {});
   [[noreturn]] void raise_aborted();
   // Spins, then sleeps on the doorbell until ready(); slow checks name the ranks for which behind(p).
   template <class Ready, class Behind>
