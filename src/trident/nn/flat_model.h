@@ -50,6 +50,8 @@ struct ModelConfig {
   kernels::Device device_kind() const { return kernels::parse_device(device); }
 };
 
+struct LayerEnv;
+
 class FlatModel : public Model {
  public:
   // Throws kernels::DeviceUnavailable when config.device cannot be used here.
@@ -70,6 +72,7 @@ class FlatModel : public Model {
   bool adopt_grad_storage(float* storage, std::shared_ptr<void> owner) override;
 
  protected:
+  friend struct LayerEnv;  // the layers (nn/layers.h) read parameters and fire hooks through it
   // Registers a parameter (shape in PyTorch layout) and returns its index.
   int add_param(std::string name, std::vector<int64_t> shape);
   // Allocates the flat buffers (zero-filled) after all add_param calls.

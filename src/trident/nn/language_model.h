@@ -1,9 +1,8 @@
-// What nn's language models (the GPT, the deep MLP) share around their layers (internal to nn/): the
-// token + position embedding in front, ln_f, the LM head and the fused cross-entropy behind, the residual
-// stream x_0..x_L between them, and the forward/backward skeleton with its block events, activation
-// checkpointing and grad-ready hooks. A model registers its parameters (setting the indices below) and
-// implements only its layers: layer_forward(l) reads x_l and writes x_{l+1}, layer_backward(l) turns
-// dres = d x_{l+1} into d x_l.
+// What nn's language models (the GPT, the deep MLP) share: the layers of nn/layers.h composed into one
+// process's model: the embedding in front, the residual layers x_0..x_L, ln_f, the LM head and the
+// cross-entropy behind, and the forward/backward skeleton with its block events, activation checkpointing
+// and grad-ready hooks. A model registers its parameters (setting the indices below), builds its layers_
+// and initialises; everything else is here.
 //
 // Blocks: 0 is the embedding, 1..n_layer the layers, n_layer+1 ln_f and the head. Hooks fire in descending
 // parameter index order: the untied head, ln_f, then each layer's own, then wpe and wte (the tied head's
@@ -12,10 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "trident/core/error.h"
 #include "trident/nn/flat_model.h"
+#include "trident/nn/layers.h"
 
 namespace trident::nn {
 
@@ -30,9 +32,8 @@ class LanguageModel : public FlatModel {
     targets = on_device(targets_, targets, n);
     forward(inputs, B, T);
     const int N = B * T;
-    const double sum = ops_->cross_entropy_forward_backward(backward ? logits_.data() : nullptr, logits_.data(),
-                                                            targets, N, cfg_.vocab_size,
-                                                            loss_scale / static_cast<float>(N));
+    const double sum =
+        lm_head().loss(env(), backward ? logits_.data() : nullptr, logits_.data(), targets, N, loss_scale / static_cast<float>(N));
     const float loss = static_cast<float>(sum / N);
     if (backward) backward_pass(inputs, B, T);
     return loss;
@@ -41,87 +42,106 @@ class LanguageModel : public FlatModel {
   void forward_logits(const int32_t* inputs, int B, int T, float* logits) override {
     check_batch(inputs, B, T);
     forward(on_device(inputs_, inputs, static_cast<size_t>(B) * T), B, T);
-    ops_->to_host(logits, logits_.data(), sizeof(float) * static_cast<size_t>(B) * T * cfg_.vocab_size);
+    lm_head().gather_logits(env(), logits, logits_.data(), B * T);
+  }
+
+  // Block 0: the embedding (wte, wpe); blocks 1..n_layer: the layers; block n_layer+1: ln_f and the head
+  // (wte when tied, so wte belongs to the first and the last block).
+  std::vector<Block> blocks() const override {
+    auto ids = [](std::initializer_list<int> v) {
+      std::vector<size_t> out;
+      for (int i : v)
+        if (i >= 0) out.push_back(static_cast<size_t>(i));
+      return out;
+    };
+    std::vector<Block> b;
+    b.push_back({"embedding", ids({wte_, wpe_})});
+    for (size_t l = 0; l < layers_.size(); ++l) b.push_back({layer_prefix_ + std::to_string(l), layers_[l]->params()});
+    b.push_back({"head", ids({lnf_w_, lnf_b_, head()})});
+    return b;
   }
 
  protected:
   using FlatModel::FlatModel;
 
-  // x_l -> x_{l+1} (recompute: the forward again inside backward under activation checkpointing; the
-  // layer refreshes what its backward needs and may leave x_{l+1} alone).
-  virtual void layer_forward(int l, int B, int T, bool recompute) = 0;
-  // dres: d x_{l+1} on entry, d x_l on return; fires the layer's hooks.
-  virtual void layer_backward(int l, int B, int T) = 0;
-  // (Re)sizes the layers' own activations for B*T positions; called when B*T changes.
-  virtual void resize_layers(size_t N) = 0;
-
   int head() const { return head_ >= 0 ? head_ : wte_; }
-  // d ln_f output [N, C]: the head backward's scratch, free for the layers' backward afterwards.
-  float* dscratch() { return dlnf_.data(); }
+
+  LayerEnv env() {
+    LayerEnv e{*ops_, *this};
+    e.workspace = &workspace_;
+    e.precision = cfg_.precision();
+    e.gelu = cfg_.gelu_kind();
+    return e;
+  }
+  Embedding embedding() const {
+    return Embedding{wte_, wpe_, cfg_.vocab_size, 0, cfg_.vocab_size};
+  }
+  LmHead lm_head() const {
+    // An untied head fires when its backward is done; the tied one is wte, final after the embedding's.
+    return LmHead{LayerNorm{lnf_w_, lnf_b_}, head(), head_ >= 0, cfg_.vocab_size, 0, cfg_.vocab_size};
+  }
 
   void forward(const int32_t* tokens, int B, int T) {
     ensure(B, T);
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    const LayerEnv e = env();
     block_event(0, BlockEvent::kBeforeForward);
-    ops_->embedding_forward(xs_[0].data(), tokens, P(wte_), P(wpe_), B, T, C, cfg_.vocab_size);
+    embedding().forward(e, xs_[0].data(), tokens, B, T, C);
     block_event(0, BlockEvent::kAfterForward);
     for (int l = 0; l < L; ++l) {
       block_event(l + 1, BlockEvent::kBeforeForward);
-      layer_forward(l, B, T, false);
+      layers_[l]->forward(e, xs_[l].data(), acts(l), xs_[l + 1].data(), B, T, false);
       block_event(l + 1, BlockEvent::kAfterForward);
     }
     block_event(L + 1, BlockEvent::kBeforeForward);
-    ops_->layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), P(lnf_w_), P(lnf_b_), N,
-                            C, 1e-5f);
-    ops_->linear_forward(logits_.data(), lnf_.data(), P(head()), nullptr, N, C, cfg_.vocab_size, cfg_.precision());
+    lm_head().forward(e, logits_.data(), lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), xs_[L].data(), N, C);
     block_event(L + 1, BlockEvent::kAfterForward);
   }
 
   // Expects logits_ to hold dloss/dlogits.
   void backward_pass(const int32_t* tokens, int B, int T) {
     const int N = B * T, C = cfg_.n_embd, L = cfg_.n_layer;
+    const LayerEnv e = env();
     block_event(L + 1, BlockEvent::kBeforeBackward);
-    // lm_head: d lnf = dlogits head; d head += dlogits^T lnf.
-    ops_->linear_backward(dlnf_.data(), G(head()), nullptr, logits_.data(), lnf_.data(), P(head()), N, C,
-                          cfg_.vocab_size, 0.0f, cfg_.precision());
-    fire(head_);  // an untied head is final now (-1 when tied: wte fires after the embedding)
-    ops_->memset_zero(dres_.data(), sizeof(float) * static_cast<size_t>(N) * C);
-    ops_->layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dlnf_.data(), xs_[L].data(), P(lnf_w_),
-                             lnf_mean_.data(), lnf_rstd_.data(), N, C);
-    fire(lnf_b_);
-    fire(lnf_w_);
+    lm_head().backward(e, dres_.data(), dlnf_.data(), logits_.data(), lnf_.data(), xs_[L].data(), lnf_mean_.data(),
+                       lnf_rstd_.data(), N, C);
     block_event(L + 1, BlockEvent::kAfterBackward);
     for (int l = L - 1; l >= 0; --l) {
-      // With checkpointing the layers' scratch set already holds the last layer's activations.
+      // With checkpointing the shared activation set already holds the last layer's; the recomputed
+      // output goes to scratch (x_{l+1} is kept).
       if (cfg_.activation_checkpointing && l != L - 1) {
         block_event(l + 1, BlockEvent::kBeforeRecompute);
-        layer_forward(l, B, T, true);
+        layers_[l]->forward(e, xs_[l].data(), acts(l), scratch_out_.data(), B, T, true);
         block_event(l + 1, BlockEvent::kAfterRecompute);
       }
       block_event(l + 1, BlockEvent::kBeforeBackward);
-      layer_backward(l, B, T);
+      layers_[l]->backward(e, dres_.data(), xs_[l].data(), acts(l), B, T);
       block_event(l + 1, BlockEvent::kAfterBackward);
     }
     block_event(0, BlockEvent::kBeforeBackward);
-    ops_->embedding_backward(G(wte_), G(wpe_), dres_.data(), tokens, B, T, C);
-    fire(wpe_);
-    fire(wte_);
+    embedding().backward(e, dres_.data(), tokens, B, T, C);
     block_event(0, BlockEvent::kAfterBackward);
   }
 
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   int head_ = -1;  // an untied lm_head.weight; -1 when the head is wte
-  std::vector<kernels::DeviceArray<float>> xs_;  // x_0 (embedding) .. x_L (into ln_f)
-  kernels::DeviceArray<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dlnf_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // n_layer residual layers, built by the model
+  std::string layer_prefix_;                    // block names: prefix + layer index
 
  private:
+  LayerActs& acts(int l) { return cfg_.activation_checkpointing ? acts_[0] : acts_[l]; }
+
   void ensure(int B, int T) {
     const size_t N = static_cast<size_t>(B) * T, C = cfg_.n_embd;
     if (N == cap_n_) return;
     cap_n_ = N;
-    resize_layers(N);
-    xs_.resize(cfg_.n_layer + 1);
+    const LayerEnv e = env();
+    const size_t L = cfg_.n_layer;
+    acts_.resize(cfg_.activation_checkpointing ? std::min<size_t>(1, L) : L);
+    for (size_t l = 0; l < acts_.size(); ++l) layers_[l]->alloc(e, acts_[l], N);
+    xs_.resize(L + 1);
     for (auto& x : xs_) resize_buffer(x, N * C);
+    resize_buffer(scratch_out_, cfg_.activation_checkpointing ? N * C : 0);
     resize_buffer(lnf_, N * C);
     resize_buffer(lnf_mean_, N);
     resize_buffer(lnf_rstd_, N);
@@ -130,6 +150,10 @@ class LanguageModel : public FlatModel {
     resize_buffer(dlnf_, N * C);
   }
 
+  std::vector<kernels::DeviceArray<float>> xs_;  // x_0 (embedding) .. x_L (into ln_f)
+  kernels::DeviceArray<float> lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dlnf_, scratch_out_;
+  std::vector<LayerActs> acts_;  // per layer (one shared set under activation checkpointing)
+  LayerActs workspace_;          // the layers' backward scratch
   size_t cap_n_ = 0;
 };
 

@@ -1,6 +1,5 @@
-// ParallelModel: layout validation, the shard plan, chunks (Stages) with per-microbatch activations,
-// vocab-parallel embedding/head, logical <-> shard copies. The per-layer units (GPT block, MLP layer pair)
-// are the subclasses at the end of this file.
+// ParallelModel: layout validation, the shard plan, chunks (Stages) running nn's layers with
+// per-microbatch activations, logical <-> shard copies.
 #include "trident/parallel/parallel_model.h"
 
 #include <algorithm>
@@ -112,20 +111,11 @@ std::vector<size_t> plan_offsets(const std::vector<ShardSpec>& specs, size_t* to
 // ---------------------------------------------------------------------------------------------------
 // Activations
 
-struct ParallelModel::UnitActs {
-  std::vector<AlignedFloats> bufs;
-  size_t bytes() const {
-    size_t b = 0;
-    for (const auto& x : bufs) b += x.size() * sizeof(float);
-    return b;
-  }
-};
-
 struct ParallelModel::MbActs {
   int B = 0, T = 0;
   std::vector<int32_t> tokens;            // first stage: for the embedding backward
   std::vector<AlignedFloats> xs;          // input of each unit, and the chunk's output
-  std::vector<UnitActs> units;            // saved per unit (empty with checkpointing)
+  std::vector<nn::LayerActs> units;       // saved per unit (empty with checkpointing)
   AlignedFloats lnf, lnf_mean, lnf_rstd;  // last stage
   AlignedFloats logits;                   // last stage: dloss/dlogits (local vocab columns) after forward
   size_t bytes() const {
@@ -166,7 +156,7 @@ class ParallelModel::Chunk final : public Stage {
   int c_;
   bool first_, last_;
   std::map<int, std::unique_ptr<MbActs>> saved_;
-  UnitActs scratch_units_;  // unit activations when not kept (evaluation, checkpointing recompute)
+  nn::LayerActs scratch_units_;  // unit activations when not kept (evaluation, checkpointing recompute)
   size_t bytes_ = 0, peak_ = 0;
 };
 
@@ -198,52 +188,32 @@ double ParallelModel::Chunk::run(int mb, const int32_t* tokens, const int32_t* t
   for (auto& x : a.xs) x.resize(NC);
   if (!ckpt) a.units.resize(units.size());
 
+  const nn::LayerEnv e = m.env(mb, c_);
   if (first_) {
     if (keep) a.tokens.assign(tokens, tokens + N);
-    vocab_parallel_embedding_forward(a.xs[0].data(), tokens, m.P(m.wte_), m.v0_, m.vl_, cfg.vocab_size, N, C);
-    m.tp_.all_reduce_sum(a.xs[0].data(), NC, mb, c_);
-    const float* wpe = m.P(m.wpe_);
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) {
-        float* o = a.xs[0].data() + (static_cast<size_t>(b) * T + t) * C;
-        const float* p = wpe + static_cast<size_t>(t) * C;
-        for (int j = 0; j < C; ++j) o[j] += p[j];
-      }
+    m.embedding_.forward(e, a.xs[0].data(), tokens, B, T, C);
   } else {
     std::memcpy(a.xs[0].data(), input, sizeof(float) * NC);
   }
+  const auto& layers = m.units_[c_];
   for (size_t u = 0; u < units.size(); ++u) {
-    UnitActs& ua = ckpt ? scratch_units_ : a.units[u];
-    m.alloc_unit(ua, units[u].first, units[u].second, N);
-    m.unit_forward(units[u].first, units[u].second, a.xs[u].data(), ua, a.xs[u + 1].data(), B, T, mb, c_);
+    nn::LayerActs& ua = ckpt ? scratch_units_ : a.units[u];
+    layers[u]->alloc(e, ua, N);
+    layers[u]->forward(e, a.xs[u].data(), ua, a.xs[u + 1].data(), B, T, false);
   }
   double loss = 0;
   if (last_) {
-    const float* xl = a.xs.back().data();
     a.lnf.resize(NC);
     a.lnf_mean.resize(N);
     a.lnf_rstd.resize(N);
     a.logits.resize(static_cast<size_t>(N) * m.vl_);
-    kc::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), xl, m.P(m.lnf_w_), m.P(m.lnf_b_), N, C);
-    kc::linear_forward(a.logits.data(), a.lnf.data(), m.P(m.head_), nullptr, N, C, static_cast<int>(m.vl_),
-                       cfg.precision());
-    if (full_logits != nullptr) {
-      const int TP = m.tp_.size();
-      const size_t local = static_cast<size_t>(N) * m.vl_;
-      AlignedFloats all(local * TP);
-      m.tp_.all_gather(a.logits.data(), all.data(), local, mb, c_);
-      const size_t V = cfg.vocab_size;
-      for (int r = 0; r < TP; ++r)
-        for (int i = 0; i < N; ++i)
-          std::memcpy(full_logits + i * V + r * m.vl_, all.data() + r * local + static_cast<size_t>(i) * m.vl_,
-                      sizeof(float) * m.vl_);
-    }
-    if (targets != nullptr) {
-      const double sum =
-          vocab_parallel_cross_entropy(keep ? a.logits.data() : nullptr, a.logits.data(), targets, N, m.vl_, m.v0_,
-                                       cfg.vocab_size, loss_scale / static_cast<float>(N), m.tp_, mb, c_);
-      loss = sum / N;
-    }
+    m.lm_head_.forward(e, a.logits.data(), a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.xs.back().data(), N,
+                       C);
+    if (full_logits != nullptr) m.lm_head_.gather_logits(e, full_logits, a.logits.data(), N);
+    if (targets != nullptr)
+      loss = m.lm_head_.loss(e, keep ? a.logits.data() : nullptr, a.logits.data(), targets, N,
+                             loss_scale / static_cast<float>(N)) /
+             N;
   } else {
     std::memcpy(output, a.xs.back().data(), sizeof(float) * NC);
   }
@@ -267,46 +237,29 @@ void ParallelModel::Chunk::backward(int mb, const float* doutput, float* dinput)
   MbActs& a = *it->second;
   const int B = a.B, T = a.T, N = B * T, C = cfg.n_embd;
   const size_t NC = static_cast<size_t>(N) * C;
-  const auto prec = cfg.precision();
   const auto units = m.chunk_units(c_);
+  const nn::LayerEnv e = m.env(mb, c_);
   float* dres = m.scratch(0, NC);
   if (last_) {
-    float* dc = m.scratch(1, NC);
-    // Tied/vocab-parallel head: d lnf = dlogits_local head_local (all-reduced); d head_local += dlogits^T lnf.
-    kc::linear_backward(dc, m.G(m.head_), nullptr, a.logits.data(), a.lnf.data(), m.P(m.head_), N, C,
-                        static_cast<int>(m.vl_), 0.0f, prec);
-    m.tp_.all_reduce_sum(dc, NC, mb, c_);
-    if (m.head_ != m.wte_) m.fire(m.head_);  // the shared wte is final only after the embedding
-    std::memset(dres, 0, sizeof(float) * NC);
-    kc::layernorm_backward(dres, m.G(m.lnf_w_), m.G(m.lnf_b_), dc, a.xs.back().data(), m.P(m.lnf_w_),
-                           a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
-    m.fire(m.lnf_b_);
-    m.fire(m.lnf_w_);
+    m.lm_head_.backward(e, dres, m.scratch(1, NC), a.logits.data(), a.lnf.data(), a.xs.back().data(),
+                        a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
   } else {
     std::memcpy(dres, doutput, sizeof(float) * NC);
   }
+  const auto& layers = m.units_[c_];
   for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
-    UnitActs* ua;
+    nn::LayerActs* ua = nullptr;
     if (cfg.activation_checkpointing) {
       ua = &scratch_units_;
-      m.alloc_unit(*ua, units[u].first, units[u].second, N);
-      m.unit_forward(units[u].first, units[u].second, a.xs[u].data(), *ua, m.scratch(2, NC), B, T, mb, c_);
+      layers[u]->alloc(e, *ua, N);
+      layers[u]->forward(e, a.xs[u].data(), *ua, m.scratch(2, NC), B, T, true);
     } else {
       ua = &a.units[u];
     }
-    m.unit_backward(units[u].first, units[u].second, dres, a.xs[u].data(), *ua, B, T, mb, c_);
+    layers[u]->backward(e, dres, a.xs[u].data(), *ua, B, T);
   }
   if (first_) {
-    vocab_parallel_embedding_backward(m.G(m.wte_), dres, a.tokens.data(), m.v0_, m.vl_, N, C);
-    float* dwpe = m.G(m.wpe_);
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) {
-        const float* g = dres + (static_cast<size_t>(b) * T + t) * C;
-        float* d = dwpe + static_cast<size_t>(t) * C;
-        for (int j = 0; j < C; ++j) d[j] += g[j];
-      }
-    m.fire(m.wpe_);
-    m.fire(m.wte_);
+    m.embedding_.backward(e, dres, a.tokens.data(), B, T, C);
   } else {
     std::memcpy(dinput, dres, sizeof(float) * NC);
   }
@@ -464,8 +417,9 @@ ParallelModel::ParallelModel(nn::ModelConfig cfg, ModelLayout layout, std::share
                              std::shared_ptr<ProcessGroup> embedding_group)
     : FlatModel(std::move(cfg)), layout_(std::move(layout)), tp_(tp_group), embedding_group_(std::move(embedding_group)) {
   TRIDENT_CHECK(ops().device == kernels::Device::kCpu, Unsupported,
-                "ParallelModel: tensor and pipeline parallelism run on the CPU only for now (device {}); use "
-                "device cpu",
+                "ParallelModel: tensor and pipeline parallelism run on the CPU only for now (device {}): the "
+                "chunks keep activations in host memory and the tensor-parallel layers' vocab and bias steps are "
+                "host loops; use device cpu",
                 cfg_.device);
   TRIDENT_CHECK(tp_.size() == layout_.tp_size, InvalidArgument,
                 "ParallelModel: the tensor-parallel group has {} ranks but the layout says tp_size {}; pass the "
@@ -503,6 +457,41 @@ ParallelModel::ParallelModel(nn::ModelConfig cfg, ModelLayout layout, std::share
     if (s == S - 1 && head_ < 0) head_ = wte_;  // tied head on the rank that also holds the embedding
     chunks_.push_back(std::make_unique<Chunk>(this, c, s == 0, s == S - 1));
   }
+  // nn's layers over the slices registered above.
+  const int64_t V = cfg_.vocab_size;
+  embedding_ = nn::Embedding{wte_, wpe_, V, v0_, vl_};
+  // The shared wte (tied head on a rank that also holds the embedding) is final only after the embedding.
+  lm_head_ = nn::LmHead{nn::LayerNorm{lnf_w_, lnf_b_}, head_, head_ != wte_, V, v0_, vl_};
+  units_.resize(chunks_.size());
+  for (int c = 0; c < num_chunks(); ++c)
+    for (const auto& [first, count] : chunk_units(c)) {
+      if (cfg_.kind == "gpt") {
+        const auto& ix = layer_idx_[first];
+        nn::GptBlock::Params p;
+        p.ln1 = {ix[kLn1W], ix[kLn1B]};
+        p.attn = {ix[kAttnW], ix[kAttnB]};
+        p.proj = {ix[kProjW], ix[kProjB]};
+        p.ln2 = {ix[kLn2W], ix[kLn2B]};
+        p.fc = {ix[kFcW], ix[kFcB]};
+        p.mproj = {ix[kMprojW], ix[kMprojB]};
+        units_[c].push_back(std::make_unique<nn::GptBlock>(p, cfg_.n_embd, cfg_.n_head));
+      } else {
+        std::vector<nn::MlpLayers::Params> ls;
+        for (int l = first; l < first + count; ++l) ls.push_back({layer_idx_[l][kMlpW], layer_idx_[l][kMlpB]});
+        units_[c].push_back(std::make_unique<nn::MlpLayers>(std::move(ls), cfg_.n_embd));
+      }
+    }
+}
+
+nn::LayerEnv ParallelModel::env(int mb, int c) {
+  nn::LayerEnv e{ops(), *this};
+  e.tp = &tp_;
+  e.workspace = &workspace_;
+  e.precision = cfg_.precision();
+  e.gelu = cfg_.gelu_kind();
+  e.microbatch = mb;
+  e.chunk = c;
+  return e;
 }
 
 ParallelModel::~ParallelModel() = default;
@@ -520,7 +509,8 @@ std::pair<int, int> ParallelModel::chunk_layers(int c) const {
 std::vector<std::pair<int, int>> ParallelModel::chunk_units(int c) const {
   const auto [l0, l1] = chunk_layers(c);
   std::vector<std::pair<int, int>> out;
-  const int span = unit_span();
+  // The deep MLP's layers pair up (column- then row-parallel) under tensor parallelism.
+  const int span = cfg_.kind == "mlp" && tp_.size() > 1 ? 2 : 1;
   for (int l = l0; l < l1; l += span) out.emplace_back(l, std::min(span, l1 - l));
   return out;
 }
@@ -650,183 +640,12 @@ double ParallelModel::grad_sum_squares() const {
   return s;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// GPT block under tensor parallelism.
-
-namespace {
-
-class ParallelGpt final : public ParallelModel {
- public:
-  using ParallelModel::ParallelModel;
-
- protected:
-  enum Buf { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kLse, kRes2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kNumBufs };
-  int unit_span() const override { return 1; }
-
-  void alloc_unit(UnitActs& a, int, int, int N) override {
-    const size_t n = N, C = cfg_.n_embd, Cl = C / tp_.size(), Hl = cfg_.n_head / tp_.size();
-    const size_t sizes[kNumBufs] = {n * C, n, n, n * 3 * Cl, n * Cl, n * Hl, n * C, n * C, n, n, n * 4 * Cl, n * 4 * Cl};
-    a.bufs.resize(kNumBufs);
-    for (int i = 0; i < kNumBufs; ++i) a.bufs[i].resize(sizes[i]);
-  }
-
-  void unit_forward(int l, int, const float* x, UnitActs& ua, float* out, int B, int T, int mb, int chunk) override {
-    const int N = B * T, C = cfg_.n_embd, Cl = C / tp_.size(), Hl = cfg_.n_head / tp_.size();
-    const auto& ix = layer_idx_[l];
-    const auto prec = cfg_.precision();
-    auto b = [&](int i) { return ua.bufs[i].data(); };
-    const size_t NC = static_cast<size_t>(N) * C;
-    kc::layernorm_forward(b(kLn1), b(kLn1Mean), b(kLn1Rstd), x, P(ix[kLn1W]), P(ix[kLn1B]), N, C);
-    kc::linear_forward(b(kQkv), b(kLn1), P(ix[kAttnW]), P(ix[kAttnB]), N, C, 3 * Cl, prec);
-    kc::attention_forward(b(kAtty), b(kLse), b(kQkv), B, T, Cl, Hl);
-    // Row-parallel c_proj: partial sums, all-reduce, then the bias once.
-    kc::linear_forward(b(kRes2), b(kAtty), P(ix[kProjW]), nullptr, N, Cl, C, prec);
-    tp_.all_reduce_sum(b(kRes2), NC, mb, chunk);
-    add_bias(b(kRes2), P(ix[kProjB]), N, C);
-    kc::add_inplace(b(kRes2), x, NC);
-    kc::layernorm_forward(b(kLn2), b(kLn2Mean), b(kLn2Rstd), b(kRes2), P(ix[kLn2W]), P(ix[kLn2B]), N, C);
-    kc::linear_forward(b(kFch), b(kLn2), P(ix[kFcW]), P(ix[kFcB]), N, C, 4 * Cl, prec);
-    kc::gelu_forward_and_grad(b(kFchGelu), b(kFch), b(kFch), static_cast<size_t>(N) * 4 * Cl, cfg_.gelu_kind());
-    kc::linear_forward(out, b(kFchGelu), P(ix[kMprojW]), nullptr, N, 4 * Cl, C, prec);
-    tp_.all_reduce_sum(out, NC, mb, chunk);
-    add_bias(out, P(ix[kMprojB]), N, C);
-    kc::add_inplace(out, b(kRes2), NC);
-  }
-
-  void unit_backward(int l, int, float* dres, const float* x, UnitActs& ua, int B, int T, int mb,
-                     int chunk) override {
-    const int N = B * T, C = cfg_.n_embd, Cl = C / tp_.size(), Hl = cfg_.n_head / tp_.size();
-    const auto& ix = layer_idx_[l];
-    const auto prec = cfg_.precision();
-    auto b = [&](int i) { return ua.bufs[i].data(); };
-    const size_t NC = static_cast<size_t>(N) * C;
-    float* dc = scratch(3, NC);
-    float* dqkv = scratch(4, static_cast<size_t>(N) * 3 * Cl);
-    float* dfch = scratch(5, static_cast<size_t>(N) * 4 * Cl);
-    float* datty = scratch(6, static_cast<size_t>(N) * Cl);
-    // mlp.c_proj (row-parallel): its bias gradient is the column sum of the replicated dres.
-    kc::linear_backward(dfch, G(ix[kMprojW]), G(ix[kMprojB]), dres, b(kFchGelu), P(ix[kMprojW]), N, 4 * Cl, C, 0.0f,
-                        prec);
-    fire(ix[kMprojB]);
-    fire(ix[kMprojW]);
-    kc::mul(dfch, dfch, b(kFch), static_cast<size_t>(N) * 4 * Cl);
-    // c_fc (column-parallel): the input gradient is partial, all-reduce it (Megatron's f in backward).
-    kc::linear_backward(dc, G(ix[kFcW]), G(ix[kFcB]), dfch, b(kLn2), P(ix[kFcW]), N, C, 4 * Cl, 0.0f, prec);
-    tp_.all_reduce_sum(dc, NC, mb, chunk);
-    fire(ix[kFcB]);
-    fire(ix[kFcW]);
-    kc::layernorm_backward(dres, G(ix[kLn2W]), G(ix[kLn2B]), dc, b(kRes2), P(ix[kLn2W]), b(kLn2Mean), b(kLn2Rstd), N,
-                           C);
-    fire(ix[kLn2B]);
-    fire(ix[kLn2W]);
-    kc::linear_backward(datty, G(ix[kProjW]), G(ix[kProjB]), dres, b(kAtty), P(ix[kProjW]), N, Cl, C, 0.0f, prec);
-    fire(ix[kProjB]);
-    fire(ix[kProjW]);
-    kc::attention_backward(dqkv, datty, b(kQkv), b(kAtty), b(kLse), B, T, Cl, Hl);
-    kc::linear_backward(dc, G(ix[kAttnW]), G(ix[kAttnB]), dqkv, b(kLn1), P(ix[kAttnW]), N, C, 3 * Cl, 0.0f, prec);
-    tp_.all_reduce_sum(dc, NC, mb, chunk);
-    fire(ix[kAttnB]);
-    fire(ix[kAttnW]);
-    kc::layernorm_backward(dres, G(ix[kLn1W]), G(ix[kLn1B]), dc, x, P(ix[kLn1W]), b(kLn1Mean), b(kLn1Rstd), N, C);
-    fire(ix[kLn1B]);
-    fire(ix[kLn1W]);
-  }
-};
-
-// ---------------------------------------------------------------------------------------------------
-// Deep MLP layer pairs under tensor parallelism (see parallel_model.h).
-
-class ParallelMlp final : public ParallelModel {
- public:
-  using ParallelModel::ParallelModel;
-
- protected:
-  enum Buf { kHGrad, kY, kG2Grad, kNumBufs };  // gelu'(h_i) local; x_{i+1}[:, cols]; gelu'(h_{i+1})
-  int unit_span() const override { return 2; }
-
-  void alloc_unit(UnitActs& a, int, int nlayers, int N) override {
-    const size_t n = N, C = cfg_.n_embd, Cl = C / tp_.size();
-    a.bufs.resize(kNumBufs);
-    a.bufs[kHGrad].resize(n * Cl);
-    a.bufs[kY].resize(nlayers == 2 ? n * Cl : 0);
-    a.bufs[kG2Grad].resize(nlayers == 2 ? n * C : 0);
-  }
-
-  void unit_forward(int l, int nl, const float* x, UnitActs& ua, float* out, int B, int T, int mb,
-                    int chunk) override {
-    const int N = B * T, C = cfg_.n_embd, Cl = C / tp_.size(), c0 = tp_.rank() * Cl;
-    const size_t NC = static_cast<size_t>(N) * C;
-    const auto prec = cfg_.precision();
-    const auto& col = layer_idx_[l];
-    float* h = ua.bufs[kHGrad].data();
-    float* g = scratch(8, static_cast<size_t>(N) * Cl);
-    kc::linear_forward(h, x, P(col[kMlpW]), P(col[kMlpB]), N, C, Cl, prec);
-    kc::gelu_forward_and_grad(g, h, h, static_cast<size_t>(N) * Cl, cfg_.gelu_kind());
-    float* z = scratch(7, 2 * NC);
-    float* z1 = nl == 2 ? z + NC : z;  // layer i's GELU output scattered into its columns
-    std::memset(z1, 0, sizeof(float) * NC);
-    for (int i = 0; i < N; ++i)
-      std::memcpy(z1 + static_cast<size_t>(i) * C + c0, g + static_cast<size_t>(i) * Cl, sizeof(float) * Cl);
-    if (nl == 2) {
-      const auto& row = layer_idx_[l + 1];
-      float* y = ua.bufs[kY].data();
-      for (int i = 0; i < N; ++i)
-        for (int j = 0; j < Cl; ++j)
-          y[static_cast<size_t>(i) * Cl + j] = g[static_cast<size_t>(i) * Cl + j] + x[static_cast<size_t>(i) * C + c0 + j];
-      kc::linear_forward(z, y, P(row[kMlpW]), nullptr, N, Cl, C, prec);
-      tp_.all_reduce_sum(z, 2 * NC, mb, chunk);
-      add_bias(z, P(row[kMlpB]), N, C);
-      kc::add_inplace(z1, x, NC);  // x_{i+1} = gelu(h_i) + x_i
-      kc::gelu_forward_and_grad(out, ua.bufs[kG2Grad].data(), z, NC, cfg_.gelu_kind());
-      kc::add_inplace(out, z1, NC);  // x_{i+2} = gelu(h_{i+1}) + x_{i+1}
-    } else {
-      tp_.all_reduce_sum(z1, NC, mb, chunk);
-      kc::add(out, z1, x, NC);
-    }
-  }
-
-  void unit_backward(int l, int nl, float* dres, const float* x, UnitActs& ua, int B, int T, int mb,
-                     int chunk) override {
-    const int N = B * T, C = cfg_.n_embd, Cl = C / tp_.size(), c0 = tp_.rank() * Cl;
-    const size_t NC = static_cast<size_t>(N) * C, NCl = static_cast<size_t>(N) * Cl;
-    const auto prec = cfg_.precision();
-    const auto& col = layer_idx_[l];
-    float* dg = scratch(5, NCl);
-    float* dy = scratch(4, NCl);
-    for (int i = 0; i < N; ++i) std::memcpy(dg + static_cast<size_t>(i) * Cl, dres + static_cast<size_t>(i) * C + c0,
-                                            sizeof(float) * Cl);
-    if (nl == 2) {
-      const auto& row = layer_idx_[l + 1];
-      float* dh2 = scratch(3, NC);
-      kc::mul(dh2, dres, ua.bufs[kG2Grad].data(), NC);
-      kc::linear_backward(dy, G(row[kMlpW]), G(row[kMlpB]), dh2, ua.bufs[kY].data(), P(row[kMlpW]), N, Cl, C, 0.0f,
-                          prec);
-      fire(row[kMlpB]);
-      fire(row[kMlpW]);
-      kc::add_inplace(dg, dy, NCl);
-    }
-    kc::mul(dg, dg, ua.bufs[kHGrad].data(), NCl);  // d h_i (local columns)
-    float* dxp = scratch(6, NC);
-    kc::linear_backward(dxp, G(col[kMlpW]), G(col[kMlpB]), dg, x, P(col[kMlpW]), N, C, Cl, 0.0f, prec);
-    if (nl == 2)
-      for (int i = 0; i < N; ++i) kc::add_inplace(dxp + static_cast<size_t>(i) * C + c0, dy + static_cast<size_t>(i) * Cl, Cl);
-    tp_.all_reduce_sum(dxp, NC, mb, chunk);
-    kc::add_inplace(dres, dxp, NC);
-    fire(col[kMlpB]);
-    fire(col[kMlpW]);
-  }
-};
-
-}  // namespace
-
 std::unique_ptr<ParallelModel> make_parallel_model(const nlohmann::json& model_config, const ModelLayout& layout,
                                                    std::shared_ptr<ProcessGroup> tp_group,
                                                    std::shared_ptr<ProcessGroup> embedding_group) {
   const nn::ModelConfig cfg = nn::ModelConfig::from_json(model_config);
   ParallelModel::validate_layout(model_config, layout);
-  std::unique_ptr<ParallelModel> m;
-  if (cfg.kind == "mlp") m = std::make_unique<ParallelMlp>(cfg, layout, std::move(tp_group), std::move(embedding_group));
-  else m = std::make_unique<ParallelGpt>(cfg, layout, std::move(tp_group), std::move(embedding_group));
+  auto m = std::make_unique<ParallelModel>(cfg, layout, std::move(tp_group), std::move(embedding_group));
   m->load_from_full(*nn::make_model(model_config));
   return m;
 }

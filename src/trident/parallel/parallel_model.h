@@ -1,5 +1,9 @@
 // ParallelModel: one rank's shard of a GPT or deep MLP under Megatron-LM tensor parallelism (tp_group)
-// and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk.
+// and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk. The shard
+// is nn's layers (nn/layers.h: the same GptBlock / MlpLayers / Embedding / LmHead the single-process
+// model runs) given this rank's TP group; a chunk is a contiguous range of them. What this file adds is
+// the layout (which layers and which slices a rank holds), per-microbatch activations and the copies
+// between shards and the logical model.
 //
 // Layout: with P pipeline ranks and v virtual stages per rank the n_layer layers split into S = P*v
 // contiguous ranges (balanced by count, earlier stages take the remainder, or ModelLayout::stage_layers);
@@ -9,18 +13,10 @@
 // same name; sync_tied_gradients() sums the two gradients over embedding_group.
 //
 // Tensor parallelism over tp_group (T ranks, rank t), GPT: c_attn column-parallel by heads (of each of q,
-// k, v the rows of heads [t*H/T, (t+1)*H/T)), attention on the local heads, c_proj row-parallel then
-// all-reduce and the bias once; c_fc column-parallel, GELU local, mlp.c_proj row-parallel + all-reduce;
-// backward all-reduces the input gradient of c_attn and c_fc. Per block: 2 all-reduces of B*T*C floats
-// in forward, 2 in backward. LayerNorms and row-parallel biases are replicated (identical gradients on
-// every TP rank). wte is vocab-parallel (rows [t*V/T, (t+1)*V/T)); embedding lookup + all-reduce; the
-// head computes local logits [N, V/T] and a vocab-parallel cross-entropy (all-reduce max, then one
-// all-reduce of [sum exp | target logit]); d ln_f = dlogits_local wte_local, all-reduced.
-// Deep MLP ("mlp"): layers pair up inside each stage (i, i+1): layer i column-parallel (rows and bias
-// split), GELU local, layer i+1 row-parallel (input columns split; its input x_{i+1}[:, cols] =
-// x_i[:, cols] + gelu_local is local). Forward: one all-reduce of 2*B*T*C (layer i+1's partial output and
-// layer i's scattered GELU output), backward one of B*T*C; an unpaired last layer is column-parallel with
-// one all-reduce each way. Embedding and head (tied or lm_head.weight) are vocab-parallel as for the GPT.
+// k, v the rows of heads [t*H/T, (t+1)*H/T)), c_proj and mlp.c_proj row-parallel (input columns), c_fc
+// column-parallel; wte vocab-parallel (rows [t*V/T, (t+1)*V/T)). Deep MLP ("mlp"): layers pair up inside
+// each stage (i column-parallel, i+1 row-parallel); an unpaired last layer is column-parallel. The
+// collectives each layer issues are nn/layers.h's.
 //
 // Parameters: ONE flat 64-byte-aligned float32 buffer (and a grad buffer) for all chunks, named with the
 // logical nanoGPT names and the LOCAL shard shape, registered chunk by chunk in model order; the grad-ready
@@ -49,6 +45,7 @@
 
 #include "trident/comm/process_group.h"
 #include "trident/nn/flat_model.h"
+#include "trident/nn/layers.h"
 #include "trident/parallel/stage.h"
 #include "trident/parallel/tensor_parallel.h"
 
@@ -74,7 +71,7 @@ struct ShardSpec {
   int field = 0;            // internal role id
 };
 
-class ParallelModel : public nn::FlatModel {
+class ParallelModel final : public nn::FlatModel {
  public:
   // Throws InvalidArgument naming what would work when `layout` cannot shard `config`.
   static void validate_layout(const nlohmann::json& config, const ModelLayout& layout);
@@ -118,20 +115,15 @@ class ParallelModel : public nn::FlatModel {
   // Internal: one chunk (defined in parallel_model.cc).
   class Chunk;
 
- protected:
+ private:
   friend class Chunk;
   struct MbActs;
-  struct UnitActs;
-  // The per-layer units (GPT block / MLP layer pair) implemented by the subclasses.
-  virtual void alloc_unit(UnitActs& a, int first_layer, int nlayers, int N) = 0;
-  virtual void unit_forward(int first_layer, int nlayers, const float* x, UnitActs& a, float* out, int B, int T,
-                            int mb, int chunk) = 0;
-  virtual void unit_backward(int first_layer, int nlayers, float* dres, const float* x, UnitActs& a, int B, int T,
-                             int mb, int chunk) = 0;
-  // Units of chunk c as (first layer, layer count).
+  // Units of chunk c as (first layer, layer count): one layer each, except the deep MLP's column/row
+  // pairs under tensor parallelism.
   std::vector<std::pair<int, int>> chunk_units(int c) const;
-  virtual int unit_span() const = 0;  // layers per unit: 1 (GPT), 2 (MLP)
-  float* scratch(int slot, size_t n);  // per-model backward workspace
+  float* scratch(int slot, size_t n);  // the chunks' backward buffers (d residual, d ln_f, recompute output)
+  // What nn's layers run with for microbatch mb of chunk c.
+  nn::LayerEnv env(int mb, int c);
 
   void gather_impl(nn::Model* full, ProcessGroup& group, int root, bool grads);
   double run_chunks(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward, float loss_scale,
@@ -145,6 +137,12 @@ class ParallelModel : public nn::FlatModel {
   std::vector<std::array<int, 12>> layer_idx_;  // per global layer: parameter index per field (-1: none)
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the last stage's head (copy, lm_head or wte)
   int64_t v0_ = 0, vl_ = 0;  // this rank's vocab rows
+  // nn's layers over this shard: per chunk, its units in order; the embedding (first stage) and the head
+  // (last stage).
+  std::vector<std::vector<std::unique_ptr<nn::Layer>>> units_;
+  nn::Embedding embedding_;
+  nn::LmHead lm_head_;
+  nn::LayerActs workspace_;  // the layers' backward scratch
   std::vector<kernels::AlignedFloats> scratch_;
 };
 

@@ -313,28 +313,19 @@ parallel::ModelLayout layout_of(const TrainConfig& cfg, int tp_rank, int pp_rank
   return l;
 }
 
-TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
-                                 std::shared_ptr<ProcessGroup> pg) {
-  require_strategy_for_model_parallel(opts);
-  const int dp_size = cfg.resolved_dp(pg->size());
-  if (cfg.pp > 1) {
-    parallel::validate_schedule_args(parallel::parse_schedule(cfg.schedule), cfg.pp, cfg.resolved_microbatches(),
-                                     cfg.virtual_stages);
-  }
-  parallel::MeshShape shape{cfg.tp, cfg.pp, dp_size, cfg.mesh_order};
-  auto mesh = std::make_shared<parallel::DeviceMesh>(pg, shape);
-  const parallel::ModelLayout layout = layout_of(cfg, mesh->tp_rank(), mesh->pp_rank());
-  auto mp_group = mesh->model_parallel_group();
-  const bool gather_root = mesh->dp_rank() == 0;  // replica 0 gathers the logical model to world rank 0
-  const bool is_root = pg->rank() == 0;
-  if (is_root && !cfg.json) {
-    std::fprintf(hooks.out ? hooks.out : stdout, "mesh: tp %d x pp %d x dp %d (order %s)%s\n", cfg.tp, cfg.pp,
-                 dp_size, cfg.mesh_order.c_str(),
-                 cfg.pp > 1 ? fmt::format(", schedule {} with {} microbatches, {} virtual stage(s)", cfg.schedule,
-                                          cfg.resolved_microbatches(), cfg.virtual_stages)
-                                  .c_str()
-                            : "");
-  }
+// One model-parallel training run (tp x pp x dp over `pg`): the mesh, this rank's shard and the objects
+// built around it, shared by the trainer hooks below. Lifetime: the duration of train_model_parallel.
+struct ModelParallelRun {
+  const TrainConfig& cfg;
+  const DistributedOptions& opts;
+  std::shared_ptr<ProcessGroup> pg;
+  std::FILE* out = stdout;
+  int dp_size = 1;
+  std::shared_ptr<parallel::DeviceMesh> mesh;
+  parallel::ModelLayout layout;
+  std::shared_ptr<ProcessGroup> mp_group;  // the tp x pp ranks of one data-parallel replica
+  bool gather_root = false;  // replica 0 gathers the logical model to world rank 0
+  bool is_root = false;
 
   parallel::ParallelModel* pm = nullptr;
   std::unique_ptr<parallel::PipelineEngine> engine;
@@ -345,19 +336,17 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
   StepClock clock;
   Loop loop;  // prediction before training, measured figures beside it after (train/prediction.h)
 
-  hooks.rank = mesh->dp_rank();
-  hooks.world = dp_size;
-  hooks.writer = is_root ? 1 : 0;
-  hooks.make_model = [&](const nlohmann::json& config) -> std::unique_ptr<nn::Model> {
-    parallel::ParallelModel::validate_layout(config, layout);
-    auto m = parallel::make_parallel_model(config, layout, cfg.tp > 1 ? mesh->tp_group() : nullptr,
-                                           mesh->embedding_group());
-    pm = m.get();
-    return m;
-  };
+  ModelParallelRun(const TrainConfig& c, const DistributedOptions& o, std::shared_ptr<ProcessGroup> g, std::FILE* f)
+      : cfg(c), opts(o), pg(std::move(g)), out(f ? f : stdout) {}
+
+  void setup_mesh();
+  void install_model_hooks(TrainerHooks& hooks);
+  void install_step_hooks(TrainerHooks& hooks);
+  void report(const TrainResult& res, int64_t run_t0);
+
   // The logical model's slices of a flat buffer in the shard's layout (moments): put them in the shard's
   // parameter buffer, gather, take them out of the full model (values restored afterwards).
-  auto gather_flat = [&](const std::vector<float>& local, std::vector<float>* out_full) {
+  void gather_flat(const std::vector<float>& local, std::vector<float>* out_full) {
     const size_t n = pm->num_params();
     std::vector<float> keep(pm->param_data(), pm->param_data() + n);
     std::copy(local.begin(), local.end(), pm->param_data());
@@ -365,11 +354,50 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     pm->gather_to_full(full.get(), *mp_group, 0);
     if (full) out_full->assign(full->param_data(), full->param_data() + full->num_params());
     std::copy(keep.begin(), keep.end(), pm->param_data());
-  };
-  auto ensure_full = [&] {
+  }
+  void ensure_full() {
     if (is_root && !full) full = nn::make_model(pm->config());
+  }
+  // The pipeline engine (pp > 1), the prediction (collective) and data parallelism over the replicas.
+  void build_around_model(nn::Model& model);
+};
+
+// Mesh setup: tp x pp x dp over the world, this rank's layout, the mesh line.
+void ModelParallelRun::setup_mesh() {
+  require_strategy_for_model_parallel(opts);
+  dp_size = cfg.resolved_dp(pg->size());
+  if (cfg.pp > 1) {
+    parallel::validate_schedule_args(parallel::parse_schedule(cfg.schedule), cfg.pp, cfg.resolved_microbatches(),
+                                     cfg.virtual_stages);
+  }
+  parallel::MeshShape shape{cfg.tp, cfg.pp, dp_size, cfg.mesh_order};
+  mesh = std::make_shared<parallel::DeviceMesh>(pg, shape);
+  layout = layout_of(cfg, mesh->tp_rank(), mesh->pp_rank());
+  mp_group = mesh->model_parallel_group();
+  gather_root = mesh->dp_rank() == 0;
+  is_root = pg->rank() == 0;
+  if (is_root && !cfg.json) {
+    std::fprintf(out, "mesh: tp %d x pp %d x dp %d (order %s)%s\n", cfg.tp, cfg.pp, dp_size, cfg.mesh_order.c_str(),
+                 cfg.pp > 1 ? fmt::format(", schedule {} with {} microbatches, {} virtual stage(s)", cfg.schedule,
+                                          cfg.resolved_microbatches(), cfg.virtual_stages)
+                                  .c_str()
+                            : "");
+  }
+}
+
+// Model build: this rank's shard, checkpoints read into it and written from the gathered logical model.
+void ModelParallelRun::install_model_hooks(TrainerHooks& hooks) {
+  hooks.rank = mesh->dp_rank();
+  hooks.world = dp_size;
+  hooks.writer = is_root ? 1 : 0;
+  hooks.make_model = [this](const nlohmann::json& config) -> std::unique_ptr<nn::Model> {
+    parallel::ParallelModel::validate_layout(config, layout);
+    auto m = parallel::make_parallel_model(config, layout, cfg.tp > 1 ? mesh->tp_group() : nullptr,
+                                           mesh->embedding_group());
+    pm = m.get();
+    return m;
   };
-  hooks.load_checkpoint = [&](nn::Model&, optim::AdamW& opt, const LoadedCheckpoint& ck) {
+  hooks.load_checkpoint = [this](nn::Model&, optim::AdamW& opt, const LoadedCheckpoint& ck) {
     // Every rank reads the logical checkpoint and keeps its slices (of the weights and of the moments).
     auto logical = nn::make_model(ck.meta.model_config);
     const size_t n = pm->num_params();
@@ -387,51 +415,88 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     load_weights(*logical, ck.weights, ck.dir);
     pm->load_from_full(*logical);
   };
-  hooks.on_ready = [&](nn::Model& model) {
-    TRIDENT_CHECK(pm != nullptr && &model == pm, InvalidArgument, "model parallelism: the trainer's model is not the "
-                  "ParallelModel its make_model hook built");
-    if (cfg.pp > 1) {
-      std::vector<parallel::Stage*> chunks;
-      for (int c = 0; c < pm->num_chunks(); ++c) chunks.push_back(&pm->chunk(c));
-      parallel::PipelineOptions po;
-      po.schedule = parallel::parse_schedule(cfg.schedule);
-      po.microbatches = cfg.resolved_microbatches();
-      po.virtual_stages = cfg.virtual_stages;
-      engine = std::make_unique<parallel::PipelineEngine>(chunks, mesh->pp_group(), po);
-    }
-    // Prediction before training (collective): after the engine's groups exist (resident), before
-    // DataParallel hooks the model (calibration runs backward) and before the timeline starts.
-    {
-      // The calibration rehearses real steps of this run (synthetic tokens, same on every rank).
-      const int B = cfg.batch_size, T = cfg.block_size, V = trainer->dataset().tokenizer().vocab_size();
-      std::vector<int32_t> rx(static_cast<size_t>(B) * T), ry(rx.size());
-      for (size_t i = 0; i < rx.size(); ++i)
-        rx[i] = static_cast<int32_t>((i * 7919) % V), ry[i] = static_cast<int32_t>((i * 104729 + 1) % V);
-      auto rehearse = [&] {
-        if (engine) engine->run(rx.data(), ry.data(), B, T, true, 1.0f);
-        else pm->forward_backward(rx.data(), ry.data(), B, T, true, 1.0f);
-      };
-      loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, hooks.out ? hooks.out : stdout, rehearse);
-    }
-    if (dp_size > 1) {
-      parallel::DataParallelOptions dpo;
-      dpo.strategy = parallel::parse_strategy(opts.parallel);
-      dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
-      // Gradients are final only after the pipeline flush (and the tied-embedding sum): no overlap then.
-      dpo.overlap = opts.overlap && cfg.pp == 1;
-      dpo.shared_gradients = opts.shared_gradients;
-      dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
-      dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
-      dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
-      dpo.adamw.eps = trainer->optimizer().config().eps;
-      dp = std::make_unique<parallel::DataParallel>(model, mesh->dp_group(), dpo);
-      dp->broadcast_parameters();
-      auto& opt = trainer->optimizer();
-      dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
-    }
-    timeline().enable(true);
+  hooks.on_ready = [this](nn::Model& model) { build_around_model(model); };
+  hooks.before_save = [this] {
+    if (!dp) return;
+    std::vector<float> m, v;
+    int64_t step = 0;
+    dp->gather_optimizer_state(&m, &v, &step);
+    trainer->optimizer().load_state(m, v, step);
   };
-  hooks.forward_backward = [&](const int32_t* x, const int32_t* y, int B, int T, bool backward, float scale) {
+  hooks.checkpoint_view = [this]() {
+    TrainerHooks::SaveView view;
+    if (!gather_root) return view;  // only replica 0 gathers (its ranks hold what the others hold)
+    ensure_full();
+    auto& opt = trainer->optimizer();
+    gather_flat(opt.exp_avg(), &full_m);
+    gather_flat(opt.exp_avg_sq(), &full_v);
+    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
+    pm->gather_to_full(full.get(), *mp_group, 0);
+    if (is_root) {
+      view.model = full.get();
+      view.exp_avg = &full_m;
+      view.exp_avg_sq = &full_v;
+      view.optimizer_step = opt.step_count();
+    }
+    return view;
+  };
+  hooks.sample_model = [this]() -> nn::Model* {
+    if (!gather_root) return nullptr;
+    ensure_full();
+    pm->gather_to_full(full.get(), *mp_group, 0);
+    return is_root ? full.get() : nullptr;
+  };
+}
+
+void ModelParallelRun::build_around_model(nn::Model& model) {
+  TRIDENT_CHECK(pm != nullptr && &model == pm, InvalidArgument, "model parallelism: the trainer's model is not the "
+                "ParallelModel its make_model hook built");
+  if (cfg.pp > 1) {
+    std::vector<parallel::Stage*> chunks;
+    for (int c = 0; c < pm->num_chunks(); ++c) chunks.push_back(&pm->chunk(c));
+    parallel::PipelineOptions po;
+    po.schedule = parallel::parse_schedule(cfg.schedule);
+    po.microbatches = cfg.resolved_microbatches();
+    po.virtual_stages = cfg.virtual_stages;
+    engine = std::make_unique<parallel::PipelineEngine>(chunks, mesh->pp_group(), po);
+  }
+  // Prediction before training (collective): after the engine's groups exist (resident), before
+  // DataParallel hooks the model (calibration runs backward) and before the timeline starts.
+  {
+    // The calibration rehearses real steps of this run (synthetic tokens, same on every rank).
+    const int B = cfg.batch_size, T = cfg.block_size, V = trainer->dataset().tokenizer().vocab_size();
+    std::vector<int32_t> rx(static_cast<size_t>(B) * T), ry(rx.size());
+    for (size_t i = 0; i < rx.size(); ++i)
+      rx[i] = static_cast<int32_t>((i * 7919) % V), ry[i] = static_cast<int32_t>((i * 104729 + 1) % V);
+    auto rehearse = [&] {
+      if (engine) engine->run(rx.data(), ry.data(), B, T, true, 1.0f);
+      else pm->forward_backward(rx.data(), ry.data(), B, T, true, 1.0f);
+    };
+    loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, out, rehearse);
+  }
+  if (dp_size > 1) {
+    parallel::DataParallelOptions dpo;
+    dpo.strategy = parallel::parse_strategy(opts.parallel);
+    dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
+    // Gradients are final only after the pipeline flush (and the tied-embedding sum): no overlap then.
+    dpo.overlap = opts.overlap && cfg.pp == 1;
+    dpo.shared_gradients = opts.shared_gradients;
+    dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
+    dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
+    dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
+    dpo.adamw.eps = trainer->optimizer().config().eps;
+    dp = std::make_unique<parallel::DataParallel>(model, mesh->dp_group(), dpo);
+    dp->broadcast_parameters();
+    auto& opt = trainer->optimizer();
+    dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
+  }
+  timeline().enable(true);
+}
+
+// Step: forward/backward through the pipeline (or the one chunk), the tied-embedding and data-parallel
+// gradient sums, the global norm over the shards, the optimizer, the averaged loss.
+void ModelParallelRun::install_step_hooks(TrainerHooks& hooks) {
+  hooks.forward_backward = [this](const int32_t* x, const int32_t* y, int B, int T, bool backward, float scale) {
     const int64_t t0 = Timeline::now_ns();
     double loss;
     if (engine) {
@@ -443,18 +508,18 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     if (backward) clock.pipeline.emplace_back(t0, Timeline::now_ns());
     return loss;
   };
-  hooks.before_micro = [&](int micro, int accum) {
+  hooks.before_micro = [this](int micro, int accum) {
     if (micro == 0) clock.step_t0 = Timeline::now_ns();
     if (dp) dp->set_require_sync(micro == accum - 1);
   };
-  hooks.after_backward = [&](nn::Model&) {
+  hooks.after_backward = [this](nn::Model&) {
     pm->sync_tied_gradients();
     if (dp) {
       ScopedSpan span(SpanKind::kComm, "dp_grad_sync");
       dp->finish_gradient_sync();
     }
   };
-  hooks.clip = [&](nn::Model&, float max_norm) {
+  hooks.clip = [this](nn::Model&, float max_norm) {
     // Global norm over the logical model: every element counted once over the tp x pp shards (the dp
     // replicas hold identical averaged gradients).
     double ss = pm->grad_sum_squares();
@@ -472,16 +537,16 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     return norm;
   };
   if (dp_size > 1) {
-    hooks.step = [&](float lr) {
+    hooks.step = [this](float lr) {
       ScopedSpan span(SpanKind::kCompute, "optimizer_dp");
       dp->step(lr);
     };
   }
-  hooks.average = [&](double v) {
+  hooks.average = [this](double v) {
     if (dp_size > 1) mesh->dp_group()->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
     return v;
   };
-  hooks.annotate_step = [&](nlohmann::json& rec) {
+  hooks.annotate_step = [this](nlohmann::json& rec) {
     clock.step_s += static_cast<double>(Timeline::now_ns() - clock.step_t0) * 1e-9;
     if (dp) {
       double total = 0;
@@ -492,51 +557,10 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
       rec["comm_bytes_total"] = total;
     }
   };
-  hooks.before_save = [&] {
-    if (!dp) return;
-    std::vector<float> m, v;
-    int64_t step = 0;
-    dp->gather_optimizer_state(&m, &v, &step);
-    trainer->optimizer().load_state(m, v, step);
-  };
-  hooks.checkpoint_view = [&]() {
-    TrainerHooks::SaveView view;
-    if (!gather_root) return view;  // only replica 0 gathers (its ranks hold what the others hold)
-    ensure_full();
-    auto& opt = trainer->optimizer();
-    gather_flat(opt.exp_avg(), &full_m);
-    gather_flat(opt.exp_avg_sq(), &full_v);
-    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
-    pm->gather_to_full(full.get(), *mp_group, 0);
-    if (is_root) {
-      view.model = full.get();
-      view.exp_avg = &full_m;
-      view.exp_avg_sq = &full_v;
-      view.optimizer_step = opt.step_count();
-    }
-    return view;
-  };
-  hooks.sample_model = [&]() -> nn::Model* {
-    if (!gather_root) return nullptr;
-    ensure_full();
-    pm->gather_to_full(full.get(), *mp_group, 0);
-    return is_root ? full.get() : nullptr;
-  };
+}
 
-  Trainer t(cfg, hooks);
-  trainer = &t;
-  struct DestroyFirst {
-    std::unique_ptr<parallel::DataParallel>& dp;
-    std::unique_ptr<parallel::PipelineEngine>& engine;
-    ~DestroyFirst() {
-      dp.reset();
-      engine.reset();
-      timeline().enable(false);
-    }
-  } destroy_first{dp, engine};
-  const int64_t run_t0 = Timeline::now_ns();
-  TrainResult res = t.run();
-
+// Report (collective): where the time went per rank, the measured figures beside the prediction, the trace.
+void ModelParallelRun::report(const TrainResult& res, int64_t run_t0) {
   // Where the time went, per rank: pipeline windows (compute incl. nested TP collectives, p2p waits,
   // bubble), then the rest of each step (DP communication, clipping, optimizer).
   // The pipeline window of a step is common to its pipeline ranks: from the first rank's start to the last
@@ -574,7 +598,7 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
   std::vector<double> all(static_cast<size_t>(kFields) * pg->size());
   pg->all_gather(mine, all.data(), kFields, DType::kFloat64);
   if (is_root && !cfg.json && res.losses.size() > 0) {
-    std::FILE* o = hooks.out ? hooks.out : stdout;
+    std::FILE* o = out;
     std::fprintf(o, "where the time went (training steps; compute includes the tensor-parallel collectives inside it):\n");
     double bubble_sum = 0;
     for (int r = 0; r < pg->size(); ++r) {
@@ -604,16 +628,37 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
       const double* f = all.data() + static_cast<size_t>(r) * kFields;
       bubble_mean += f[1] > 0 ? std::max(0.0, 1.0 - f[2] / f[1]) / pg->size() : 0.0;
     }
-    loop.after_model_parallel(cfg, t, res, *pm, dp.get(), *mesh, bubble_mean, spans, clock.pipeline,
-                              hooks.out ? hooks.out : stdout);
+    loop.after_model_parallel(cfg, *trainer, res, *pm, dp.get(), *mesh, bubble_mean, spans, clock.pipeline,
+                              out);
   }
   if (!cfg.trace.empty()) {
     parallel::write_chrome_trace(*pg, cfg.trace, run_t0);
     if (is_root && !cfg.json) {
-      std::fprintf(hooks.out ? hooks.out : stdout, "trace: %s (chrome://tracing or ui.perfetto.dev)\n", cfg.trace.c_str());
+      std::fprintf(out, "trace: %s (chrome://tracing or ui.perfetto.dev)\n", cfg.trace.c_str());
     }
   }
   pg->barrier();
+}
+
+TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
+                                 std::shared_ptr<ProcessGroup> pg) {
+  ModelParallelRun run(cfg, opts, std::move(pg), hooks.out);
+  run.setup_mesh();
+  run.install_model_hooks(hooks);
+  run.install_step_hooks(hooks);
+  Trainer t(cfg, hooks);
+  run.trainer = &t;
+  struct DestroyFirst {
+    ModelParallelRun& run;
+    ~DestroyFirst() {
+      run.dp.reset();
+      run.engine.reset();
+      timeline().enable(false);
+    }
+  } destroy_first{run};
+  const int64_t run_t0 = Timeline::now_ns();
+  TrainResult res = t.run();
+  run.report(res, run_t0);
   return res;
 }
 

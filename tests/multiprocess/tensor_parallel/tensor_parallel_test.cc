@@ -1,8 +1,8 @@
 // Megatron tensor parallelism and pipeline chunks (parallel/parallel_model.h) against the single-process
-// model (nn::make_model, same config and seed): loss, full logits and every gathered gradient at TP 1, 2
-// and 4 (GPT with and without biases, with activation checkpointing, deep MLP); LayerNorm and replicated
-// bias gradients bit-identical across TP ranks; exactly 4 all-reduces of B*T*C per block, counted by a
-// wrapper ProcessGroup; pipeline chunks chained by hand (several microbatches, interleaved chunks) and
+// model (nn::make_model, same config and seed): loss, full logits and every gathered gradient at TP 1
+// (bit-identical: the same layers and kernels), 2 and 4 (GPT with and without biases, with activation
+// checkpointing, deep MLP); LayerNorm and replicated bias gradients bit-identical across TP ranks;
+// exactly 4 all-reduces of B*T*C per block, counted by a wrapper ProcessGroup; pipeline chunks chained by hand (several microbatches, interleaved chunks) and
 // across processes (tied embedding gradient sync, gather over tp x pp); layout errors name the fix;
 // 5 AdamW steps under TP 2 track the single process.
 #include <gtest/gtest.h>
@@ -171,6 +171,14 @@ void tp_parity_rank(const nlohmann::json& cfg, int rank, int size, std::shared_p
     const std::string bad = compare_models(*full, *ref, true, 1e-5);
     TRIDENT_RANK_CHECK(bad.empty(), "{}", bad);
   }
+  // TP 1 runs the single-process model's layers and kernels: bit-identical loss, logits and gradients.
+  if (size == 1) {
+    TRIDENT_RANK_CHECK(got == want, "TP 1 loss {} is not bit-identical to the single process {}", got, want);
+    TRIDENT_RANK_CHECK(std::memcmp(lg.data(), lw.data(), lw.size() * sizeof(float)) == 0,
+                       "TP 1 logits are not bit-identical to the single process");
+    const std::string bad = compare_models(*full, *ref, true, 0.0);
+    TRIDENT_RANK_CHECK(bad.empty(), "TP 1 is not bit-identical to the single process: {}", bad);
+  }
 
   // Replicated tensors (LayerNorms, row-parallel biases, wpe): bit-identical gradients on every TP rank.
   const auto& specs = pm->shard_specs();
@@ -219,9 +227,10 @@ INSTANTIATE_TEST_SUITE_P(
     Gpt, TensorParallelParity,
     ::testing::Values(TpCase{1, true, false, "gpt"}, TpCase{2, true, false, "gpt"}, TpCase{4, true, false, "gpt"},
                       TpCase{1, false, false, "gpt"}, TpCase{2, false, false, "gpt"}, TpCase{4, false, false, "gpt"},
-                      TpCase{2, true, true, "gpt"}, TpCase{3, true, false, "gpt_h6"},
+                      TpCase{1, true, true, "gpt"}, TpCase{2, true, true, "gpt"}, TpCase{3, true, false, "gpt_h6"},
                       // mlp: ckpt=true here means an untied lm_head (see the test body).
-                      TpCase{2, true, false, "mlp"}, TpCase{2, false, true, "mlp"}, TpCase{4, true, false, "mlp"}),
+                      TpCase{1, true, false, "mlp"}, TpCase{1, false, true, "mlp"}, TpCase{2, true, false, "mlp"},
+                      TpCase{2, false, true, "mlp"}, TpCase{4, true, false, "mlp"}),
     [](const auto& info) {
       return fmt::format("{}_tp{}_{}{}", info.param.kind, info.param.tp, info.param.bias ? "bias" : "nobias",
                          info.param.ckpt ? (info.param.kind == "mlp" ? "_untied" : "_ckpt") : "");

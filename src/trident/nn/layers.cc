@@ -1,0 +1,392 @@
+#include "trident/nn/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "trident/core/error.h"
+
+namespace trident::nn {
+
+// ---------------------------------------------------------------------------------------------------
+// Buffers
+
+void LayerActs::resize(const kernels::DeviceOps& ops, const std::vector<size_t>& sizes) {
+  if (bufs_.size() != sizes.size()) bufs_.resize(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) bufs_[i].resize(ops, sizes[i]);
+}
+
+float* LayerActs::at_least(const kernels::DeviceOps& ops, size_t slot, size_t n) {
+  if (bufs_.size() <= slot) bufs_.resize(slot + 1);
+  if (bufs_[slot].size() < n) bufs_[slot].resize(ops, n);
+  return bufs_[slot].data();
+}
+
+size_t LayerActs::bytes() const {
+  size_t b = 0;
+  for (const auto& x : bufs_) b += x.size() * sizeof(float);
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LayerNorm, Linear
+
+void LayerNorm::forward(const LayerEnv& e, float* out, float* mean, float* rstd, const float* inp, int N,
+                        int C) const {
+  e.ops.layernorm_forward(out, mean, rstd, inp, e.P(w), e.P(b), N, C, 1e-5f);
+}
+
+void LayerNorm::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, const float* mean,
+                         const float* rstd, int N, int C) const {
+  e.ops.layernorm_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), mean, rstd, N, C);
+  e.fire(b);
+  e.fire(w);
+}
+
+void Linear::forward(const LayerEnv& e, float* out, const float* inp, int N, int C, int OC) const {
+  if (mode == Parallelism::kRow && e.parallel()) {
+    // Partial sums over this rank's input columns, all-reduced, then the (replicated) bias once.
+    e.ops.linear_forward(out, inp, e.P(w), nullptr, N, C, OC, e.precision);
+    e.all_reduce_sum(out, static_cast<size_t>(N) * OC);
+    add_bias(out, e.P(b), N, OC);
+    return;
+  }
+  e.ops.linear_forward(out, inp, e.P(w), e.P(b), N, C, OC, e.precision);
+}
+
+void Linear::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C,
+                      int OC) const {
+  e.ops.linear_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), N, C, OC, 0.0f, e.precision);
+  // Column-parallel: every rank's input gradient is partial (its output rows only).
+  if (mode == Parallelism::kColumn) e.all_reduce_sum(dinp, static_cast<size_t>(N) * C);
+  e.fire(b);
+  e.fire(w);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// GPT block
+
+namespace {
+enum GptBuf { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kLse, kRes2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu };
+
+void push_ids(std::vector<size_t>& v, std::initializer_list<int> ids) {
+  for (int i : ids)
+    if (i >= 0) v.push_back(static_cast<size_t>(i));
+}
+}  // namespace
+
+GptBlock::GptBlock(Params p, int n_embd, int n_head) : p_(p), C_(n_embd), H_(n_head) {
+  p_.attn.mode = p_.fc.mode = Parallelism::kColumn;
+  p_.proj.mode = p_.mproj.mode = Parallelism::kRow;
+}
+
+std::vector<size_t> GptBlock::params() const {
+  std::vector<size_t> v;
+  push_ids(v, {p_.ln1.w, p_.ln1.b, p_.attn.w, p_.attn.b, p_.proj.w, p_.proj.b, p_.ln2.w, p_.ln2.b, p_.fc.w, p_.fc.b,
+               p_.mproj.w, p_.mproj.b});
+  return v;
+}
+
+void GptBlock::alloc(const LayerEnv& e, LayerActs& a, size_t n) const {
+  const size_t C = C_, Cl = C / e.tp_size(), Hl = H_ / e.tp_size();
+  // fch holds gelu'(c_fc output) after the forward (the pre-activation itself is not needed).
+  a.resize(e.ops, {n * C, n, n, n * 3 * Cl, n * Cl, n * Hl, n * C, n * C, n, n, n * 4 * Cl, n * 4 * Cl});
+}
+
+void GptBlock::forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T, bool) const {
+  const int N = B * T, C = C_, Cl = C / e.tp_size(), Hl = H_ / e.tp_size();
+  const size_t NC = static_cast<size_t>(N) * C;
+  p_.ln1.forward(e, a[kLn1], a[kLn1Mean], a[kLn1Rstd], x, N, C);
+  p_.attn.forward(e, a[kQkv], a[kLn1], N, C, 3 * Cl);
+  e.ops.attention_forward(a[kAtty], a[kLse], a[kQkv], B, T, Cl, Hl);
+  p_.proj.forward(e, a[kRes2], a[kAtty], N, Cl, C);
+  e.ops.add_inplace(a[kRes2], x, NC);
+  p_.ln2.forward(e, a[kLn2], a[kLn2Mean], a[kLn2Rstd], a[kRes2], N, C);
+  p_.fc.forward(e, a[kFch], a[kLn2], N, C, 4 * Cl);
+  // fch becomes gelu'(pre-activation): all the backward needs of it.
+  e.ops.gelu_forward_and_grad(a[kFchGelu], a[kFch], a[kFch], static_cast<size_t>(N) * 4 * Cl, e.gelu);
+  p_.mproj.forward(e, out, a[kFchGelu], N, 4 * Cl, C);
+  e.ops.add_inplace(out, a[kRes2], NC);
+}
+
+void GptBlock::backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const {
+  const int N = B * T, C = C_, Cl = C / e.tp_size(), Hl = H_ / e.tp_size();
+  float* dc = e.scratch(0, static_cast<size_t>(N) * C);
+  float* dqkv = e.scratch(1, static_cast<size_t>(N) * 3 * Cl);
+  float* dfch = e.scratch(2, static_cast<size_t>(N) * 4 * Cl);
+  float* datty = e.scratch(3, static_cast<size_t>(N) * Cl);
+  // mlp.c_proj (row-parallel): its bias gradient is the column sum of the replicated dres.
+  p_.mproj.backward(e, dfch, dres, a[kFchGelu], N, 4 * Cl, C);
+  e.ops.mul(dfch, dfch, a[kFch], static_cast<size_t>(N) * 4 * Cl);
+  p_.fc.backward(e, dc, dfch, a[kLn2], N, C, 4 * Cl);
+  p_.ln2.backward(e, dres, dc, a[kRes2], a[kLn2Mean], a[kLn2Rstd], N, C);
+  p_.proj.backward(e, datty, dres, a[kAtty], N, Cl, C);
+  e.ops.attention_backward(dqkv, datty, a[kQkv], a[kAtty], a[kLse], B, T, Cl, Hl);
+  p_.attn.backward(e, dc, dqkv, a[kLn1], N, C, 3 * Cl);
+  p_.ln1.backward(e, dres, dc, x, a[kLn1Mean], a[kLn1Rstd], N, C);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Deep MLP layers
+
+namespace {
+// One layer: gelu'(h) or h; under TP pairs also y = x_{i+1}[:, cols] and gelu'(h_{i+1}).
+enum MlpBuf { kH, kY, kG2Grad };
+}  // namespace
+
+MlpLayers::MlpLayers(std::vector<Params> layers, int n_embd) : l_(std::move(layers)), C_(n_embd) {
+  TRIDENT_CHECK(l_.size() == 1 || l_.size() == 2, InvalidArgument, "MlpLayers: {} layers; a unit holds 1 or 2",
+                l_.size());
+}
+
+std::vector<size_t> MlpLayers::params() const {
+  std::vector<size_t> v;
+  for (const auto& p : l_) push_ids(v, {p.w, p.b});
+  return v;
+}
+
+void MlpLayers::alloc(const LayerEnv& e, LayerActs& a, size_t n) const {
+  const size_t C = C_, Cl = C / e.tp_size();
+  TRIDENT_CHECK(e.parallel() || l_.size() == 1, InvalidArgument,
+                "MlpLayers: a unit of {} layers needs tensor parallelism (pairs are a column + row split)", l_.size());
+  // Single process: h (the pre-activation). TP: gelu'(h_i) local; x_{i+1}[:, cols]; gelu'(h_{i+1}).
+  if (!e.parallel()) a.resize(e.ops, {n * C});
+  else if (l_.size() == 2) a.resize(e.ops, {n * Cl, n * Cl, n * C});
+  else a.resize(e.ops, {n * Cl, 0, 0});
+}
+
+void MlpLayers::forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T,
+                        bool recompute) const {
+  const int N = B * T, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  if (!e.parallel()) {
+    // The recompute refreshes only h (what the backward reads).
+    e.ops.linear_forward(a[kH], x, e.P(l_[0].w), e.P(l_[0].b), N, C, C, e.precision);
+    if (recompute) return;
+    e.ops.gelu_forward(out, a[kH], NC, e.gelu);
+    e.ops.add_inplace(out, x, NC);
+    return;
+  }
+  const int Cl = C / e.tp_size(), c0 = e.tp_rank() * Cl;
+  const bool pair = l_.size() == 2;
+  float* h = a[kH];
+  float* g = e.scratch(4, static_cast<size_t>(N) * Cl);
+  e.ops.linear_forward(h, x, e.P(l_[0].w), e.P(l_[0].b), N, C, Cl, e.precision);
+  e.ops.gelu_forward_and_grad(g, h, h, static_cast<size_t>(N) * Cl, e.gelu);
+  float* z = e.scratch(5, 2 * NC);
+  float* z1 = pair ? z + NC : z;  // layer i's GELU output scattered into its columns
+  std::memset(z1, 0, sizeof(float) * NC);
+  for (int i = 0; i < N; ++i)
+    std::memcpy(z1 + static_cast<size_t>(i) * C + c0, g + static_cast<size_t>(i) * Cl, sizeof(float) * Cl);
+  if (!pair) {
+    e.all_reduce_sum(z1, NC);
+    e.ops.add(out, z1, x, NC);
+    return;
+  }
+  float* y = a[kY];
+  for (int i = 0; i < N; ++i)
+    for (int j = 0; j < Cl; ++j)
+      y[static_cast<size_t>(i) * Cl + j] = g[static_cast<size_t>(i) * Cl + j] + x[static_cast<size_t>(i) * C + c0 + j];
+  // Layer i+1's partial output and layer i's scattered output in one all-reduce.
+  e.ops.linear_forward(z, y, e.P(l_[1].w), nullptr, N, Cl, C, e.precision);
+  e.all_reduce_sum(z, 2 * NC);
+  add_bias(z, e.P(l_[1].b), N, C);
+  e.ops.add_inplace(z1, x, NC);  // x_{i+1} = gelu(h_i) + x_i
+  e.ops.gelu_forward_and_grad(out, a[kG2Grad], z, NC, e.gelu);
+  e.ops.add_inplace(out, z1, NC);  // x_{i+2} = gelu(h_{i+1}) + x_{i+1}
+}
+
+void MlpLayers::backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const {
+  const int N = B * T, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  if (!e.parallel()) {
+    float* dh = e.scratch(0, NC);
+    e.ops.gelu_backward(dh, a[kH], dres, NC, e.gelu);
+    // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
+    e.ops.linear_backward(dres, e.G(l_[0].w), e.G(l_[0].b), dh, x, e.P(l_[0].w), N, C, C, 1.0f, e.precision);
+    e.fire(l_[0].b);
+    e.fire(l_[0].w);
+    return;
+  }
+  const int Cl = C / e.tp_size(), c0 = e.tp_rank() * Cl;
+  const size_t NCl = static_cast<size_t>(N) * Cl;
+  const bool pair = l_.size() == 2;
+  float* dg = e.scratch(0, NCl);
+  float* dy = e.scratch(1, NCl);
+  for (int i = 0; i < N; ++i)
+    std::memcpy(dg + static_cast<size_t>(i) * Cl, dres + static_cast<size_t>(i) * C + c0, sizeof(float) * Cl);
+  if (pair) {
+    float* dh2 = e.scratch(2, NC);
+    e.ops.mul(dh2, dres, a[kG2Grad], NC);
+    e.ops.linear_backward(dy, e.G(l_[1].w), e.G(l_[1].b), dh2, a[kY], e.P(l_[1].w), N, Cl, C, 0.0f, e.precision);
+    e.fire(l_[1].b);
+    e.fire(l_[1].w);
+    e.ops.add_inplace(dg, dy, NCl);
+  }
+  e.ops.mul(dg, dg, a[kH], NCl);  // d h_i (local columns)
+  float* dxp = e.scratch(3, NC);
+  e.ops.linear_backward(dxp, e.G(l_[0].w), e.G(l_[0].b), dg, x, e.P(l_[0].w), N, C, Cl, 0.0f, e.precision);
+  if (pair)
+    for (int i = 0; i < N; ++i)
+      e.ops.add_inplace(dxp + static_cast<size_t>(i) * C + c0, dy + static_cast<size_t>(i) * Cl, Cl);
+  e.all_reduce_sum(dxp, NC);
+  e.ops.add_inplace(dres, dxp, NC);
+  e.fire(l_[0].b);
+  e.fire(l_[0].w);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Embedding and head
+
+void Embedding::forward(const LayerEnv& e, float* out, const int32_t* tokens, int B, int T, int C) const {
+  if (!e.parallel()) {
+    e.ops.embedding_forward(out, tokens, e.P(wte), e.P(wpe), B, T, C, static_cast<int>(V));
+    return;
+  }
+  const int N = B * T;
+  vocab_parallel_embedding_forward(out, tokens, e.P(wte), v0, vl, V, N, C);
+  e.all_reduce_sum(out, static_cast<size_t>(N) * C);
+  const float* p = e.P(wpe);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (static_cast<size_t>(b) * T + t) * C;
+      const float* w = p + static_cast<size_t>(t) * C;
+      for (int j = 0; j < C; ++j) o[j] += w[j];
+    }
+}
+
+void Embedding::backward(const LayerEnv& e, const float* dout, const int32_t* tokens, int B, int T, int C) const {
+  if (!e.parallel()) {
+    e.ops.embedding_backward(e.G(wte), e.G(wpe), dout, tokens, B, T, C);
+  } else {
+    vocab_parallel_embedding_backward(e.G(wte), dout, tokens, v0, vl, B * T, C);
+    float* dwpe = e.G(wpe);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const float* g = dout + (static_cast<size_t>(b) * T + t) * C;
+        float* d = dwpe + static_cast<size_t>(t) * C;
+        for (int j = 0; j < C; ++j) d[j] += g[j];
+      }
+  }
+  e.fire(wpe);
+  e.fire(wte);
+}
+
+void LmHead::forward(const LayerEnv& e, float* logits, float* lnf_out, float* mean, float* rstd, const float* x,
+                     int N, int C) const {
+  lnf.forward(e, lnf_out, mean, rstd, x, N, C);
+  e.ops.linear_forward(logits, lnf_out, e.P(head), nullptr, N, C, static_cast<int>(vl), e.precision);
+}
+
+double LmHead::loss(const LayerEnv& e, float* dlogits, const float* logits, const int32_t* targets, int N,
+                    float dscale) const {
+  if (!e.parallel())
+    return e.ops.cross_entropy_forward_backward(dlogits, logits, targets, N, static_cast<int>(V), dscale);
+  return vocab_parallel_cross_entropy(dlogits, logits, targets, N, vl, v0, V, dscale, *e.tp, e.microbatch, e.chunk);
+}
+
+void LmHead::backward(const LayerEnv& e, float* dx, float* dlnf, const float* dlogits, const float* lnf_out,
+                      const float* x, const float* mean, const float* rstd, int N, int C) const {
+  // d lnf = dlogits head (this rank's vocabulary rows: partial, all-reduced); d head += dlogits^T lnf.
+  e.ops.linear_backward(dlnf, e.G(head), nullptr, dlogits, lnf_out, e.P(head), N, C, static_cast<int>(vl), 0.0f,
+                        e.precision);
+  e.all_reduce_sum(dlnf, static_cast<size_t>(N) * C);
+  if (fire_head) e.fire(head);
+  e.ops.memset_zero(dx, sizeof(float) * static_cast<size_t>(N) * C);
+  lnf.backward(e, dx, dlnf, x, mean, rstd, N, C);
+}
+
+void LmHead::gather_logits(const LayerEnv& e, float* full, const float* logits, int N) const {
+  if (!e.parallel()) {
+    e.ops.to_host(full, logits, sizeof(float) * static_cast<size_t>(N) * V);
+    return;
+  }
+  const int TP = e.tp->size();
+  const size_t local = static_cast<size_t>(N) * vl;
+  kernels::AlignedFloats all(local * TP);
+  e.tp->all_gather(logits, all.data(), local, e.microbatch, e.chunk);
+  for (int r = 0; r < TP; ++r)
+    for (int i = 0; i < N; ++i)
+      std::memcpy(full + static_cast<size_t>(i) * V + r * vl, all.data() + r * local + static_cast<size_t>(i) * vl,
+                  sizeof(float) * vl);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Vocab-parallel building blocks
+
+void add_bias(float* out, const float* bias, int N, int C) {
+  if (bias == nullptr) return;
+  for (int i = 0; i < N; ++i) {
+    float* o = out + static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) o[j] += bias[j];
+  }
+}
+
+void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0,
+                                      int64_t vl, int64_t V, int N, int C) {
+  for (int i = 0; i < N; ++i) {
+    const int64_t tok = tokens[i];
+    TRIDENT_CHECK(tok >= 0 && tok < V, InvalidArgument,
+                  "embedding: token {} at position {} is outside the vocabulary [0, {}); check the data and "
+                  "vocab_size",
+                  tok, i, V);
+    float* o = out + static_cast<size_t>(i) * C;
+    if (tok >= v0 && tok < v0 + vl) std::memcpy(o, wte_shard + static_cast<size_t>(tok - v0) * C, sizeof(float) * C);
+    else std::memset(o, 0, sizeof(float) * C);
+  }
+}
+
+void vocab_parallel_embedding_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
+                                       int64_t vl, int N, int C) {
+  for (int i = 0; i < N; ++i) {
+    const int64_t tok = tokens[i];
+    if (tok < v0 || tok >= v0 + vl) continue;
+    float* d = dwte_shard + static_cast<size_t>(tok - v0) * C;
+    const float* g = dout + static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) d[j] += g[j];
+  }
+}
+
+double vocab_parallel_cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int64_t vl,
+                                    int64_t v0, int64_t V, float dscale, TpGroup& tp, int microbatch, int chunk) {
+  std::vector<float> mx(N);
+  std::vector<float> st(2 * static_cast<size_t>(N));  // [sum of exp | target logit]
+  for (int i = 0; i < N; ++i) {
+    TRIDENT_CHECK(targets[i] >= 0 && targets[i] < V, InvalidArgument,
+                  "cross-entropy: target {} at position {} is outside the vocabulary [0, {})", targets[i], i, V);
+    const float* row = logits + static_cast<size_t>(i) * vl;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < vl; ++j) m = std::max(m, row[j]);
+    mx[i] = m;
+  }
+  tp.all_reduce_max(mx.data(), mx.size(), microbatch, chunk);
+  // Pass 2: local sums of exp (kept in dlogits when wanted, so the gradient needs no second exp).
+  for (int i = 0; i < N; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * vl;
+    const int64_t t = targets[i] - v0;
+    st[N + i] = (t >= 0 && t < vl) ? row[t] : 0.0f;  // read before dlogits (which may alias) overwrites it
+    float* ex = dlogits != nullptr ? dlogits + static_cast<size_t>(i) * vl : nullptr;
+    double s = 0;
+    for (int64_t j = 0; j < vl; ++j) {
+      const float v = std::exp(row[j] - mx[i]);
+      if (ex != nullptr) ex[j] = v;
+      s += v;
+    }
+    st[i] = static_cast<float>(s);
+  }
+  tp.all_reduce_sum(st.data(), st.size(), microbatch, chunk);
+  double total = 0;
+  for (int i = 0; i < N; ++i) {
+    total += std::log(static_cast<double>(st[i])) + mx[i] - st[N + i];
+    if (dlogits != nullptr) {
+      float* d = dlogits + static_cast<size_t>(i) * vl;
+      const float k = static_cast<float>(dscale / static_cast<double>(st[i]));
+      for (int64_t j = 0; j < vl; ++j) d[j] *= k;
+      const int64_t t = targets[i] - v0;
+      if (t >= 0 && t < vl) d[t] -= dscale;
+    }
+  }
+  return total;
+}
+
+}  // namespace trident::nn

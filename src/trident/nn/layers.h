@@ -1,0 +1,220 @@
+// The layers of trident's language models, written once for one process and for Megatron-LM tensor
+// parallelism: the token + position embedding, LayerNorm, Linear, the GPT block (attention + MLP), the
+// deep MLP's residual GELU layers and the head (ln_f, the LM head, cross-entropy). nn/gpt.cc and
+// nn/mlp.cc compose them into the single-process models; parallel/parallel_model.cc composes the same
+// layers into tensor/pipeline-parallel shards (a pipeline stage is a contiguous range of them).
+//
+// A layer reads its parameters and adds its gradients through shaped views into its model's flat buffers
+// (parameter indices into FlatModel::parameters(); -1 = absent), calls the kernels through the model's
+// device op table (kernels/device.h) and fires the model's grad-ready hook for each of its parameters the
+// moment the gradient is final (in descending index order, as model.h requires).
+//
+// Tensor parallelism is a property of a layer given a TpGroup (the collectives it needs; nn cannot see a
+// ProcessGroup, so parallel/tensor_parallel.h implements this interface over one). With no group, or a
+// group of one rank, every layer runs exactly the single-process kernels (bit-identical results), so the
+// single-process model is the TP = 1 case of this code. With T > 1 ranks (rank t):
+// - column-parallel Linear: this rank holds a block of output rows (and of the bias); forward is local
+//   (Megatron's f: identity), backward all-reduces the input gradient;
+// - row-parallel Linear: this rank holds a block of input columns; forward all-reduces the partial outputs
+//   and adds the whole bias once (Megatron's g), backward is local;
+// - GPT block: c_attn column-parallel by heads, attention on the local heads, attn.c_proj row-parallel;
+//   c_fc column-parallel, GELU local, mlp.c_proj row-parallel. 2 all-reduces of N*C in forward, 2 in backward;
+// - deep MLP: layers pair up (i column-parallel, i+1 row-parallel; x_{i+1}[:, cols] = x_i[:, cols] + gelu
+//   is local), one all-reduce of 2*N*C forward and one of N*C backward per pair; an unpaired layer is
+//   column-parallel with one all-reduce each way;
+// - vocab-parallel embedding (rows [v0, v0 + vl) of wte; lookup, all-reduce, + wpe) and head (local
+//   logits [N, vl], d ln_f all-reduced) with the vocab-parallel cross-entropy that never gathers logits.
+// LayerNorms and row-parallel biases are replicated (identical gradients on every TP rank). The T > 1
+// paths do part of their work in host loops (bias broadcast, column scatter, the vocab-parallel lookup
+// and cross-entropy), so they need a CPU op table; the model shard refuses other devices.
+//
+// Ownership: a layer holds indices only; its activations are LayerActs the caller owns (one per saved
+// microbatch, or one shared set under activation checkpointing). Blocking: forward/backward block on the
+// group's collectives (its deadline applies; failures throw from the call). Thread-safety: one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "trident/kernels/device.h"
+#include "trident/nn/flat_model.h"
+
+namespace trident::nn {
+
+// The tensor-parallel collectives a layer needs, on float32 host buffers. microbatch/chunk label the
+// implementation's trace spans (-1: none).
+class TpGroup {
+ public:
+  virtual ~TpGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_reduce_sum(float* buf, size_t n, int microbatch = -1, int chunk = -1) = 0;
+  virtual void all_reduce_max(float* buf, size_t n, int microbatch = -1, int chunk = -1) = 0;
+  // recv[size * n] = every rank's send[n], in rank order.
+  virtual void all_gather(const float* send, float* recv, size_t n, int microbatch = -1, int chunk = -1) = 0;
+};
+
+// Buffers of one device, by slot: a layer's saved activations, or a model's backward workspace.
+class LayerActs {
+ public:
+  // Sizes the buffers (slot i gets sizes[i] floats); buffers already of that size are kept.
+  void resize(const kernels::DeviceOps& ops, const std::vector<size_t>& sizes);
+  float* operator[](size_t slot) { return bufs_[slot].data(); }
+  // Slot `slot` with at least n floats (grows, never shrinks; contents undefined after growth).
+  float* at_least(const kernels::DeviceOps& ops, size_t slot, size_t n);
+  size_t bytes() const;
+
+ private:
+  std::vector<kernels::DeviceArray<float>> bufs_;
+};
+
+// What a layer's forward and backward run with.
+struct LayerEnv {
+  const kernels::DeviceOps& ops;
+  FlatModel& model;              // parameters, gradients, grad-ready hook
+  TpGroup* tp = nullptr;         // null: no tensor parallelism
+  LayerActs* workspace = nullptr;  // backward scratch shared by the layers (slots as each layer documents)
+  kernels::cpu::Precision precision = kernels::cpu::Precision::kFloat32;
+  kernels::cpu::GeluKind gelu = kernels::cpu::GeluKind::kExact;
+  int microbatch = -1, chunk = -1;  // labels of the collectives' trace spans
+
+  bool parallel() const { return tp != nullptr && tp->size() > 1; }
+  int tp_size() const { return parallel() ? tp->size() : 1; }
+  int tp_rank() const { return parallel() ? tp->rank() : 0; }
+  // In-place sum over the group (no-op without tensor parallelism).
+  void all_reduce_sum(float* buf, size_t n) const {
+    if (parallel()) tp->all_reduce_sum(buf, n, microbatch, chunk);
+  }
+  float* P(int idx) const { return model.P(idx); }
+  float* G(int idx) const { return model.G(idx); }
+  void fire(int idx) const { model.fire(idx); }
+  float* scratch(size_t slot, size_t n) const { return workspace->at_least(ops, slot, n); }
+};
+
+enum class Parallelism : uint8_t { kNone, kColumn, kRow };
+
+struct LayerNorm {
+  int w = -1, b = -1;
+  void forward(const LayerEnv& e, float* out, float* mean, float* rstd, const float* inp, int N, int C) const;
+  // dinp += d inp; fires b then w.
+  void backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, const float* mean,
+                const float* rstd, int N, int C) const;
+};
+
+// Linear [OC, C] (PyTorch layout). C and OC are this rank's: the local rows (column-parallel) or
+// columns (row-parallel) of the weight.
+struct Linear {
+  int w = -1, b = -1;
+  Parallelism mode = Parallelism::kNone;
+  void forward(const LayerEnv& e, float* out, const float* inp, int N, int C, int OC) const;
+  // dinp = dout W (column-parallel: all-reduced); fires b then w.
+  void backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C, int OC) const;
+};
+
+// One residual block between x_l and x_{l+1} (a GPT block, one or two MLP layers).
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  // Sizes `a` for N positions (per this rank's shard).
+  virtual void alloc(const LayerEnv& e, LayerActs& a, size_t N) const = 0;
+  // x [N, C] -> out [N, C]. recompute: the forward again inside backward (activation checkpointing); the
+  // layer refreshes what its backward reads and may leave `out` unwritten.
+  virtual void forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T,
+                       bool recompute) const = 0;
+  // dres: d out on entry, d x on return. Fires the layer's parameters' hooks.
+  virtual void backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const = 0;
+  // Parameter indices the layer reads, in registration order (a model's blocks()).
+  virtual std::vector<size_t> params() const = 0;
+};
+
+// nanoGPT's Block: x + attn(ln_1(x)), then + mlp(ln_2(.)). n_embd and n_head are the full model's.
+// Workspace slots used by backward: 0 (N*C), 1 (N*3C/T), 2 (N*4C/T), 3 (N*C/T).
+class GptBlock final : public Layer {
+ public:
+  struct Params {
+    LayerNorm ln1, ln2;
+    Linear attn, proj, fc, mproj;
+  };
+  GptBlock(Params p, int n_embd, int n_head);
+  void alloc(const LayerEnv& e, LayerActs& a, size_t N) const override;
+  void forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T,
+               bool recompute) const override;
+  void backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const override;
+  std::vector<size_t> params() const override;
+
+ private:
+  Params p_;
+  int C_, H_;
+};
+
+// 1 or 2 consecutive deep-MLP layers x_{k+1} = x_k + gelu(x_k W_k^T + b_k). Without tensor
+// parallelism a unit is one layer (two are refused); with it, the first is column-parallel and the second
+// (when present) row-parallel. Workspace slots used: 0..5.
+class MlpLayers final : public Layer {
+ public:
+  struct Params {
+    int w = -1, b = -1;
+  };
+  MlpLayers(std::vector<Params> layers, int n_embd);
+  void alloc(const LayerEnv& e, LayerActs& a, size_t N) const override;
+  void forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T,
+               bool recompute) const override;
+  void backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const override;
+  std::vector<size_t> params() const override;
+
+ private:
+  std::vector<Params> l_;
+  int C_;
+};
+
+// x_0 = wte[token] + wpe[position]. wte holds rows [v0, v0 + vl) of the full [V, C] table (all of it
+// without tensor parallelism).
+struct Embedding {
+  int wte = -1, wpe = -1;
+  int64_t V = 0, v0 = 0, vl = 0;
+  void forward(const LayerEnv& e, float* out, const int32_t* tokens, int B, int T, int C) const;
+  // Adds into the gradients of wte and wpe; fires wpe then wte.
+  void backward(const LayerEnv& e, const float* dout, const int32_t* tokens, int B, int T, int C) const;
+};
+
+// ln_f, the LM head (weight: `head`, this rank's vocabulary rows [v0, v0 + vl)) and the cross-entropy.
+struct LmHead {
+  LayerNorm lnf;
+  int head = -1;
+  bool fire_head = true;  // false when `head` is the embedding's own wte (final only after its backward)
+  int64_t V = 0, v0 = 0, vl = 0;
+  // lnf_out, mean, rstd: saved for backward; logits [N, vl].
+  void forward(const LayerEnv& e, float* logits, float* lnf_out, float* mean, float* rstd, const float* x, int N,
+               int C) const;
+  // Sum over rows of -log softmax(logits)[target]; dlogits (nullable, may alias logits) = (softmax - onehot)
+  // * dscale for this rank's columns.
+  double loss(const LayerEnv& e, float* dlogits, const float* logits, const int32_t* targets, int N,
+              float dscale) const;
+  // dx = d x (overwritten) from dlogits; dlnf: N*C scratch.
+  void backward(const LayerEnv& e, float* dx, float* dlnf, const float* dlogits, const float* lnf_out,
+                const float* x, const float* mean, const float* rstd, int N, int C) const;
+  // full[N, V] = the logits of every rank's vocabulary rows (an all-gather under tensor parallelism).
+  void gather_logits(const LayerEnv& e, float* full_host, const float* logits, int N) const;
+};
+
+// Vocab-parallel building blocks (host loops over float32 host buffers).
+// out[i] = wte_shard[tokens[i] - v0] when tokens[i] lies in [v0, v0 + vl), else 0 (the caller
+// all-reduces). Tokens outside [0, V) throw InvalidArgument.
+void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0,
+                                      int64_t vl, int64_t V, int N, int C);
+// dwte_shard[tokens[i] - v0] += dout[i] for in-range tokens.
+void vocab_parallel_embedding_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
+                                       int64_t vl, int N, int C);
+// Softmax cross-entropy over local logits[N, vl] (columns v0..v0+vl of the full [N, V]): all-reduce (max)
+// of the row maxima, then one all-reduce (sum) of [sum of exp | target logit] (2N floats). Returns the SUM
+// over rows of -log softmax[target] (identical on every rank). When dlogits is non-null, writes
+// (softmax - onehot) * dscale for the local columns (may alias logits).
+double vocab_parallel_cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int64_t vl,
+                                    int64_t v0, int64_t V, float dscale, TpGroup& tp, int microbatch = -1,
+                                    int chunk = -1);
+// out[N, C] += bias[C] on every row (bias nullable: no-op).
+void add_bias(float* out, const float* bias, int N, int C);
+
+}  // namespace trident::nn
