@@ -60,6 +60,10 @@ void setup_train(CLI::App& app) {
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
   sub->add_option("--bucket-mb,--bucket_mb", pf->dist.bucket_mb, "gradient bucket size in MiB (default 25)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--first-bucket-mb,--first_bucket_mb", pf->dist.first_bucket_mb,
+                  "ddp/zero1: size of the first gradient bucket in MiB, so its all-reduce starts early in backward "
+                  "(default 1, as PyTorch DDP; 0: the same as --bucket-mb)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("!--no-overlap,!--no_overlap", pf->dist.overlap, "all-reduce after backward, not during it");
   sub->add_flag("!--no-shared-grads,!--no_shared_grads", pf->dist.shared_gradients,
                 "gradients in private memory, not the group's zero-copy shared memory");
@@ -113,6 +117,7 @@ void setup_train(CLI::App& app) {
         for (auto& a : sub->remaining()) lo.command.push_back(a);
         lo.command.push_back("--parallel=" + pf->dist.parallel);
         lo.command.push_back(fmt::format("--bucket-mb={}", pf->dist.bucket_mb));
+        lo.command.push_back(fmt::format("--first-bucket-mb={}", pf->dist.first_bucket_mb));
         if (!pf->dist.overlap) lo.command.push_back("--no-overlap");
         if (!pf->dist.shared_gradients) lo.command.push_back("--no-shared-grads");
         set_exit_code(launch::launch(lo));

@@ -1,9 +1,22 @@
-// Data parallelism: DDP and ZeRO stages 1, 2 and 3 as one mechanism over a model's flat buffers.
+// Data parallelism: DDP and ZeRO stages 1, 2 and 3 as one mechanism over a model's flat buffers, on the
+// model's device (CPU or CUDA: every memory operation and elementwise kernel goes through
+// kernels::device_ops(model.device()), so there is one DataParallel for both).
+//
+// DataParallel composes three parts along the axes the mechanism varies on:
+//   BucketEngine    (dp_buckets.h)  which ranges form gradient buckets, launching each bucket's collective
+//                                   the moment backward completes it, waiting, overlap accounting;
+//   ShardingStrategy (dp_sharding.h) one per stage: what a bucket's collective is, what each rank owns of
+//                                   the optimizer state and parameters, re-assembly after the step, and
+//                                   zero3's per-unit parameter gather;
+//   StoragePolicy   (dp_storage.h)  float32, or bfloat16 with a float32 master copy;
+// plus the block schedule (here) that materialises parameter units before a block runs (zero3 gathers,
+// bf16 widens) and releases them after the last block that reads them.
 //
 // Every rank computes gradients on its shard of the global batch. Gradients are grouped into buckets
 // (contiguous ranges of the flat gradient buffer, filled in reverse parameter order as backward produces
-// them); the moment a bucket's last gradient is written (the model's grad-ready hook), its collective
-// starts asynchronously on the process group, reading the gradient memory in place (no copy):
+// them; ddp/zero1: a small first bucket, DataParallelOptions::first_bucket_bytes, so the first collective
+// starts early); the moment a bucket's last gradient is written (the model's grad-ready hook), its
+// collective starts asynchronously on the process group, reading the gradient memory in place (no copy):
 //   ddp    all-reduce (avg) of every bucket; every rank runs AdamW on all parameters.
 //   zero1  same all-reduce; AdamW state (moments) kept only for this rank's shard of the flat buffer; each
 //          rank updates its shard, then the updated parameters are all-gathered.
@@ -22,14 +35,13 @@
 //          asynchronously while the current block computes. Per step: 2 all-gathers and 1 reduce-scatter
 //          of the (padded) parameter volume; gradient accumulation re-gathers parameters each micro-step
 //          but reduce-scatters gradients once (no_sync micro-steps accumulate the full local gradient).
-// Registered gradients (every stage; DataParallelOptions::shared_gradients): where the group offers
-// registered memory (ProcessGroup::alloc_shared: the native backend, every rank on one host), the buffer the
+// Registered gradients (every stage, CPU models; DataParallelOptions::shared_gradients): where the group
+// offers registered memory (ProcessGroup::alloc_shared: the native backend, every rank on one host), the buffer the
 // buckets are reduced from lives there (the model adopts it as its gradient buffer; bf16 ddp/zero1: the bf16
 // gradients), so the peers read it with plain loads and stores instead of kernel copies. Released gradient
 // pages (zero2/zero3, bf16) go back with MADV_REMOVE and read back as zero, as private ones do.
-// Sharding: zero1 splits the whole flat buffer into N equal pieces (padded to a multiple of N); zero2 and
-// zero3 split each bucket/unit of L elements into N pieces of ceil(L/N) (the last ones shorter or empty),
-// and a rank's shard is the concatenation of its pieces. Any size works.
+// Sharding (dp_sharding.h): zero1 one contiguous N-th of the padded buffer; zero2/zero3 one ceil(L/N)
+// piece of every bucket/unit. Any size works.
 // Gradient accumulation: set_require_sync(false) (or a NoSync scope) for all but the last micro-step;
 // only the last one communicates gradients. finish_gradient_sync() waits for every bucket before
 // clipping/stepping.
@@ -92,7 +104,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -103,16 +115,19 @@
 #include "trident/comm/process_group.h"
 #include "trident/nn/model.h"
 #include "trident/optim/adamw.h"
+#include "trident/parallel/dp_buckets.h"
+#include "trident/parallel/dp_sharding.h"
+#include "trident/parallel/dp_storage.h"
 
 namespace trident::parallel {
-
-enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
-Strategy parse_strategy(const std::string& name);  // ddp | zero1 | zero2 | zero3
-const char* strategy_name(Strategy s);
 
 struct DataParallelOptions {
   Strategy strategy = Strategy::kDdp;
   size_t bucket_bytes = 25u << 20;  // PyTorch DDP's default (25 MiB)
+  // ddp/zero1: the first bucket (the last parameters, whose gradients backward produces first) closes at
+  // this size so its all-reduce starts early in backward, as PyTorch DDP's 1 MiB first bucket; capped at
+  // bucket_bytes (0: no smaller first bucket). zero2 and zero3 bucket as before.
+  size_t first_bucket_bytes = 1u << 20;
   bool overlap = true;              // start each bucket during backward (false: all after backward)
   optim::AdamWConfig adamw;
   // Storage of parameters and gradients between uses: kFloat32 (parameters are their own master
@@ -121,89 +136,9 @@ struct DataParallelOptions {
   // The gradients that are reduced (the model's gradient buffer, which the model adopts, nn::Model::
   // adopt_grad_storage; bf16 ddp/zero1: the bf16 gradient buffer) live in memory the group reduces in
   // place (ProcessGroup::alloc_shared: on one host the peers read and write it with plain loads and
-  // stores, no kernel copy), when the group offers it. Results are bitwise the same either way; false
-  // keeps private memory.
+  // stores, no kernel copy), when the group offers it and the model is on the CPU. Results are bitwise
+  // the same either way; false keeps private memory.
   bool shared_gradients = true;
-};
-
-namespace detail {
-// n elements of T in private memory (assign) or in a fresh registered buffer of at least n elements
-// (assign_shared, which reads as zeros; a null buffer returns false and changes nothing). data() and
-// size() as std::vector's.
-template <class T>
-class GradientArray {
- public:
-  void assign(size_t n, T v) {
-    shm_.reset();
-    own_.assign(n, v);
-    p_ = own_.data();
-    n_ = n;
-  }
-  bool assign_shared(std::shared_ptr<RegisteredBuffer> b, size_t n) {
-    if (!b) return false;
-    std::vector<T>().swap(own_);
-    shm_ = std::move(b);
-    p_ = static_cast<T*>(shm_->data());
-    n_ = n;
-    return true;
-  }
-  T* data() { return p_; }
-  const T* data() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  std::vector<T> own_;
-  std::shared_ptr<RegisteredBuffer> shm_;
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
-}  // namespace detail
-
-// Bytes moved by this rank, per collective kind, in the last completed step (nccl-tests' convention:
-// what this rank sends on the wire under a bandwidth-optimal algorithm: all-reduce 2(N-1)/N x size,
-// reduce-scatter and all-gather (N-1)/N x size, broadcast size).
-struct CommStats {
-  std::map<std::string, double> bytes;  // kind -> bytes
-  std::map<std::string, int> calls;     // kind -> collectives issued
-  double total() const;
-};
-
-// When one bucket's gradient collective ran (CLOCK_MONOTONIC ns, trident::Timeline::now_ns()).
-struct BucketTiming {
-  int64_t launched_ns = 0;  // posted to the process group (0: no collective in that step, e.g. 1 rank)
-  int64_t started_ns = 0;   // the group began running it (backends that do not say: launched_ns)
-  int64_t finished_ns = 0;  // it completed
-};
-
-// Gradient communication against backward for one synced step, or summed over steps (overlap_totals()).
-// comm_s = hidden_s + the collectives' time after the window; that remainder lies inside
-// [window_end, sync_end] (the worker runs one collective at a time), so it is <= exposed_s.
-struct OverlapStats {
-  int64_t window_begin_ns = 0;  // first grad-ready hook of the syncing micro-step (start of its backward)
-  int64_t window_end_ns = 0;    // finish_gradient_sync() called: end of backward
-  int64_t sync_end_ns = 0;      // finish_gradient_sync() returned
-  double backward_s = 0;        // window_end - window_begin
-  double comm_s = 0;            // sum of the bucket collectives' run times (finished - started)
-  double hidden_s = 0;          // the part of comm_s inside [window_begin, window_end]
-  double exposed_s = 0;         // sync_end - window_end: how long finish_gradient_sync() blocked
-  int steps = 0;                // steps summed (1 for one step's stats)
-  double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
-};
-
-// Persistent bytes held per category on this rank.
-struct MemoryReport {
-  std::map<std::string, double> bytes;  // parameters, gradients, optimizer_state, master_weights, comm_buffers
-  double total() const;
-};
-
-// A contiguous range of the flat buffers sharded across ranks (zero2: a gradient bucket; zero3: the
-// parameters one block owns). Piece r is [begin + r*piece, begin + min(end - begin, (r+1)*piece)).
-struct ShardUnit {
-  size_t begin = 0, end = 0;
-  size_t piece = 0;         // ceil((end - begin) / N)
-  size_t shard_offset = 0;  // of this rank's piece in the shard buffers
-  size_t mine_begin = 0;    // this rank's piece in flat coordinates
-  size_t mine_count = 0;    // its valid elements (<= piece; 0 for an empty piece)
 };
 
 class DataParallel {
@@ -228,9 +163,11 @@ class DataParallel {
   DType storage_dtype() const { return options_.storage_dtype; }
   // The range [begin, end) of the flat buffers this rank owns (ddp: everything; zero1: one contiguous
   // shard). zero2/zero3 own one piece of every unit instead (units()); both are 0 for them.
-  size_t shard_begin() const { return shard_begin_; }
-  size_t shard_end() const { return shard_end_; }
-  size_t num_buckets() const { return buckets_.size(); }
+  size_t shard_begin() const { return sharding_->shard_begin(); }
+  size_t shard_end() const { return sharding_->shard_end(); }
+  size_t num_buckets() const { return engine_->buckets().size(); }
+  // The gradient buckets' element ranges [begin, end) of the flat buffer, in launch order (highest first).
+  std::vector<std::pair<size_t, size_t>> bucket_ranges() const;
   // The model's gradients live in the group's registered memory (DataParallelOptions::shared_gradients).
   bool gradients_shared() const { return gradients_shared_; }
   const CommStats& last_step_comm() const { return last_stats_; }
@@ -247,18 +184,18 @@ class DataParallel {
   // Overlap of the gradient collectives with backward in the last synced step (zero before the first), its
   // per-bucket timings (indexed like the buckets; launched_ns 0 for a bucket without a collective), and the
   // sums over every synced step since construction or reset_overlap_stats() (means: divide by steps).
-  const OverlapStats& last_step_overlap() const { return last_overlap_; }
-  const std::vector<BucketTiming>& last_step_bucket_timings() const { return timings_; }
-  const OverlapStats& overlap_totals() const { return overlap_totals_; }
-  void reset_overlap_stats() { overlap_totals_ = OverlapStats{}; }
+  const OverlapStats& last_step_overlap() const { return engine_->last_overlap(); }
+  const std::vector<BucketTiming>& last_step_bucket_timings() const { return engine_->timings(); }
+  const OverlapStats& overlap_totals() const { return engine_->overlap_totals(); }
+  void reset_overlap_stats() { engine_->reset_overlap_totals(); }
 
   // Parameter units materialised by the block hooks (zero3, and bf16 storage): ranges of the flat buffer,
   // highest offset first; for zero3 the same ranges as units().
   size_t num_param_units() const { return punits_.size(); }
   // zero2/zero3: the units this rank's shard is made of (empty for ddp and zero1) and the shard's size
   // (sum of the units' pieces, including padding).
-  const std::vector<ShardUnit>& units() const { return units_; }
-  size_t shard_numel() const { return shard_numel_; }
+  const std::vector<ShardUnit>& units() const { return sharding_->units(); }
+  size_t shard_numel() const { return sharding_->shard_numel(); }
   // zero3: the most flat-buffer elements gathered (in flight or resident) at once since construction or
   // reset_peak_gathered(): the working set of the block schedule (current block + prefetched block + the
   // units a later block of the same pass still reads, e.g. the tied embedding).
@@ -275,101 +212,53 @@ class DataParallel {
   void load_optimizer_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step);
 
  private:
-  struct Bucket {
-    size_t begin, end;        // element range of the flat gradient buffer
-    int pending = 0;          // parameters not yet ready in this micro-step
-    int params = 0;
-    std::shared_ptr<Work> work;
-    bool grads_released = false;  // zero2/3: the full-gradient pages went back to the OS after the RS
-    int64_t launched_ns = 0;      // when `work` was posted
-    bool launched = false;        // launch() ran in this step (bf16: its gradients were rounded)
-  };
-  void record_overlap(int64_t window_end_ns, int64_t sync_end_ns);
-  void gather_moments(std::vector<float>* exp_avg, std::vector<float>* exp_avg_sq, int64_t* step);
-  enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
-  // Moves parameter unit ui to `to`, keeping gathered_ (elements of the units in flight or gathered) and
-  // its peak in step: the one place a unit's state changes after ensure_sharded().
-  void set_unit_state(size_t ui, ParamState to);
+  void launch(size_t bucket);
   void on_grad_ready(size_t param_index);
-  void launch(Bucket& b);
-  void account(const std::string& kind, double bytes);
+  void release_finished_grads(bool wait);
   // The group's registered memory for `bytes` (ProcessGroup::alloc_shared), or nullptr when it has none or
   // it cannot be had (then a warning: training goes on in private memory).
   std::shared_ptr<RegisteredBuffer> shared_buffer(size_t bytes);
-  bool sharded_grads() const { return strategy() == Strategy::kZero2 || strategy() == Strategy::kZero3; }
-  void build_units_from_buckets();
-  void build_param_units();  // punits_, block_units_, last_fwd_/last_bwd_ from the model's blocks
-  void build_zero3_units();
   bool bf16() const { return options_.storage_dtype == DType::kBFloat16; }
-  bool block_hooks() const { return strategy() == Strategy::kZero3 || (bf16() && !punits_.empty()); }
-  // bf16: the float32 master weights into the model's flat buffer on every rank (collective for zero*).
-  void write_master_to_model();
-  // bf16: AdamW over `count` elements of master/moments with bf16 gradients (times clip_coef_), writing
-  // the rounded parameters to out16.
-  void adamw_bf16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* out16, size_t flat_begin,
-                  size_t count, float lr);
-  void release_finished_grads(bool wait);
-  void adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count, float lr);
-  // zero3 and bf16 storage: parameter units
-  void ensure_sharded();
+  bool zero3() const { return options_.strategy == Strategy::kZero3; }
+  bool block_hooks() const { return zero3() || (bf16() && !punits_.empty()); }
+
+  // ---- parameter units and the block schedule (zero3, and bf16 storage) ----
+  enum class ParamState : uint8_t { kReleased, kInFlight, kGathered };
+  BucketLayout build_param_units();  // punits_, block_units_, last_fwd_/last_bwd_ from the model's blocks
+  // Moves parameter unit ui to `to`, keeping gathered_ (elements of the units in flight or gathered) and
+  // its peak in step: the one place a unit's state changes after ensure_sharded().
+  void set_unit_state(size_t ui, ParamState to);
+  void ensure_sharded();  // the stored parameters (and master) from the model's buffer, once
   void on_block(int block, nn::Model::BlockEvent e);
-  void gather_unit(size_t u);  // starts the all-gather of unit u unless gathered or in flight
-  void wait_unit(size_t u);
+  void gather_unit(size_t u);  // zero3: starts the all-gather of unit u unless gathered or in flight
+  void wait_unit(size_t u);    // unit u materialised in the model's buffer
   void release_unit(size_t u);
   void release_all_units();
+  // bf16: the float32 master weights into the model's flat buffer on every rank (collective for zero*).
+  void write_master_to_model();
+  // Full flat float32 of a per-rank state buffer into a host vector (collective for zero*).
+  void gather_state_to_host(const float* state, std::vector<float>* out);
 
   nn::Model& model_;
-  std::shared_ptr<ProcessGroup> pg_;
   DataParallelOptions options_;
-  int rank_, world_;
-  size_t padded_ = 0;  // flat size padded to a multiple of world
-  size_t shard_begin_ = 0, shard_end_ = 0;
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_param_;
-  std::vector<std::pair<int, int>> param_buckets_;  // zero2: the buckets [first, last] a parameter overlaps
+  detail::DpContext ctx_;
+  std::unique_ptr<ShardingStrategy> sharding_;
+  std::unique_ptr<StoragePolicy> storage_;
+  std::unique_ptr<BucketEngine> engine_;
   bool require_sync_ = true;
   bool gradients_shared_ = false;
-  bool launched_any_ = false;
-  // zero2/zero3: units_[i] is buckets_[i] sharded; this rank's gradient shard (and zero3 parameter shard).
-  std::vector<ShardUnit> units_;
-  size_t shard_numel_ = 0;
-  std::vector<float> shard_grads_, shard_params_;
-  std::vector<float> rs_stage_;  // reduce-scatter staging for the last unit when it would run past the buffer
-  std::vector<std::vector<size_t>> counts_;  // per unit: all_gatherv counts
-  // Parameter units (zero3: = units_; bf16 ddp/zero1/zero2: the block runs) and the block schedule: units
-  // each block reads; the last block of a forward pass (highest index) and
-  // of a backward pass (lowest index) that reads each unit.
+  // Parameter units (zero3: the gradient buckets; bf16 ddp/zero1/zero2: the block runs), highest offset
+  // first, and the block schedule: units each block reads; the last block of a forward pass (highest
+  // index) and of a backward pass (lowest index) that reads each unit.
   std::vector<std::pair<size_t, size_t>> punits_;
-  std::vector<int> punit_params_, punit_of_param_;  // parameters per unit; the unit of each parameter
   std::vector<std::vector<size_t>> block_units_;
   std::vector<int> last_fwd_, last_bwd_;
   std::vector<ParamState> param_state_;
   std::vector<std::shared_ptr<Work>> gather_work_;
   bool sharded_ = false, materialized_ = false;
-  size_t gathered_ = 0, peak_gathered_ = 0;  // elements of units not released
-  // bf16 storage: float32 master weights (ddp: all; zero1: [shard_begin, shard_end); zero2/3: the shard),
-  // bf16 parameters (ddp/zero1/zero2: the padded flat buffer; zero3: the shard) and gradients (ddp/zero1:
-  // the flat buffer; zero2/3: the shard), staging for a reduce-scatter that reads past its unit's range,
-  // and the clip coefficient step() applies.
-  std::vector<float> master_;
-  std::vector<uint16_t> params16_;
-  detail::GradientArray<uint16_t> grads16_;  // ddp/zero1: in the group's registered memory when shared
-  std::vector<std::vector<uint16_t>> stage16_;  // per unit; empty unless world * piece > 2 x its length
-  float clip_coef_ = 1.0f;
   bool always_materialized_ = false;  // bf16 without model blocks: the model's buffer stays materialised
-  // Optimizer (moments only for this rank's shard).
-  std::vector<float> exp_avg_, exp_avg_sq_;
-  struct Segment {
-    size_t begin, end;
-    bool decay;
-  };
-  std::vector<Segment> decay_segments_;  // the flat buffer as runs of equal decay flag
-  int64_t step_count_ = 0;
-  CommStats stats_, last_stats_;
-  // Overlap accounting (timings_ sized once, like buckets_).
-  int64_t window_begin_ns_ = 0;
-  std::vector<BucketTiming> timings_;
-  OverlapStats last_overlap_, overlap_totals_;
+  size_t gathered_ = 0, peak_gathered_ = 0;  // elements of units not released
+  CommStats last_stats_;
 };
 
 // PyTorch's no_sync(): micro-steps inside the scope accumulate gradients locally and communicate nothing;

@@ -478,6 +478,7 @@ void ModelParallelRun::build_around_model(nn::Model& model) {
     parallel::DataParallelOptions dpo;
     dpo.strategy = parallel::parse_strategy(opts.parallel);
     dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
+    dpo.first_bucket_bytes = static_cast<size_t>(opts.first_bucket_mb * (1 << 20));
     // Gradients are final only after the pipeline flush (and the tied-embedding sum): no overlap then.
     dpo.overlap = opts.overlap && cfg.pp == 1;
     dpo.shared_gradients = opts.shared_gradients;
@@ -720,6 +721,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   parallel::DataParallelOptions dpo;
   dpo.strategy = parallel::parse_strategy(opts.parallel);
   dpo.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
+  dpo.first_bucket_bytes = static_cast<size_t>(opts.first_bucket_mb * (1 << 20));
   dpo.overlap = opts.overlap;
   dpo.shared_gradients = opts.shared_gradients;
   dpo.storage_dtype = parse_dtype(cfg.param_dtype);

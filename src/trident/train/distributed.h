@@ -35,6 +35,7 @@ namespace trident::train {
 struct DistributedOptions {
   std::string parallel = "ddp";  // ddp | zero1 | zero2 | zero3 (used when there is more than one rank)
   double bucket_mb = 25;
+  double first_bucket_mb = 1;  // ddp/zero1: the first bucket's size (PyTorch's 1 MiB; 0: as bucket_mb)
   bool overlap = true;
   bool shared_gradients = true;  // DataParallelOptions::shared_gradients (--no-shared-grads turns it off)
 };

@@ -96,6 +96,7 @@ struct Case {
   bool overlap;
   size_t bucket_bytes;
   std::string model = "gpt";
+  size_t first_bucket_bytes = 1 << 20;  // capped at bucket_bytes
 };
 
 void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, const std::string& out_dir) {
@@ -109,6 +110,7 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
   o.strategy = parallel::parse_strategy(c.strategy);
   o.overlap = c.overlap;
   o.bucket_bytes = c.bucket_bytes;
+  o.first_bucket_bytes = c.first_bucket_bytes;
   o.adamw = adamw_config();
   parallel::DataParallel dp(*model, pg, o);
   // On one host over shared memory the gradients live in the group's registered memory (every stage).
@@ -244,7 +246,9 @@ TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DataParallelParity,
     ::testing::Values(Case{"ddp", 2, 1, true, 4096}, Case{"ddp", 3, 2, true, 4096}, Case{"ddp", 4, 1, false, 1 << 20},
+                      Case{"ddp", 3, 1, true, 4096, "gpt", 512}, Case{"ddp", 5, 1, true, 2048, "mlp_untied", 4},
                       Case{"zero1", 2, 1, true, 4096}, Case{"zero1", 3, 1, true, 1 << 20},
+                      Case{"zero1", 2, 2, true, 4096, "gpt", 700},
                       Case{"zero1", 4, 2, true, 4096},
                       Case{"zero2", 2, 2, true, 4096}, Case{"zero2", 4, 1, true, 4096},
                       Case{"zero2", 3, 1, true, 4096, "mlp_untied"}, Case{"zero3", 2, 1, true, 0},
@@ -253,8 +257,57 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"zero3", 4, 2, true, 0, "mlp_untied"}, Case{"zero3", 4, 1, true, 0, "gpt_ckpt"}),
     [](const auto& info) {
       const Case& c = info.param;
-      return fmt::format("{}_w{}_acc{}_{}_{}", c.strategy, c.world, c.accum, c.overlap ? "overlap" : "after", c.model);
+      return fmt::format("{}_w{}_acc{}_{}_{}{}", c.strategy, c.world, c.accum, c.overlap ? "overlap" : "after", c.model,
+                         c.first_bucket_bytes < c.bucket_bytes ? fmt::format("_first{}", c.first_bucket_bytes) : "");
     });
+
+// ddp/zero1 buckets as PyTorch DDP forms them: parameters in reverse order, a bucket closing once it holds
+// at least its cap, the first bucket's cap first_bucket_bytes (capped at bucket_bytes; 0: bucket_bytes),
+// every later one bucket_bytes; the buckets tile the flat buffer from the top. Checked against a direct
+// walk of the parameter list for several caps, including a first cap smaller than any parameter.
+TEST(DataParallelBuckets, SmallFirstBucketThenConfiguredSize) {
+  struct Caps {
+    size_t first, cap;
+  };
+  const std::vector<Caps> caps = {{512, 4096}, {0, 4096}, {4096, 4096}, {1 << 20, 4096}, {4, 8192}, {700, 1 << 20}};
+  for (const char* strategy : {"ddp", "zero1"}) {
+    auto res = testing::run_processes(2, [&](int rank, int size, std::shared_ptr<Store> store) {
+      auto pg = new_process_group(store, rank, size, GroupOptions{});
+      for (const Caps& c : caps) {
+        auto model = nn::make_model(model_json("mlp_untied"));
+        parallel::DataParallelOptions o;
+        o.strategy = parallel::parse_strategy(strategy);
+        o.bucket_bytes = c.cap;
+        o.first_bucket_bytes = c.first;
+        parallel::DataParallel dp(*model, pg, o);
+        // Expected: each bucket's lowest offset from the reverse walk; a bucket's size is the extent of its
+        // parameters (alignment padding between them included).
+        const auto& ps = model->parameters();
+        const size_t first = std::min(c.first == 0 ? c.cap : c.first, c.cap) / 4, cap = c.cap / 4;
+        std::vector<size_t> lows;
+        size_t hi = 0;
+        for (size_t k = ps.size(); k-- > 0;) {
+          if (lows.empty() || hi - lows.back() >= (lows.size() == 1 ? first : cap)) {
+            lows.push_back(ps[k].offset);
+            hi = ps[k].offset + ps[k].numel;
+          }
+          lows.back() = std::min(lows.back(), ps[k].offset);
+        }
+        const auto got = dp.bucket_ranges();
+        TRIDENT_RANK_CHECK(got.size() == lows.size(), "{} first={} cap={}: {} buckets, want {}", strategy, c.first,
+                           c.cap, got.size(), lows.size());
+        size_t top = model->num_params();
+        for (size_t i = 0; i < got.size(); ++i) {
+          const size_t lo = i + 1 == got.size() ? 0 : lows[i];
+          TRIDENT_RANK_CHECK(got[i].first == lo && got[i].second == top, "{} first={} cap={}: bucket {} is [{}, {}), want [{}, {})",
+                             strategy, c.first, c.cap, i, got[i].first, got[i].second, lo, top);
+          top = lo;
+        }
+      }
+    });
+    ASSERT_EQ(testing::failures(res), "") << strategy;
+  }
+}
 
 // Gradients in the group's registered memory (DataParallelOptions::shared_gradients, the default) against
 // private memory: every stage (and zero1 / zero2 with bf16 storage) at 2 and 3 ranks, with a model large
