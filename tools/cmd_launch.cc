@@ -19,7 +19,9 @@ void setup(CLI::App& app) {
       "TRIDENT_STORE_HOSTED=1: the launcher of node 0 hosts the rendezvous store.\n"
       "Exit status: 0 if every rank exits 0; else the first failed rank's exit code (128+N if signal N killed\n"
       "it); 128+N when the launcher gets signal N; 1 when another node failed; 127 if COMMAND cannot run.\n"
-      "--bind (or TRIDENT_BIND) sets each rank's CPU affinity before it starts; auto is the default.");
+      "--bind (or TRIDENT_BIND) sets each rank's CPU affinity before it starts; auto is the default.\n"
+      "--max-restarts N: when a rank fails, stop every rank and start them all again, up to N times (each\n"
+      "round's ranks get TRIDENT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT and a fresh store namespace).");
   sub->add_option("-n,--nproc-per-node,--nproc", opts->nproc_per_node, "processes (ranks) on this node")
       ->capture_default_str();
   sub->add_option("--nnodes", opts->nnodes, "number of nodes")->capture_default_str();
@@ -33,6 +35,9 @@ void setup(CLI::App& app) {
   sub->add_option("--bind", *bind,
                   "CPU binding of local ranks: none | core (rank i on the i-th allowed CPU, round-robin) | auto "
                   "(a share of the allowed CPUs each when ranks <= CPUs, else none); default TRIDENT_BIND, else auto");
+  sub->add_option("--max-restarts,--max_restarts", opts->max_restarts,
+                  "restart every rank up to N times after a rank fails (single node)")
+      ->capture_default_str();
   sub->add_option("--grace-period", opts->grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
   // The command is everything after "--", or everything from the first argument that is not an option.

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "command.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/data/dataset.h"
 #include "trident/kernels/cpu/ops.h"
@@ -36,6 +37,7 @@ void guarded(F&& body) {
 
 struct ParallelFlags {
   int nproc = 1;
+  int max_restarts = 0;  // --max-restarts for the launcher --nproc starts
   train::DistributedOptions dist;
   std::string bind;  // --bind none|core|auto for the ranks --nproc starts ("": TRIDENT_BIND)
 };
@@ -56,6 +58,10 @@ void setup_train(CLI::App& app) {
   sub->add_option("--nproc,--nproc-per-node,--nproc_per_node", pf->nproc,
                   "start N local ranks of this command through the launcher")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--max-restarts,--max_restarts", pf->max_restarts,
+                  "restart every rank up to N times after one fails (as trident launch --max-restarts); the "
+                  "ranks then default to --resume auto")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--parallel", pf->dist.parallel, "data-parallel strategy (default ddp)")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
   sub->add_option("--bucket-mb,--bucket_mb", pf->dist.bucket_mb, "gradient bucket size in MiB (default 25)")
@@ -85,10 +91,20 @@ void setup_train(CLI::App& app) {
               "  Under trident launch / torchrun / mpirun / Slurm the rank comes from the environment.");
   sub->callback([sub, pf] {
     guarded([&] {
-      train::TrainConfig cfg = train::parse_train_args(sub->remaining());  // validates before starting ranks
+      const bool launched = launch::in_launched_job();
+      if (launched && pf->max_restarts > 0) {
+        TRIDENT_THROW(InvalidArgument,
+                      "--max-restarts {}: this process is already one rank of a launched job; give --max-restarts "
+                      "to the launcher (trident launch --max-restarts N, torchrun --max-restarts N)",
+                      pf->max_restarts);
+      }
+      // Under restarts every round continues from out_dir's newest checkpoint unless told otherwise (a
+      // resume key on the line or in a --config file wins).
+      train::TrainConfig defaults;
+      if (pf->max_restarts > 0 || (launched && env::max_restarts() > 0)) defaults.resume = train::Resume::kAuto;
+      train::TrainConfig cfg = train::parse_train_args(sub->remaining(), defaults);  // checked before any rank starts
       // --device cuda on a build or machine without one fails here, before any data is read or rank started.
       kernels::device_ops(kernels::parse_device(cfg.device));
-      const bool launched = launch::in_launched_job();
       if (!launched && (pf->nproc > 1 || cfg.tp * cfg.pp > 1)) {
         // The model-parallel layout against the world and the model, before any rank starts. The vocabulary
         // matters only when it is padded to an explicit multiple (by default it is padded to one of tp).
@@ -107,10 +123,11 @@ void setup_train(CLI::App& app) {
         }
         train::check_parallel_layout(cfg, pf->dist, pf->nproc, vocab);
       }
-      if (pf->nproc > 1 && !launched) {
+      if ((pf->nproc > 1 || pf->max_restarts > 0) && !launched) {
         // --nproc N: this same command, N times, under the launcher (which sets each rank's environment).
         launch::LaunchOptions lo;
         lo.nproc_per_node = pf->nproc;
+        lo.max_restarts = pf->max_restarts;
         lo.master_port = 0;
         if (!pf->bind.empty()) lo.bind = launch::parse_bind(pf->bind);
         lo.command = {self_exe(), "train"};

@@ -1,5 +1,6 @@
 // trident: one binary, thin: parses the command line, then calls the library.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@ void set_exit_code(int code) { g_exit_code = code; }
 
 int main(int argc, char** argv) {
   using namespace trident::cli;
+  // A file size limit (RLIMIT_FSIZE) reached by a checkpoint or cache write is an error naming the file
+  // (EFBIG), not a silent death by SIGXFSZ. Ranks started by the launcher run this main too.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"trident: distributed training with data, tensor and pipeline parallelism", "trident"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "trident 0.1.0");

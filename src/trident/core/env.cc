@@ -17,6 +17,10 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_ALGO", "", "force one algorithm for every collective that has it (e.g. ring, rd, direct, tree)"},
       {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
       {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
+      {"TRIDENT_RESTART_COUNT", "0",
+       "how many times trident launch --max-restarts has restarted this job (set by it; with TORCHELASTIC_RESTART_COUNT); "
+       "round N > 0 rendezvouses under the store prefix restart<N>/"},
+      {"TRIDENT_MAX_RESTARTS", "0", "the job's --max-restarts (set by trident launch); > 0 makes train's resume default auto"},
       {"TRIDENT_SHM_RING_BYTES", "0", "bytes of each shared-memory channel between two ranks (0: 4M up to 4 local ranks, 1M beyond)"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
@@ -40,6 +44,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
       {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},
       {"TRIDENT_TEST_VERBOSE", "0", "tests only: 1 = the bf16 storage test prints its measured figures"},
+      {"TRIDENT_TEST_KILL_AT", "",
+       "tests only: RANK:STEP = train's rank RANK SIGKILLs itself at the start of step STEP in the job's first round "
+       "(TRIDENT_RESTART_COUNT 0)"},
       {"TRIDENT_SHARED_DIR", "", "tests only: the shared test-data folder (default: the source tree's ../shared)"},
   };
   return params;
@@ -172,6 +179,8 @@ std::string transport() {
 std::string algo() { return param_string("TRIDENT_ALGO"); }
 std::string store_token() { return param_string("TRIDENT_STORE_TOKEN"); }
 bool store_hosted() { return param_bool("TRIDENT_STORE_HOSTED"); }
+int restart_count() { return static_cast<int>(param_size("TRIDENT_RESTART_COUNT")); }
+int max_restarts() { return static_cast<int>(param_size("TRIDENT_MAX_RESTARTS")); }
 int64_t shm_ring_bytes() { return param_size("TRIDENT_SHM_RING_BYTES"); }
 int64_t chunk_bytes() { return param_size("TRIDENT_CHUNK_BYTES"); }
 int64_t tcp_sockbuf() { return param_size("TRIDENT_TCP_SOCKBUF"); }

@@ -47,6 +47,8 @@ std::string transport();          // TRIDENT_TRANSPORT: auto|shm|tcp
 std::string algo();               // TRIDENT_ALGO: forces an algorithm for every collective ("" = auto)
 std::string store_token();        // TRIDENT_STORE_TOKEN
 bool store_hosted();              // TRIDENT_STORE_HOSTED: the launcher hosts the store (rank 0 does not)
+int restart_count();              // TRIDENT_RESTART_COUNT: the launcher's restart round of this job (0: first)
+int max_restarts();               // TRIDENT_MAX_RESTARTS: the job's --max-restarts (0: none)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES (0: by local ranks)
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
 int64_t tcp_sockbuf();            // TRIDENT_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF of TCP connections (0: kernel maximum)

@@ -20,6 +20,7 @@ namespace {
 std::atomic<int64_t> g_fault_after{-1};
 std::atomic<int> g_fault_errno{0};
 std::atomic<int> g_rename_fault{0};
+std::atomic<int> g_fsync_fault{0};
 
 std::string parent_dir(const std::string& path) {
   auto p = std::filesystem::path(path).parent_path();
@@ -33,6 +34,7 @@ void set_write_fault(int64_t fail_after_bytes, int err) {
   g_fault_after = fail_after_bytes;
 }
 void set_rename_fault(int err) { g_rename_fault = err; }
+void set_fsync_fault(int err) { g_fsync_fault = err; }
 }  // namespace testing
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
@@ -121,23 +123,45 @@ void fsync_dir(const std::string& dir) {
 }
 
 uint64_t atomic_write_file(const std::string& path, const std::function<void(FileWriter&)>& fill,
-                           const std::string& previous_note) {
+                           const std::string& previous_note, uint64_t expected_bytes) {
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     int e = errno;
+    if (e == ENOSPC || e == EDQUOT) {
+      TRIDENT_THROW(IoError, "no space left on device to create '{}'{}; {}; free some space and retry", tmp,
+                    expected_bytes > 0 ? fmt::format(" (it needs {} bytes)", expected_bytes) : std::string(),
+                    previous_note);
+    }
     TRIDENT_THROW(IoError, "cannot create '{}': {}; {}", tmp, detail::errno_string(e), previous_note);
   }
+  FileWriter w(fd, tmp);
   auto fail = [&](int e, const char* stage) {
     ::close(fd);
     ::unlink(tmp.c_str());
+    const std::string size = expected_bytes > 0
+                                 ? fmt::format("the file needs {} bytes, {} were written", expected_bytes,
+                                               w.bytes_written())
+                                 : fmt::format("{} bytes were written before it failed", w.bytes_written());
     if (e == ENOSPC || e == EDQUOT) {
-      TRIDENT_THROW(IoError, "no space left on device while writing '{}' ({}); {}; free some space and retry", path,
-                    stage, previous_note);
+      TRIDENT_THROW(IoError, "no space left on device while writing '{}' ({}; {}); {}; free some space and retry",
+                    path, stage, size, previous_note);
     }
-    TRIDENT_THROW(IoError, "cannot write '{}' ({}): {}; {}", path, stage, detail::errno_string(e), previous_note);
+    if (e == EFBIG) {
+      TRIDENT_THROW(IoError,
+                    "file size limit reached while writing '{}' ({}; {}): the process may not write files that "
+                    "large (RLIMIT_FSIZE, `ulimit -f`); {}; raise the limit and retry",
+                    path, stage, size, previous_note);
+    }
+    TRIDENT_THROW(IoError, "cannot write '{}' ({}; {}): {}; {}", path, stage, size, detail::errno_string(e),
+                  previous_note);
   };
-  FileWriter w(fd, tmp);
+  // Reserve the whole file first: a full disk or a size limit fails here, before any byte is written.
+  // File systems without fallocate (EOPNOTSUPP) are written as they are.
+  if (expected_bytes > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(expected_bytes)) != 0 &&
+      errno != EOPNOTSUPP && errno != ENOSYS) {
+    fail(errno, "reserving space");
+  }
   try {
     fill(w);
   } catch (const std::system_error& e) {
@@ -147,6 +171,9 @@ uint64_t atomic_write_file(const std::string& path, const std::function<void(Fil
     ::unlink(tmp.c_str());
     throw;
   }
+  if (expected_bytes > 0 && w.bytes_written() < expected_bytes && ::ftruncate(fd, static_cast<off_t>(w.bytes_written())) != 0)
+    fail(errno, "truncating the reservation");
+  if (const int fault = g_fsync_fault.exchange(0); fault != 0) fail(fault, "fsync");
   if (::fsync(fd) != 0) fail(errno, "fsync");
   if (::close(fd) != 0) {
     int e = errno;

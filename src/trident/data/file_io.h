@@ -46,11 +46,15 @@ class FileWriter {
   uint64_t hash_ = kFnvOffset;
 };
 
-// Writes `path` atomically (see the header comment). `what` names the file's role in error messages
-// (e.g. "checkpoint weights"). `previous_note` is appended to errors (e.g. "the previous checkpoint is intact").
-// Returns the FNV-1a 64 checksum of the bytes written.
+// Writes `path` atomically (see the header comment). `previous_note` is appended to errors (e.g. "the
+// previous checkpoint is intact"). `expected_bytes` (0: unknown) is the size `fill` will write: the space is
+// reserved first (fallocate, where the file system supports it), so a full disk or a file size limit fails
+// before any data is written, and errors name the bytes the file needs. A full disk (ENOSPC, EDQUOT) and the
+// file size limit (EFBIG: RLIMIT_FSIZE, `ulimit -f`; SIGXFSZ must be ignored to see it) are reported as such,
+// from write(2), fallocate and fsync alike. Returns the FNV-1a 64 checksum of the bytes written.
 uint64_t atomic_write_file(const std::string& path, const std::function<void(FileWriter&)>& fill,
-                           const std::string& previous_note = "the previous file, if any, is intact");
+                           const std::string& previous_note = "the previous file, if any, is intact",
+                           uint64_t expected_bytes = 0);
 
 // fsync a directory so that a rename inside it is durable.
 void fsync_dir(const std::string& dir);
@@ -82,6 +86,9 @@ namespace testing {
 void set_write_fault(int64_t fail_after_bytes, int err);
 // Test hook: the rename of the next atomic write fails with errno `err` (0 disables).
 void set_rename_fault(int err);
+// Test hook: the fsync of the next atomic write fails with errno `err` (0 disables), as a file system that
+// allocates late reports a full disk (ENOSPC) only when the data is flushed.
+void set_fsync_fault(int err);
 }  // namespace testing
 
 }  // namespace trident::io

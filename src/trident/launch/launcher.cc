@@ -159,13 +159,19 @@ void validate(const LaunchOptions& o) {
                 o.nnodes);
   TRIDENT_CHECK(!o.master_addr.empty(), InvalidArgument, "--master-addr is empty; give node 0's address");
   TRIDENT_CHECK(o.grace_seconds >= 0, InvalidArgument, "--grace-period {}: must be >= 0 seconds", o.grace_seconds);
+  TRIDENT_CHECK(o.max_restarts >= 0, InvalidArgument, "--max-restarts {}: must be >= 0 (0: no restarts)",
+                o.max_restarts);
+  TRIDENT_CHECK(o.max_restarts == 0 || o.nnodes == 1, InvalidArgument,
+                "--max-restarts {} with --nnodes {}: restarts are supported on a single node only; use --nnodes 1, "
+                "or --max-restarts 0 and restart the job from its checkpoint",
+                o.max_restarts, o.nnodes);
   if (!o.bind) default_bind();  // a bad TRIDENT_BIND is an error before anything starts
   TRIDENT_CHECK(!o.command.empty() && !o.command[0].empty(), InvalidArgument,
                 "no command to launch; usage: trident launch -n N [options] -- COMMAND [ARGS...]");
 }
 
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local_rank, int port,
-                                                                  const std::string& token) {
+                                                                  const std::string& token, int restart) {
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   return {
       {"RANK", std::to_string(rank)},
@@ -178,6 +184,10 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
       {"MASTER_PORT", std::to_string(port)},
       {"TRIDENT_STORE_TOKEN", token},
       {"TRIDENT_STORE_HOSTED", "1"},
+      {"TRIDENT_RESTART_COUNT", std::to_string(restart)},
+      {"TRIDENT_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
 }
 
@@ -290,33 +300,74 @@ int launch(const LaunchOptions& o) {
 
   const Bind bind = o.bind ? *o.bind : default_bind();
   const std::vector<int> allowed = bind == Bind::kNone ? std::vector<int>{} : allowed_cpus();
-  auto supervisor = std::make_unique<Supervisor>(sopts);
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    ChildSpec spec;
-    spec.cpus = rank_cpus(bind, allowed, local, o.nproc_per_node);
-    log_debug("launch", "trident launch: --bind {}: local rank {} on CPUs {}", bind_name(bind), local,
-              spec.cpus.empty() ? std::string("(inherited)") : fmt::format("{}", fmt::join(spec.cpus, ",")));
-    spec.argv = o.command;
-    spec.env = base_env;
-    for (const auto& [k, v] : rank_environment(o, local, port, token)) spec.env.push_back(k + "=" + v);
-    const int rank = o.node_rank * o.nproc_per_node + local;
-    if (o.tag_output) spec.tag = fmt::format("[rank {}] ", rank);
-    try {
-      supervisor->spawn(spec);
-    } catch (const IoError& e) {
-      print_error_line(fmt::format("trident launch: rank {}: {}", rank, e.what()));
-      supervisor->stop_all(SIGKILL);
-      supervisor->run();
+  // One round: start every local rank and supervise them until all have ended. Returns false when a rank
+  // could not be started (the others are stopped; `start_error` says why).
+  std::string start_error;
+  auto run_round = [&](int restart, SuperviseResult& result) {
+    auto supervisor = std::make_unique<Supervisor>(sopts);
+    for (int local = 0; local < o.nproc_per_node; ++local) {
+      ChildSpec spec;
+      spec.cpus = rank_cpus(bind, allowed, local, o.nproc_per_node);
+      log_debug("launch", "trident launch: --bind {}: local rank {} on CPUs {}", bind_name(bind), local,
+                spec.cpus.empty() ? std::string("(inherited)") : fmt::format("{}", fmt::join(spec.cpus, ",")));
+      spec.argv = o.command;
+      spec.env = base_env;
+      for (const auto& [k, v] : rank_environment(o, local, port, token, restart)) spec.env.push_back(k + "=" + v);
+      const int rank = o.node_rank * o.nproc_per_node + local;
+      if (o.tag_output) spec.tag = fmt::format("[rank {}] ", rank);
+      try {
+        supervisor->spawn(spec);
+      } catch (const IoError& e) {
+        start_error = fmt::format("rank {} could not be started", rank);
+        print_error_line(fmt::format("trident launch: rank {}: {}", rank, e.what()));
+        supervisor->stop_all(SIGKILL);
+        supervisor->run();
+        return false;
+      }
+    }
+    result = supervisor->run();
+    return true;  // the supervisor's destructor puts the default signal dispositions back
+  };
+  auto failure_report = [&](const SuperviseResult& result) {
+    const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
+    int stopped = 0;
+    for (const auto& r : result.children) stopped += r.sent_stop ? 1 : 0;
+    std::string line = "trident launch: " + describe_rank(c, result.first_failure);
+    if (stopped > 0) line += fmt::format("; stopped the other {} rank{}", stopped, stopped == 1 ? "" : "s");
+    return line;
+  };
+  auto output_tail = [&](const SuperviseResult& result) {
+    const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
+    std::string text;
+    if (c.tail.empty()) {
+      text = "; it printed nothing";
+    } else {
+      text = fmt::format("; its last {} line{} of output:", c.tail.size(), c.tail.size() == 1 ? "" : "s");
+    }
+    const int rank = o.node_rank * o.nproc_per_node + result.first_failure;
+    for (const auto& t : c.tail) text += fmt::format("\n[rank {}] {}", rank, t);
+    return text;
+  };
+
+  SuperviseResult result;
+  int restart = 0;
+  for (;; ++restart) {
+    if (!run_round(restart, result)) {
       if (link) {
-        publish(fmt::format("rank {} could not be started", rank));
+        publish(start_error);
         finish_node(*link, o, server != nullptr, timeout);
       }
       return 127;
     }
+    // A rank that failed on its own is restarted while restarts are left; a signal to the launcher is not a
+    // rank failure, and another node's failure cannot happen (restarts are single-node).
+    const bool restartable = result.first_failure >= 0 && result.received_signal == 0 && remote_failure.empty();
+    if (!restartable || restart >= o.max_restarts) break;
+    print_error_line(failure_report(result) +
+                     fmt::format("; restarting all {} rank{} (restart {} of {}){}", o.nproc_per_node,
+                                 o.nproc_per_node == 1 ? "" : "s", restart + 1, o.max_restarts,
+                                 output_tail(result)));
   }
-
-  SuperviseResult result = supervisor->run();
-  supervisor.reset();  // the default signal dispositions are back
   if (link) {
     if (!published && result.first_failure >= 0) {
       publish(describe_rank(result.children[static_cast<size_t>(result.first_failure)], result.first_failure));
@@ -332,16 +383,12 @@ int launch(const LaunchOptions& o) {
   for (const auto& c : result.children) stopped += c.sent_stop ? 1 : 0;
   if (result.first_failure >= 0) {
     const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
-    std::string line = "trident launch: " + describe_rank(c, result.first_failure);
-    if (stopped > 0) line += fmt::format("; stopped the other {} rank{}", stopped, stopped == 1 ? "" : "s");
-    if (c.tail.empty()) {
-      line += "; it printed nothing";
-    } else {
-      line += fmt::format("; its last {} line{} of output:", c.tail.size(), c.tail.size() == 1 ? "" : "s");
+    std::string line = failure_report(result);
+    if (o.max_restarts > 0) {
+      line += fmt::format("; no restart left (--max-restarts {}: restarted {} time{})", o.max_restarts, restart,
+                          restart == 1 ? "" : "s");
     }
-    const int rank = o.node_rank * o.nproc_per_node + result.first_failure;
-    for (const auto& t : c.tail) line += fmt::format("\n[rank {}] {}", rank, t);
-    print_error_line(line);
+    print_error_line(line + output_tail(result));
     if (c.exited) return c.exit_code != 0 ? c.exit_code : 1;
     if (c.term_signal != 0) return 128 + c.term_signal;
     return 1;
@@ -356,6 +403,10 @@ int launch(const LaunchOptions& o) {
     print_error_line(fmt::format("trident launch: node {} stopped {} rank{} because {}", o.node_rank, stopped,
                                  stopped == 1 ? "" : "s", remote_failure));
     return 1;
+  }
+  if (result.ok() && restart > 0) {
+    print_error_line(fmt::format("trident launch: every rank finished after {} restart{} (--max-restarts {})",
+                                 restart, restart == 1 ? "" : "s", o.max_restarts));
   }
   return result.ok() ? 0 : 1;
 }

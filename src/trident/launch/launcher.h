@@ -27,6 +27,14 @@
 // Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (the shm
 // all-reduce's timings then split into two modes). docs/PERFORMANCE-LOG.md "Shared-memory fast path" has the measurements.
 //
+// Restarts (--max-restarts N, torchrun's flag; single node): when a rank fails on its own (not when the
+// launcher itself is signalled), every rank is stopped as above and all of them are started again, up to N
+// times. Each round's ranks get TRIDENT_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT = the round (0 first),
+// and TRIDENT_MAX_RESTARTS / TORCHELASTIC_MAX_RESTARTS = N; round r > 0 rendezvouses under the store prefix
+// "restart<r>/" (connect_store), so no key of a failed round is visible to the next. The store, its port and
+// token stay the same across rounds. Each restart prints one line naming the failed rank, its cause and
+// "restart k of N"; when a rank fails with no restart left, the report below adds how many were used.
+//
 // Several nodes (nnodes > 1): one launcher per node, all given the same --nnodes, --master-addr,
 // --master-port and TRIDENT_STORE_TOKEN. Node 0 hosts the store; every launcher also connects to it (waiting
 // up to TRIDENT_TIMEOUT for node 0) and uses keys under "trident_launch/": the first node whose rank fails (or
@@ -73,15 +81,18 @@ struct LaunchOptions {
   bool tag_output = false;   // prefix every output line with "[rank R] "
   double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
   std::optional<Bind> bind;    // CPU binding of local ranks; unset: TRIDENT_BIND (default auto)
+  int max_restarts = 0;        // restart every rank up to this many times after a rank fails (single node)
   std::vector<std::string> command;  // program and arguments, run once per local rank
 };
 
 // Throws InvalidArgument naming the bad option and the fix.
 void validate(const LaunchOptions& options);
 
-// The variables launch() adds to the environment of local rank `local_rank` (port: the real store port).
+// The variables launch() adds to the environment of local rank `local_rank` in restart round `restart`
+// (port: the real store port).
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& options, int local_rank,
-                                                                  int port, const std::string& token);
+                                                                  int port, const std::string& token,
+                                                                  int restart = 0);
 
 // A fresh random 128-bit token as 32 lowercase hex digits.
 std::string random_token();

@@ -1,8 +1,12 @@
 #include "trident/train/checkpoint.h"
 
+#include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <utility>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -78,8 +82,10 @@ void check_finite_state(const nn::Model& model, const float* values, const Optim
 }
 }  // namespace
 
-uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
-                           const std::map<std::string, std::string>& metadata, const std::string& previous_note) {
+namespace {
+// The JSON header of a safetensors file of `tensors` (F32, contiguous in order), padded to a multiple of 8.
+std::string safetensors_header(const std::vector<TensorRef>& tensors, const std::map<std::string, std::string>& metadata,
+                               uint64_t* data_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -90,6 +96,20 @@ uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
+  *data_bytes = offset;
+  return h;
+}
+
+uint64_t safetensors_bytes(const std::vector<TensorRef>& tensors, const std::map<std::string, std::string>& metadata) {
+  uint64_t data = 0;
+  return 8 + safetensors_header(tensors, metadata, &data).size() + data;
+}
+}  // namespace
+
+uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
+                           const std::map<std::string, std::string>& metadata, const std::string& previous_note) {
+  uint64_t data = 0;
+  const std::string h = safetensors_header(tensors, metadata, &data);
   uint64_t n = h.size();
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
@@ -100,7 +120,7 @@ uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>
         w.write(h);
         for (const auto& t : tensors) w.write(t.data, static_cast<size_t>(numel(t.shape)) * 4);
       },
-      previous_note);
+      previous_note, 8 + n + data);
 }
 
 std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
@@ -189,19 +209,58 @@ std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::m
   return out;
 }
 
-std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
-                            const OptimizerState& opt, int keep) {
-  const float* values = model.param_data();
-  std::vector<float> host_values;  // a host copy of a model on another device
+CheckpointSnapshot snapshot_checkpoint(nn::Model& model, const CheckpointMeta& meta, const OptimizerState& opt) {
+  CheckpointSnapshot snap;
+  snap.meta = meta;
+  snap.parameters = model.parameters();
+  snap.model_kind = model.kind();
+  snap.values.resize(model.num_params());
   if (model.device() != kernels::Device::kCpu) {
-    host_values.resize(model.num_params());
-    kernels::device_ops(model.device()).to_host(host_values.data(), values, host_values.size() * sizeof(float));
-    values = host_values.data();
+    kernels::device_ops(model.device())
+        .to_host(snap.values.data(), model.param_data(), snap.values.size() * sizeof(float));
+  } else {
+    std::copy_n(model.param_data(), snap.values.size(), snap.values.data());
   }
-  check_finite_state(model, values, opt, meta.step);
+  if (opt.exp_avg != nullptr) {
+    if (opt.exp_avg->size() != model.num_params() || opt.exp_avg_sq == nullptr ||
+        opt.exp_avg_sq->size() != model.num_params()) {
+      TRIDENT_THROW(InvalidArgument, "optimizer state has {} elements, the model {}", opt.exp_avg->size(),
+                    model.num_params());
+    }
+    snap.exp_avg = *opt.exp_avg;
+    snap.exp_avg_sq = *opt.exp_avg_sq;
+  }
+  check_finite_state(model, snap.values.data(), opt, meta.step);
+  return snap;
+}
+
+namespace {
+// Folders a checkpoint write left behind when its process died mid-write (".ckpt-N.tmp.PID", ".ckpt-N.old.PID"
+// of a PID that no longer runs): never complete, never named by `latest`.
+void remove_abandoned_writes(const fs::path& out_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".ckpt-", 0) != 0) continue;
+    size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos) at = name.rfind(".old.");
+    if (at == std::string::npos) continue;
+    const std::string pid_text = name.substr(at + 5);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+}  // namespace
+
+std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapshot& snap, int keep) {
+  const CheckpointMeta& meta = snap.meta;
+  const float* values = snap.values.data();
+  const bool with_optimizer = !snap.exp_avg.empty();
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", out_dir, ec.message());
+  remove_abandoned_writes(out_dir);
   std::string prev;
   try {
     prev = find_checkpoint(out_dir);
@@ -212,56 +271,81 @@ std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const 
   std::string name = ckpt_name(meta.step);
   fs::path final_dir = fs::path(out_dir) / name;
   fs::path tmp_dir = fs::path(out_dir) / fmt::format(".{}.tmp.{}", name, ::getpid());
+
+  // What goes into the files, and how many bytes each will have.
+  const auto& params = snap.parameters;
+  std::vector<TensorRef> tensors;
+  bool has_head = false;
+  for (const auto& p : params) {
+    tensors.push_back({p.name, p.shape, values + p.offset});
+    has_head = has_head || p.name == "lm_head.weight";
+  }
+  std::map<std::string, std::string> md{{"format", "pt"}, {"producer", "trident"},
+                                        {"step", std::to_string(meta.step)}};
+  if (!has_head) {
+    for (const auto& p : params) {
+      if (p.name == "transformer.wte.weight" && snap.model_kind == "gpt") {
+        tensors.push_back({"lm_head.weight", p.shape, values + p.offset});
+        md["tied"] = "lm_head.weight=transformer.wte.weight";
+      }
+    }
+  }
+  std::vector<TensorRef> ot;
+  const std::map<std::string, std::string> omd{{"format", "pt"}, {"optimizer", "adamw"}};
+  if (with_optimizer) {
+    for (const auto& p : params) ot.push_back({"exp_avg." + p.name, p.shape, snap.exp_avg.data() + p.offset});
+    for (const auto& p : params) ot.push_back({"exp_avg_sq." + p.name, p.shape, snap.exp_avg_sq.data() + p.offset});
+  }
+  nlohmann::json files = nlohmann::json::object();
+  files[kModelFile] = {{"bytes", safetensors_bytes(tensors, md)}, {"fnv1a64", io::hex64(0)}};
+  if (with_optimizer) files[kOptimFile] = {{"bytes", safetensors_bytes(ot, omd)}, {"fnv1a64", io::hex64(0)}};
+  auto meta_json = [&] {
+    return nlohmann::json{{"format", "trident-checkpoint"},
+                          {"version", 1},
+                          {"step", meta.step},
+                          {"model", meta.model_config},
+                          {"tokenizer", meta.tokenizer},
+                          {"train_config", meta.train_config},
+                          {"sampler", meta.sampler},
+                          {"rng", meta.rng},
+                          {"trainer", meta.trainer},
+                          {"optimizer", {{"kind", "adamw"}, {"step", meta.optimizer_step}, {"present", with_optimizer}}},
+                          {"files", files}}
+               .dump(2) +
+           "\n";
+  };
+  // The checksums have a fixed width: the JSON's size is known before the files are written.
+  const uint64_t json_bytes = meta_json().size();
+  uint64_t needed = json_bytes;
+  for (const auto& [f, info] : files.items()) needed += info.at("bytes").get<uint64_t>();
+  // The whole checkpoint must fit beside the previous one (which stays until this one is complete).
+  struct statvfs vfs{};
+  if (::statvfs(out_dir.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < needed) {
+      std::string parts;
+      for (const auto& [f, info] : files.items()) parts += fmt::format("{} {}, ", f, info.at("bytes").get<uint64_t>());
+      TRIDENT_THROW(IoError,
+                    "no space for checkpoint {} in '{}': it needs {} bytes ({}{} {}) but the file system has {} bytes "
+                    "free; {}; free some space, lower keep_checkpoints, or choose another out_dir",
+                    name, out_dir, needed, parts, kMetaFile, json_bytes, free_bytes, note);
+    }
+  }
+
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   if (ec) TRIDENT_THROW(IoError, "cannot create '{}': {}; {}", tmp_dir.string(), ec.message(), note);
-
   try {
-    const auto& params = model.parameters();
-    std::vector<TensorRef> tensors;
-    bool has_head = false;
-    for (const auto& p : params) {
-      tensors.push_back({p.name, p.shape, values + p.offset});
-      has_head = has_head || p.name == "lm_head.weight";
-    }
-    std::map<std::string, std::string> md{{"format", "pt"}, {"producer", "trident"},
-                                          {"step", std::to_string(meta.step)}};
-    if (!has_head) {
-      for (const auto& p : params) {
-        if (p.name == "transformer.wte.weight" && model.kind() == "gpt") {
-          tensors.push_back({"lm_head.weight", p.shape, values + p.offset});
-          md["tied"] = "lm_head.weight=transformer.wte.weight";
-        }
-      }
-    }
-    nlohmann::json files = nlohmann::json::object();
     fs::path mpath = tmp_dir / kModelFile;
     uint64_t h = write_safetensors(mpath.string(), tensors, md, note);
     files[kModelFile] = {{"bytes", fs::file_size(mpath)}, {"fnv1a64", io::hex64(h)}};
-    if (opt.exp_avg != nullptr) {
-      if (opt.exp_avg->size() != model.num_params() || opt.exp_avg_sq->size() != model.num_params()) {
-        TRIDENT_THROW(InvalidArgument, "optimizer state has {} elements, the model {}", opt.exp_avg->size(),
-                      model.num_params());
-      }
-      std::vector<TensorRef> ot;
-      for (const auto& p : params) ot.push_back({"exp_avg." + p.name, p.shape, opt.exp_avg->data() + p.offset});
-      for (const auto& p : params) ot.push_back({"exp_avg_sq." + p.name, p.shape, opt.exp_avg_sq->data() + p.offset});
+    if (with_optimizer) {
       fs::path opath = tmp_dir / kOptimFile;
-      uint64_t oh = write_safetensors(opath.string(), ot, {{"format", "pt"}, {"optimizer", "adamw"}}, note);
+      uint64_t oh = write_safetensors(opath.string(), ot, omd, note);
       files[kOptimFile] = {{"bytes", fs::file_size(opath)}, {"fnv1a64", io::hex64(oh)}};
     }
-    nlohmann::json j{{"format", "trident-checkpoint"},
-                     {"version", 1},
-                     {"step", meta.step},
-                     {"model", meta.model_config},
-                     {"tokenizer", meta.tokenizer},
-                     {"train_config", meta.train_config},
-                     {"sampler", meta.sampler},
-                     {"rng", meta.rng},
-                     {"trainer", meta.trainer},
-                     {"optimizer", {{"kind", "adamw"}, {"step", meta.optimizer_step}, {"present", opt.exp_avg != nullptr}}},
-                     {"files", files}};
-    io::atomic_write_file((tmp_dir / kMetaFile).string(), [&](io::FileWriter& w) { w.write(j.dump(2) + "\n"); }, note);
+    const std::string j = meta_json();
+    io::atomic_write_file((tmp_dir / kMetaFile).string(), [&](io::FileWriter& w) { w.write(j); }, note, j.size());
     io::fsync_dir(tmp_dir.string());
 
     // Move into place. Re-saving an existing step replaces it (the old one is moved aside first).
@@ -295,6 +379,41 @@ std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const 
   int excess = static_cast<int>(others.size()) - (std::max(keep, 1) - 1);
   for (int i = 0; i < excess; ++i) fs::remove_all(others[static_cast<size_t>(i)].second, ec);
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
+                            const OptimizerState& opt, int keep) {
+  return write_checkpoint(out_dir, snapshot_checkpoint(model, meta, opt), keep);
+}
+
+std::string checkpoint_dir(const std::string& out_dir, int64_t step) {
+  return (fs::path(out_dir) / ckpt_name(step)).string();
+}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    log_error("checkpoint write failed: {}", e.what());
+  }
+}
+
+std::string AsyncCheckpointWriter::submit(std::string out_dir, CheckpointSnapshot snap, int keep) {
+  wait();
+  std::string dir = checkpoint_dir(out_dir, snap.meta.step);
+  thread_ = std::thread([this, out_dir = std::move(out_dir), snap = std::move(snap), keep] {
+    try {
+      write_checkpoint(out_dir, snap, keep);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+  return dir;
+}
+
+void AsyncCheckpointWriter::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 std::string find_checkpoint(const std::string& path) {

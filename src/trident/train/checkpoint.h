@@ -12,14 +12,27 @@
 // A checkpoint is built in a hidden temporary folder (every file fsync'ed), renamed into place, the folder
 // fsync'ed, and only then is `latest` replaced (atomically) and older checkpoints beyond `keep` removed.
 // A crash or a full disk at any point leaves the previous checkpoint intact and `latest` naming it.
+// Before writing, the file system must have room for the whole checkpoint (statvfs; the previous one stays
+// until the new one is complete), and each file's space is reserved before its bytes are written: a full
+// disk or a file size limit (RLIMIT_FSIZE) fails with an IoError naming the path and the bytes it needs.
+// Folders left by a writer that died mid-write (".ckpt-N.tmp.PID" of a PID no longer running) are removed
+// by the next write.
 //
-// Ownership: functions copy what they need; no state. Blocking: synchronous file I/O.
-// Thread-safety: do not save into one out_dir from two threads. No timeouts (local files).
+// Asynchronous writes: snapshot_checkpoint copies what a checkpoint holds (weights, moments, metadata) into
+// memory, and AsyncCheckpointWriter writes that snapshot on a thread while training goes on. Memory: one
+// more host copy of the parameters and (with optimizer state) of both AdamW moments while a write runs.
+//
+// Ownership: functions copy what they need; AsyncCheckpointWriter owns its thread and the snapshot being
+// written. Blocking: synchronous file I/O, except AsyncCheckpointWriter::submit, which waits only for the
+// previous write. Thread-safety: do not save into one out_dir from two threads or writers. No timeouts
+// (local files).
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -73,6 +86,41 @@ struct OptimizerState {
 // not finite.
 std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,
                             const OptimizerState& opt, int keep = 1);
+
+// What a checkpoint holds, owned: training may change the model while a snapshot is written.
+struct CheckpointSnapshot {
+  CheckpointMeta meta;
+  std::vector<nn::Parameter> parameters;   // names, shapes and offsets into `values`
+  std::string model_kind;                  // Model::kind() ("gpt": a tied head is written as lm_head.weight)
+  std::vector<float> values;               // the model's flat parameters, on the host
+  std::vector<float> exp_avg, exp_avg_sq;  // AdamW moments, model layout; empty: no optimizer state
+};
+// Copies the model (from its device) and the moments; InvalidArgument when a value or moment is not finite
+// or the moments do not match the model.
+CheckpointSnapshot snapshot_checkpoint(nn::Model& model, const CheckpointMeta& meta, const OptimizerState& opt);
+// Writes a snapshot as ckpt-<meta.step> in out_dir (as save_checkpoint); returns the folder.
+std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapshot& snapshot, int keep = 1);
+// The folder the checkpoint of `step` has in out_dir.
+std::string checkpoint_dir(const std::string& out_dir, int64_t step);
+
+// Writes checkpoints on a background thread, one at a time. An error of a write is rethrown by the next
+// submit() or wait(); the destructor waits and logs an error it can no longer throw.
+class AsyncCheckpointWriter {
+ public:
+  AsyncCheckpointWriter() = default;
+  ~AsyncCheckpointWriter();
+  AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+  AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+  // Waits for the write in flight (rethrowing its error), then starts writing `snapshot`; returns the folder
+  // it will have once complete.
+  std::string submit(std::string out_dir, CheckpointSnapshot snapshot, int keep);
+  // Blocks until the write in flight, if any, is complete; rethrows its error (once).
+  void wait();
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+};
 
 // Finds a checkpoint folder from a path that is a checkpoint folder, its checkpoint.json, an out_dir or the
 // out_dir's `latest` file (for both: the folder `latest` names, else the highest-step ckpt-* folder).

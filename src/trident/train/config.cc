@@ -14,7 +14,7 @@ namespace trident::train {
 namespace {
 
 using Member = std::variant<int TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
-                            std::string TrainConfig::*>;
+                            std::string TrainConfig::*, Resume TrainConfig::*>;
 
 struct Key {
   const char* name;
@@ -41,7 +41,11 @@ const std::vector<Key>& keys() {
       {"always_save_checkpoint", &TrainConfig::always_save_checkpoint, "", "save at every evaluation"},
       {"checkpoint_interval", &TrainConfig::checkpoint_interval, ">=0", "also save every N steps (0: off)"},
       {"keep_checkpoints", &TrainConfig::keep_checkpoints, ">=1", "checkpoints kept in out_dir"},
-      {"resume", &TrainConfig::resume, "", "continue from the latest checkpoint in out_dir"},
+      {"async_checkpoint", &TrainConfig::async_checkpoint, "",
+       "write checkpoints on a thread from an in-memory copy while training goes on (false: in the step)"},
+      {"resume", &TrainConfig::resume, "",
+       "continue from the latest checkpoint in out_dir (auto: when there is one, else start fresh; the default "
+       "under trident launch --max-restarts)"},
       {"init_from", &TrainConfig::init_from, "",
        "checkpoint (folder or out_dir) whose weights start this run, e.g. an imported GPT-2 (not with resume)"},
       {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
@@ -136,6 +140,7 @@ const char* type_name(const Member& m) {
     case 1: return "int";
     case 2: return "float";
     case 3: return "bool";
+    case 5: return "bool|auto";
     default: return "string";
   }
 }
@@ -150,6 +155,7 @@ std::string want_text(const Key& k) {
   std::string allowed = k.allowed;
   if (t == "string") return allowed.empty() ? "a string" : "one of " + allowed;
   if (t == "bool") return "a boolean (true/false, 1/0, yes/no, on/off)";
+  if (t == "bool|auto") return "a boolean (true/false, 1/0, yes/no, on/off) or auto";
   std::string what = t == "int" ? "an integer" : "a number";
   return allowed.empty() ? what : what + " " + allowed;
 }
@@ -208,6 +214,11 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
           bool b;
           if (!parse_bool(text, b)) bad_value(k, text, origin, want_text(k));
           cfg.*member = b;
+        } else if constexpr (std::is_same_v<T, Resume>) {
+          bool b;
+          if (text == "auto") cfg.*member = Resume::kAuto;
+          else if (parse_bool(text, b)) cfg.*member = b ? Resume::kYes : Resume::kNo;
+          else bad_value(k, text, origin, want_text(k));
         } else if constexpr (std::is_same_v<T, std::string>) {
           std::string allowed = k.allowed;
           if (!allowed.empty()) {
@@ -318,7 +329,16 @@ std::string config_help() {
 nlohmann::json TrainConfig::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& k : keys()) {
-    std::visit([&](auto member) { j[k.name] = this->*member; }, k.member);
+    std::visit(
+        [&](auto member) {
+          if constexpr (std::is_same_v<std::remove_reference_t<decltype(this->*member)>, const Resume>) {
+            const Resume r = this->*member;
+            j[k.name] = r == Resume::kAuto ? nlohmann::json("auto") : nlohmann::json(r == Resume::kYes);
+          } else {
+            j[k.name] = this->*member;
+          }
+        },
+        k.member);
   }
   return j;
 }
@@ -381,9 +401,10 @@ void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::str
     const Key& k = find_key(raw, origin);
     std::string type = type_name(k.member);
     std::string text;
-    if (type == "bool") {
-      if (!v.is_boolean()) bad_value(k, v.dump(), origin, want_text(k));
-      text = v.get<bool>() ? "true" : "false";
+    if (type == "bool" || type == "bool|auto") {
+      if (type == "bool|auto" && v == "auto") text = "auto";
+      else if (!v.is_boolean()) bad_value(k, v.dump(), origin, want_text(k));
+      else text = v.get<bool>() ? "true" : "false";
     } else if (type == "string") {
       if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
       text = v.get<std::string>();
@@ -417,8 +438,8 @@ void apply_config_file(TrainConfig& cfg, const std::string& path) {
   apply_config_json(cfg, j, "'" + path + "'");
 }
 
-TrainConfig parse_train_args(const std::vector<std::string>& args) {
-  TrainConfig cfg;
+TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainConfig& base) {
+  TrainConfig cfg = base;
   struct Item {
     std::string key, value;
     bool has_value;
@@ -449,9 +470,11 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
     if (!it.has_value) {
       bool dummy;
       bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
-      if (std::string(type_name(k.member)) == "bool") {
-        // A bare boolean flag means true; a following true/false literal is its value.
-        if (next_is_value && parse_bool(args[i + 1], dummy)) it.value = args[++i];
+      const std::string type = type_name(k.member);
+      if (type == "bool" || type == "bool|auto") {
+        // A bare boolean flag means true; a following true/false literal (or auto, where allowed) is its value.
+        if (next_is_value && (parse_bool(args[i + 1], dummy) || (type == "bool|auto" && args[i + 1] == "auto")))
+          it.value = args[++i];
         else it.value = "true";
       } else {
         if (i + 1 >= args.size()) {

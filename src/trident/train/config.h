@@ -18,6 +18,12 @@
 
 namespace trident::train {
 
+// Where a run starts: kNo = fresh (checkpoints it saves replace out_dir's), kYes = from out_dir's newest
+// complete checkpoint (an error when there is none), kAuto = from it when there is one, else fresh (the
+// default of a job under trident launch --max-restarts > 0, so a restarted round continues where the last
+// checkpoint left off). On the command line and in JSON: false | true | auto.
+enum class Resume { kNo, kYes, kAuto };
+
 struct TrainConfig {
   // I/O
   std::string out_dir = "out";
@@ -34,7 +40,8 @@ struct TrainConfig {
   bool always_save_checkpoint = false;
   int checkpoint_interval = 0;         // also save every N steps (0 = only on eval improvement and at the end)
   int keep_checkpoints = 1;            // completed checkpoints kept in out_dir (oldest removed first)
-  bool resume = false;                 // continue from the latest checkpoint in out_dir
+  bool async_checkpoint = true;        // write checkpoints on a thread from an in-memory snapshot
+  Resume resume = Resume::kNo;         // continue from the latest checkpoint in out_dir (false|true|auto)
   std::string init_from;               // start from this checkpoint's weights (fresh optimizer and data position)
   bool json = false;                   // stream metrics records to stdout instead of the progress line
   // model
@@ -112,9 +119,10 @@ void set_config_value(TrainConfig& cfg, const std::string& key, const std::strin
 void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin);
 // Reads a JSON config file and applies it.
 void apply_config_file(TrainConfig& cfg, const std::string& path);
-// Parses command-line arguments (everything after `trident train`): `--config FILE` is applied first,
-// then every `--key value` / `--key=value` in order; then validate().
-TrainConfig parse_train_args(const std::vector<std::string>& args);
+// Parses command-line arguments (everything after `trident train`) over `base` (default: the built-in
+// defaults): `--config FILE` is applied first, then every `--key value` / `--key=value` in order; then
+// validate().
+TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainConfig& base = TrainConfig());
 
 // The model config handed to nn::make_model. vocab_size is the tokenizer's rounded up to a multiple of
 // vocab_multiple (0: of tp, so that the vocabulary-parallel embedding splits evenly; Megatron's

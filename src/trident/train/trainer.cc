@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
+#include "trident/comm/store/rendezvous.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
 #include "trident/data/file_io.h"
@@ -35,6 +39,22 @@ std::string fmt_rate(double r) {
   if (r >= 1e6) return fmt::format("{:.2f}M", r / 1e6);
   if (r >= 1e3) return fmt::format("{:.1f}k", r / 1e3);
   return fmt::format("{:.0f}", r);
+}
+
+// TRIDENT_TEST_KILL_AT=RANK:STEP (tests only): the step at whose start this process SIGKILLs itself, when it
+// is world rank RANK in the first round of its job; -1 otherwise.
+int64_t test_kill_step() {
+  const std::string v = env::param_string("TRIDENT_TEST_KILL_AT");
+  if (v.empty() || env::restart_count() != 0) return -1;
+  const size_t colon = v.find(':');
+  int rank = -1;
+  int64_t step = -1;
+  const bool ok = colon != std::string::npos &&
+                  std::from_chars(v.data(), v.data() + colon, rank).ptr == v.data() + colon &&
+                  std::from_chars(v.data() + colon + 1, v.data() + v.size(), step).ptr == v.data() + v.size() &&
+                  rank >= 0 && step >= 0;
+  TRIDENT_CHECK(ok, InvalidArgument, "TRIDENT_TEST_KILL_AT='{}': expected RANK:STEP, e.g. 2:7", v);
+  return rank == rendezvous_from_env().rank ? step : -1;
 }
 
 // Keys whose change makes a checkpoint unusable for --resume (the model and what defines the batches).
@@ -73,15 +93,20 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   if (cfg_.threads > 0) kernels::cpu::set_num_threads(cfg_.threads);
 
   std::optional<LoadedCheckpoint> ckpt;
-  if (cfg_.resume) {
+  if (cfg_.resume != Resume::kNo) {
     std::string dir = fs::is_directory(cfg_.out_dir) ? find_checkpoint(cfg_.out_dir) : std::string();
-    if (dir.empty()) {
-      TRIDENT_THROW(InvalidArgument, "--resume: no checkpoint in out_dir '{}'; train without --resume first",
+    if (dir.empty() && cfg_.resume == Resume::kYes) {
+      TRIDENT_THROW(InvalidArgument,
+                    "--resume: no checkpoint in out_dir '{}'; train without --resume first (or --resume auto to "
+                    "start fresh when there is none)",
                     cfg_.out_dir);
     }
-    ckpt = load_checkpoint(dir, true);
-    check_resume_compatible(cfg_, ckpt->meta.train_config, dir);
+    if (!dir.empty()) {
+      ckpt = load_checkpoint(dir, true);
+      check_resume_compatible(cfg_, ckpt->meta.train_config, dir);
+    }
   }
+  resumed_ = ckpt.has_value();
   // init_from: only the weights (and the model's padded vocabulary) of another checkpoint.
   std::optional<LoadedCheckpoint> init;
   if (!cfg_.init_from.empty() && !ckpt) {
@@ -271,8 +296,12 @@ std::string Trainer::save(int64_t step) {
                   {"train_tokens", tokens_before_ + run_tokens_},
                   {"source_checksum", io::hex64(dataset_->source_checksum())}};
   OptimizerState os{view.exp_avg, view.exp_avg_sq};
-  return save_checkpoint(cfg_.out_dir, *view.model, meta, os, cfg_.keep_checkpoints);
+  if (!cfg_.async_checkpoint) return save_checkpoint(cfg_.out_dir, *view.model, meta, os, cfg_.keep_checkpoints);
+  // The snapshot is taken now (training goes on and changes the model); the files are written meanwhile.
+  return writer_.submit(cfg_.out_dir, snapshot_checkpoint(*view.model, meta, os), cfg_.keep_checkpoints);
 }
+
+void Trainer::wait_for_checkpoint() { writer_.wait(); }
 
 TrainResult Trainer::run() {
   TrainResult res;
@@ -280,7 +309,8 @@ TrainResult Trainer::run() {
   const double tokens_per_step = static_cast<double>(B) * T * accum * hooks_.world;
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   int64_t it = start_step_;
-  int64_t last_saved = cfg_.resume ? start_step_ : -1;
+  int64_t last_saved = resumed_ ? start_step_ : -1;
+  const int64_t kill_at = test_kill_step();
   if (hooks_.on_ready) hooks_.on_ready(*model_);
   double ema_step = 0;
   run_seconds_ = 0;
@@ -315,6 +345,7 @@ TrainResult Trainer::run() {
       }
     }
     if (cfg_.eval_only || it >= cfg_.max_iters) break;
+    if (it == kill_at) ::kill(::getpid(), SIGKILL);
 
     const Clock::time_point t0 = Clock::now();
     double lr = cfg_.decay_lr ? optim::lr_at(static_cast<int>(it), cfg_.warmup_iters, cfg_.lr_decay_iters,
@@ -374,6 +405,7 @@ TrainResult Trainer::run() {
   close_line();
   res.steps = it;
   if (!cfg_.eval_only && last_saved != it && cfg_.max_iters > 0) res.last_checkpoint = save(it);
+  writer_.wait();  // the last checkpoint is complete (or its error thrown) before the run reports it
   // Tokens/s of this call's training steps (evaluation and checkpoints not counted).
   res.tokens_per_s = run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0;
 

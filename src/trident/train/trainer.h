@@ -12,6 +12,12 @@
 // the checkpoint at step s replays steps s.. exactly as the uninterrupted run, provided the model's kernels
 // are deterministic for a fixed thread count.
 //
+// Checkpoints (async_checkpoint, the default): the state is copied in memory at the step and written by a
+// thread while the next steps run; the next checkpoint and the end of run() wait for the write. Resume
+// (resume = true, or auto when out_dir has a checkpoint) continues from out_dir's newest complete
+// checkpoint: the same batches, learning-rate step, optimizer moments and step count, so the continuation
+// is bitwise the uninterrupted run at a fixed layout (CPU, float32, fixed thread count).
+//
 // Data parallelism: batch_size is per rank; rank r takes windows [r*B, r*B+B) of the global batch of
 // world*B (so N ranks see exactly the windows of one process with batch N*B). Hooks average scalars.
 //
@@ -146,7 +152,11 @@ class Trainer {
   int64_t start_step() const { return start_step_; }
   // Mean loss over eval_iters random batches of a split at `step` (nanoGPT's estimate_loss).
   double estimate_loss(data::Split split, int64_t step);
+  // Saves the checkpoint of `step` (every rank calls it; the writer writes); returns its folder. With
+  // async_checkpoint the files are written on a thread: the next save, wait_for_checkpoint() and the end of
+  // run() wait for it (and rethrow its error).
   std::string save(int64_t step);
+  void wait_for_checkpoint();
   // Appends a record to the metrics file (and stdout with json=true); rank 0 only, like every record.
   void emit_record(const nlohmann::json& rec) { emit(rec); }
 
@@ -165,6 +175,7 @@ class Trainer {
   std::unique_ptr<data::TrainSampler> sampler_;
   std::unique_ptr<data::RandomWindowSampler> eval_train_, eval_val_;
   int64_t start_step_ = 0;
+  bool resumed_ = false;        // started from a checkpoint (resume true, or auto with one present)
   int64_t evaluated_at_ = -1;
   double best_val_ = 1e9;
   double elapsed_before_ = 0;   // training seconds of earlier (resumed) runs
@@ -175,6 +186,7 @@ class Trainer {
   bool tty_ = false;
   bool line_open_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
+  AsyncCheckpointWriter writer_;
 };
 
 // `trident eval`: mean loss over the first K non-overlapping windows of a split (window i: inputs

@@ -247,7 +247,7 @@ TEST_F(ModelParallel, CheckpointCrossesLayouts) {
   TrainConfig e = a;
   e.tp = 1;
   e.pp = 1;
-  e.resume = true;
+  e.resume = train::Resume::kYes;
   e.eval_only = true;
   Outcome e1 = single(e, d + "-e1.json");
   e.pp = 2;
@@ -260,7 +260,7 @@ TEST_F(ModelParallel, CheckpointCrossesLayouts) {
   r.tp = 1;
   r.pp = 2;
   r.microbatches = 2;
-  r.resume = true;
+  r.resume = train::Resume::kYes;
   r.max_iters = kSteps;
   r.eval_interval = 1000;
   r.checkpoint_interval = 0;

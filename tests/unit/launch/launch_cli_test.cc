@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "process_runner.h"
+#include "trident/comm/store/rendezvous.h"
 #include "trident/comm/store/tcp_store.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
@@ -372,6 +375,67 @@ TEST(Launch, BadFlagsAreClearErrors) {
   }
 }
 
+TEST(Launch, MaxRestartsStartsEveryRankAgainAfterAFailure) {
+  // Round 0: rank 1 fails while the others sleep (they are stopped); round 1: every rank succeeds.
+  const char* cmd =
+      "echo pid $$; echo round=$TRIDENT_RESTART_COUNT elastic=$TORCHELASTIC_RESTART_COUNT "
+      "max=$TRIDENT_MAX_RESTARTS/$TORCHELASTIC_MAX_RESTARTS rank=$RANK; "
+      "if [ $TRIDENT_RESTART_COUNT = 0 ]; then if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60; fi";
+  Outcome o = run_launch({"-n", "3", "--max-restarts", "2", "--master-port", "0", "--", "sh", "-c", cmd});
+  ASSERT_TRUE(o.finished) << o.err;
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  const std::string report = line_starting(o.err, "trident launch: rank 1 (pid ");
+  EXPECT_NE(report.find("exited with code 7; stopped the other 2 ranks; restarting all 3 ranks (restart 1 of 2)"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("trident launch: every rank finished after 1 restart (--max-restarts 2)"), std::string::npos)
+      << o.err;
+  // (Ranks 0 and 2 of round 0 may be stopped before they print.)
+  EXPECT_NE(o.out.find("round=0 elastic=0 max=2/2 rank=1"), std::string::npos) << o.out;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(o.out.find(fmt::format("round=1 elastic=1 max=2/2 rank={}", r)), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("round=2"), std::string::npos) << o.out;
+  expect_all_gone(printed_pids(o.out));
+}
+
+TEST(Launch, RestartsAreBoundedAndTheLastFailureIsNamed) {
+  // Rank 2 fails in every round: 1 + 2 rounds, then the launcher gives up with rank 2's exit code.
+  const char* cmd = "echo pid $$; echo start round=$TRIDENT_RESTART_COUNT rank=$RANK; "
+                    "if [ $RANK = 2 ]; then exit 3; fi; exec sleep 60";
+  Outcome o = run_launch({"-n", "3", "--max-restarts", "2", "--master-port", "0", "--", "sh", "-c", cmd});
+  ASSERT_TRUE(o.finished) << o.err;
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_NE(o.err.find("(restart 1 of 2)"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("(restart 2 of 2)"), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("(restart 3 of 2)"), std::string::npos) << o.err;
+  std::vector<std::string> reports;
+  for (const auto& line : split_lines(o.err))
+    if (line.rfind("trident launch: rank 2 (pid ", 0) == 0) reports.push_back(line);
+  ASSERT_EQ(reports.size(), 3u) << o.err;
+  EXPECT_NE(reports.back().find("exited with code 3; stopped the other 2 ranks; no restart left (--max-restarts 2: "
+                                "restarted 2 times)"),
+            std::string::npos)
+      << o.err;
+  for (int round = 0; round < 3; ++round)
+    EXPECT_NE(o.out.find(fmt::format("start round={} rank=2", round)), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("start round=3"), std::string::npos) << o.out;
+  expect_all_gone(printed_pids(o.out));
+  // Without --max-restarts the first failure ends the job, as before.
+  Outcome once = run_launch({"-n", "2", "--master-port", "0", "--", "sh", "-c", "exit 4"});
+  EXPECT_EQ(once.exit_code, 4) << once.err;
+  EXPECT_EQ(once.err.find("restart"), std::string::npos) << once.err;
+}
+
+TEST(Launch, BadMaxRestartsIsAClearError) {
+  Outcome neg = run_launch({"--max-restarts", "-1", "--", "true"});
+  EXPECT_NE(neg.exit_code, 0);
+  EXPECT_NE(neg.err.find("--max-restarts -1: must be >= 0"), std::string::npos) << neg.err;
+  Outcome nodes = run_launch({"--nnodes", "2", "--max-restarts", "1", "--", "true"}, {"TRIDENT_STORE_TOKEN=x"});
+  EXPECT_NE(nodes.exit_code, 0);
+  EXPECT_NE(nodes.err.find("restarts are supported on a single node only"), std::string::npos) << nodes.err;
+  EXPECT_EQ(neg.out + nodes.out, "");
+}
+
 // --- A rank that is a real store client: this test binary re-executed under the launcher. ---
 
 std::string self_exe() {
@@ -390,6 +454,20 @@ TEST(Launch, RanksReachTheLauncherHostedStoreWithTheirToken) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(o.out.find("store-ok rank=" + std::to_string(r) + " world=3 sum=3"), std::string::npos) << o.out;
   }
+}
+
+TEST(Launch, EachRestartRoundRendezvousesInAFreshStoreNamespace) {
+  // Every rank counts itself in under the same key in each round; rank 1 fails after round 0 is complete.
+  // Round 1 must count 3, not 6: the keys of round 0 are not visible to it.
+  Outcome o = run_launch({"-n", "3", "--max-restarts", "1", "--master-port", "0", "--", self_exe(),
+                          "--gtest_also_run_disabled_tests", "--gtest_filter=LaunchChildProcess.DISABLED_StoreClient"},
+                         {"TRIDENT_LAUNCH_TEST_CHILD=rounds"});
+  ASSERT_TRUE(o.finished) << o.err;
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (int round = 0; round < 2; ++round)
+    for (int r = 0; r < 3; ++r)
+      EXPECT_NE(o.out.find(fmt::format("rounds round={} rank={} joined=3", round, r)), std::string::npos) << o.out;
+  EXPECT_NE(o.err.find("restart 1 of 1"), std::string::npos) << o.err;
 }
 
 TEST(Launch, StoreRefusesAWrongToken) {
@@ -484,6 +562,26 @@ TEST(LaunchChildProcess, DISABLED_StoreClient) {
   if (std::string(mode) == "badtoken") {
     EXPECT_THROW(trident::TCPStore(addr, port, token + "-wrong", trident::Seconds(5.0)), trident::StoreError);
     std::printf("store-refused rank=%d\n", rank);
+    return;
+  }
+  if (mode == "rounds") {
+    // Through connect_store, as every rank's process group rendezvouses.
+    auto store = trident::connect_store(trident::rendezvous_from_env(), trident::Seconds(20.0));
+    const int round = trident::env::restart_count();
+    store->add("joined", 1);
+    int64_t joined = store->add("joined", 0);
+    while (joined < world) {
+      ::usleep(10000);
+      joined = store->add("joined", 0);
+    }
+    std::printf("rounds round=%d rank=%d joined=%lld\n", round, rank, static_cast<long long>(joined));
+    std::fflush(stdout);
+    if (round == 0 && rank == 1) {
+      while (store->add("printed", 0) < world - 1) ::usleep(10000);  // the others have reported round 0
+      std::_Exit(5);
+    }
+    store->add("printed", 1);
+    if (round == 0) ::sleep(60);  // stopped by the launcher
     return;
   }
   trident::TCPStore store(addr, port, token, trident::Seconds(20.0));

@@ -3,9 +3,17 @@
 
 #include "harness/temp_dir.h"
 #include "harness/skip.h"
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -342,4 +350,214 @@ TEST(Checkpoint, RetentionKeepsTheNewest) {
   EXPECT_FALSE(fs::exists(d.path / "ckpt-00000004"));
   EXPECT_FALSE(fs::exists(d.path / "ckpt-00000002"));
   EXPECT_EQ(find_checkpoint(d.path.string()), (d.path / "ckpt-00000001").string());
+}
+
+// --- A full disk and a file size limit, for real (not injected) ------------------------------------------
+
+namespace {
+// Runs `body` in a forked child and returns what it printed to the pipe and its exit code.
+std::pair<std::string, int> in_child(const std::function<int(int out_fd)>& body) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {"pipe failed", -1};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    int code = 1;
+    try {
+      code = body(fds[1]);
+    } catch (...) {
+    }
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {text, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
+}
+
+void put(int fd, const std::string& s) { [[maybe_unused]] ssize_t n = ::write(fd, s.data(), s.size()); }
+
+void expect_previous_loadable(const std::string& out, const std::string& first, const std::vector<float>& saved) {
+  EXPECT_EQ(find_checkpoint(out), first);
+  auto ck = load_checkpoint(first);
+  auto m2 = tiny_gpt(9);
+  load_weights(*m2, ck.weights, first);
+  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(m2->param_data()[i], saved[i]) << i;
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+}  // namespace
+
+TEST(CheckpointFullDisk, FileSizeLimitFailsNamingThePathAndBytesAndKeepsThePreviousCheckpoint) {
+  TempDir d;
+  auto m = tiny_gpt(5);
+  std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
+  const std::string out = d.path.string();
+  const std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
+  const std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
+  const uint64_t model_bytes = fs::file_size(fs::path(first) / "model.safetensors");
+  for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  // The child may not write files larger than half the weights file (RLIMIT_FSIZE, as `ulimit -f`).
+  auto [message, code] = in_child([&](int fd) {
+    ::signal(SIGXFSZ, SIG_IGN);  // as the trident CLI does: EFBIG instead of death by SIGXFSZ
+    struct rlimit lim{model_bytes / 2, model_bytes / 2};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 3;
+    try {
+      save_checkpoint(out, *m, meta_for(*m, 10), {&ea, &es});
+    } catch (const IoError& e) {
+      put(fd, e.what());
+      return 0;
+    }
+    return 2;  // no error
+  });
+  ASSERT_EQ(code, 0) << "child exit " << code << ": " << message;
+  EXPECT_CONTAINS(message, "file size limit reached while writing '");
+  EXPECT_CONTAINS(message, "ckpt-00000010.tmp.");
+  EXPECT_CONTAINS(message, "model.safetensors");
+  EXPECT_CONTAINS(message, fmt::format("the file needs {} bytes", model_bytes));
+  EXPECT_CONTAINS(message, "RLIMIT_FSIZE");
+  EXPECT_CONTAINS(message, "the previous checkpoint " + first + " is intact");
+  expect_previous_loadable(out, first, saved);
+}
+
+TEST(CheckpointFullDisk, SmallTmpfsFailsNamingThePathAndBytesAndKeepsThePreviousCheckpoint) {
+  // A private mount namespace with a 64 KiB tmpfs (root or CAP_SYS_ADMIN; skipped where mounting is refused).
+  TempDir d;
+  auto [message, code] = in_child([&](int fd) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", d.path.c_str(), "tmpfs", 0, "size=64k") != 0) {
+      put(fd, std::string("cannot mount a tmpfs: ") + std::strerror(errno));
+      return 77;
+    }
+    const std::string out = (d.path / "out").string();
+    auto m = tiny_gpt(5);
+    std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
+    const std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
+    const std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
+    uint64_t ckpt_bytes = 0;
+    for (const auto& e : fs::directory_iterator(first)) ckpt_bytes += fs::file_size(e.path());
+    // Fill the file system until a second checkpoint (of the same size: steps 5 and 9 print alike) no longer
+    // fits beside the first.
+    struct statvfs vfs{};
+    ::statvfs(out.c_str(), &vfs);
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    std::string filler(free_bytes - ckpt_bytes / 2, 'x');
+    { std::ofstream(d.path / "filler", std::ios::binary) << filler; }
+    for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+    std::string e1 = error_of([&] { save_checkpoint(out, *m, meta_for(*m, 9), {&ea, &es}); });
+    // The space check before writing: names the checkpoint, the folder, the bytes needed and free.
+    put(fd, e1 + "\n");
+    if (e1.find(fmt::format("needs {} bytes", ckpt_bytes)) == std::string::npos) return 4;
+    if (e1.find("no space for checkpoint ckpt-00000009 in '" + out + "'") == std::string::npos) return 5;
+    if (e1.find("the previous checkpoint " + first + " is intact") == std::string::npos) return 6;
+    // A single file that does not fit: ENOSPC from reserving its space, and from write(2) when the size is
+    // not announced; the old file stays.
+    const std::string f = (d.path / "out" / "big.bin").string();
+    io::atomic_write_file(f, [](io::FileWriter& w) { w.write("old"); });
+    std::string big(free_bytes, 'y');
+    std::string e2 = error_of(
+        [&] { io::atomic_write_file(f, [&](io::FileWriter& w) { w.write(big); }, "the old file is intact", big.size()); });
+    put(fd, e2 + "\n");
+    if (e2.find(fmt::format("no space left on device while writing '{}' (reserving space; the file needs {} bytes",
+                            f, big.size())) == std::string::npos)
+      return 7;
+    std::string e3 = error_of([&] { io::atomic_write_file(f, [&](io::FileWriter& w) { w.write(big); }); });
+    put(fd, e3 + "\n");
+    if (e3.find(fmt::format("no space left on device while writing '{}' (write;", f)) == std::string::npos) return 8;
+    if (io::read_file(f) != "old") return 9;
+    try {
+      expect_previous_loadable(out, first, saved);
+    } catch (...) {
+      return 10;
+    }
+    return ::testing::Test::HasFailure() ? 11 : 0;
+  });
+  if (code == 77) GTEST_SKIP() << message;
+  EXPECT_EQ(code, 0) << message;
+}
+
+TEST(CheckpointFullDisk, EnospcFromFsyncFailsAndKeepsThePreviousCheckpoint) {
+  TempDir d;
+  auto m = tiny_gpt(5);
+  std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
+  const std::string out = d.path.string();
+  const std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
+  const std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
+  const uint64_t model_bytes = fs::file_size(fs::path(first) / "model.safetensors");
+  for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  io::testing::set_fsync_fault(ENOSPC);
+  const std::string e = error_of([&] { save_checkpoint(out, *m, meta_for(*m, 10), {&ea, &es}); });
+  io::testing::set_fsync_fault(0);
+  EXPECT_CONTAINS(e, "no space left on device while writing '");
+  EXPECT_CONTAINS(e, fmt::format("model.safetensors' (fsync; the file needs {} bytes, {} were written)", model_bytes,
+                                 model_bytes));
+  EXPECT_CONTAINS(e, "the previous checkpoint " + first + " is intact");
+  expect_previous_loadable(out, first, saved);
+}
+
+// --- Asynchronous writes ---------------------------------------------------------------------------------
+
+TEST(AsyncCheckpoint, WritesTheSnapshotTakenAtSubmitByteForByteAsTheSyncWrite) {
+  TempDir d;
+  auto m = tiny_gpt(3);
+  std::vector<float> ea(m->num_params(), 0.125f), es(m->num_params(), 0.5f);
+  const std::string sync_dir = save_checkpoint((d.path / "sync").string(), *m, meta_for(*m, 4), {&ea, &es});
+  AsyncCheckpointWriter writer;
+  const std::string async_dir =
+      writer.submit((d.path / "async").string(), snapshot_checkpoint(*m, meta_for(*m, 4), {&ea, &es}), 1);
+  // Training goes on while the write runs: later changes are not in the checkpoint.
+  for (float& v : std::span(m->param_data(), m->num_params())) v = -7.0f;
+  std::fill(ea.begin(), ea.end(), 9.0f);
+  writer.wait();
+  EXPECT_EQ(async_dir, checkpoint_dir((d.path / "async").string(), 4));
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "checkpoint.json"}) {
+    EXPECT_EQ(io::read_file((fs::path(async_dir) / f).string()), io::read_file((fs::path(sync_dir) / f).string()))
+        << f;
+  }
+  EXPECT_EQ(find_checkpoint((d.path / "async").string()), async_dir);
+}
+
+TEST(AsyncCheckpoint, AFailedWriteIsRethrownByTheNextWaitOrSubmit) {
+  TempDir d;
+  auto m = tiny_gpt(3);
+  std::vector<float> ea(m->num_params(), 0.125f), es(m->num_params(), 0.5f);
+  const std::string out = d.path.string();
+  AsyncCheckpointWriter writer;
+  const std::string first = writer.submit(out, snapshot_checkpoint(*m, meta_for(*m, 2), {&ea, &es}), 1);
+  writer.wait();
+  io::testing::set_write_fault(100, ENOSPC);
+  writer.submit(out, snapshot_checkpoint(*m, meta_for(*m, 3), {&ea, &es}), 1);
+  try {
+    writer.submit(out, snapshot_checkpoint(*m, meta_for(*m, 4), {&ea, &es}), 1);  // waits for step 3's write
+    FAIL() << "the failed write of step 3 was not reported";
+  } catch (const IoError& e) {
+    EXPECT_CONTAINS(e.what(), "no space left on device");
+    EXPECT_CONTAINS(e.what(), "the previous checkpoint " + first + " is intact");
+  }
+  io::testing::set_write_fault(-1, 0);
+  EXPECT_EQ(find_checkpoint(out), first);
+  // The error is reported once; the writer goes on working.
+  EXPECT_NO_THROW(writer.wait());
+  writer.submit(out, snapshot_checkpoint(*m, meta_for(*m, 5), {&ea, &es}), 1);
+  writer.wait();
+  EXPECT_EQ(find_checkpoint(out), checkpoint_dir(out, 5));
+  EXPECT_NO_THROW(load_checkpoint(find_checkpoint(out)));
+}
+
+TEST(AsyncCheckpoint, AFolderLeftByAWriterThatDiedIsRemovedByTheNextWrite) {
+  TempDir d;
+  auto m = tiny_gpt(3);
+  std::vector<float> ea(m->num_params()), es(m->num_params());
+  // A pid that cannot be running (above the kernel's pid_max), and one that runs (our parent: kept).
+  const fs::path dead = d.path / ".ckpt-00000007.tmp.2147483646";
+  const fs::path ours = d.path / fmt::format(".ckpt-00000001.tmp.{}", ::getppid());
+  fs::create_directories(dead);
+  fs::create_directories(ours);
+  save_checkpoint(d.path.string(), *m, meta_for(*m, 8), {&ea, &es});
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(ours));
 }

@@ -71,9 +71,27 @@ TEST(Config, FlagFormsDashesAndUnderscores) {
   EXPECT_EQ(c.tokenizer, "byte");
   // A bare boolean flag followed by another flag; later flags win.
   c = parse_train_args({"--resume", "--json", "--max-iters", "5", "--max_iters=7"});
-  EXPECT_TRUE(c.resume);
+  EXPECT_EQ(c.resume, Resume::kYes);
   EXPECT_TRUE(c.json);
   EXPECT_EQ(c.max_iters, 7);
+  // resume also takes auto (as a value after the flag, after '=', in JSON), and round-trips through to_json.
+  c = parse_train_args({"--resume", "auto", "--json"});
+  EXPECT_EQ(c.resume, Resume::kAuto);
+  EXPECT_EQ(c.to_json()["resume"], "auto");
+  EXPECT_EQ(parse_train_args({"--resume=false"}).resume, Resume::kNo);
+  EXPECT_EQ(parse_train_args({"--resume=yes"}).to_json()["resume"], true);
+  TrainConfig j;
+  apply_config_json(j, nlohmann::json{{"resume", "auto"}}, "test");
+  EXPECT_EQ(j.resume, Resume::kAuto);
+  apply_config_json(j, nlohmann::json{{"resume", false}}, "test");
+  EXPECT_EQ(j.resume, Resume::kNo);
+  EXPECT_THROW(apply_config_json(j, nlohmann::json{{"resume", "sometimes"}}, "test"), InvalidArgument);
+  EXPECT_THROW(parse_train_args({"--resume=sometimes"}), InvalidArgument);
+  // A base config (trident train under --max-restarts defaults resume to auto) is overridden by the line.
+  TrainConfig base;
+  base.resume = Resume::kAuto;
+  EXPECT_EQ(parse_train_args({"--max-iters", "3"}, base).resume, Resume::kAuto);
+  EXPECT_EQ(parse_train_args({"--resume", "false"}, base).resume, Resume::kNo);
   c = parse_train_args({"--bias=0", "--decay-lr", "off"});
   EXPECT_FALSE(c.bias);
   EXPECT_FALSE(c.decay_lr);

@@ -146,7 +146,7 @@ TEST(Gpt2, ShapedModelTrainsFromShardsResumesMidEpochAndExports) {
   EXPECT_EQ(mid.meta.sampler["epoch"], 0);  // mid-epoch: the data position is in the checkpoint
   EXPECT_EQ(mid.meta.sampler["batch_in_epoch"], 5);
   cfg.max_iters = 12;
-  cfg.resume = true;
+  cfg.resume = train::Resume::kYes;
   TrainResult rest = Trainer(cfg, quiet()).run();
   ASSERT_EQ(rest.losses.size(), 7u);
   for (size_t i = 0; i < 7; ++i) EXPECT_EQ(rest.losses[i], full.losses[5 + i]) << "step " << 5 + i;
@@ -168,7 +168,7 @@ TEST(Gpt2, ShapedModelTrainsFromShardsResumesMidEpochAndExports) {
 
   // init_from: a new run starts from the trained weights (fresh optimizer and data position).
   TrainConfig fine = cfg;
-  fine.resume = false;
+  fine.resume = train::Resume::kNo;
   fine.init_from = ck.dir;
   fine.out_dir = (d.path / "fine").string();
   fine.max_iters = 1;

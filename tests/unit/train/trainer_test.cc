@@ -118,7 +118,7 @@ TEST(Trainer, KillAndResumeReproducesTheLossSequenceBitForBit) {
     EXPECT_THROW(Trainer(cfg, h).run(), std::runtime_error);
     EXPECT_EQ(load_checkpoint(find_checkpoint(out)).meta.step, 10);
 
-    cfg.resume = true;
+    cfg.resume = train::Resume::kYes;
     Trainer resumed(cfg, quiet());
     EXPECT_EQ(resumed.start_step(), 10);
     TrainResult r = resumed.run();
@@ -156,7 +156,7 @@ TEST(Trainer, EpochSamplerResumesExactly) {
   cfg.max_iters = 7;  // stop early (the lr schedule depends on lr_decay_iters, not max_iters)
   Trainer(cfg, quiet()).run();
   cfg.max_iters = 16;
-  cfg.resume = true;
+  cfg.resume = train::Resume::kYes;
   TrainResult rest = Trainer(cfg, quiet()).run();
   ASSERT_EQ(rest.losses.size(), 9u);
   for (size_t i = 0; i < 9; ++i) ASSERT_EQ(rest.losses[i], full.losses[7 + i]) << "step " << 7 + i;
@@ -259,17 +259,17 @@ TEST(Trainer, ResumeErrors) {
   TempDir d;
   std::string data = make_corpus(d.path);
   TrainConfig c = tiny(data, (d.path / "o").string());
-  c.resume = true;
+  c.resume = train::Resume::kYes;
   try {
     Trainer t(c, quiet());
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_CONTAINS(e.what(), "no checkpoint in out_dir");
   }
-  c.resume = false;
+  c.resume = train::Resume::kNo;
   c.max_iters = 3;
   Trainer(c, quiet()).run();
-  c.resume = true;
+  c.resume = train::Resume::kYes;
   c.n_embd = 32;
   try {
     Trainer t(c, quiet());
@@ -278,6 +278,49 @@ TEST(Trainer, ResumeErrors) {
     EXPECT_CONTAINS(e.what(), "n_embd=32");
     EXPECT_CONTAINS(e.what(), "n_embd=16");
   }
+}
+
+TEST(Trainer, ResumeAutoStartsFreshWithoutACheckpointAndContinuesFromOne) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig full_cfg = tiny(data, (d.path / "full").string());
+  full_cfg.max_iters = 12;
+  full_cfg.lr_decay_iters = 12;
+  TrainResult full = Trainer(full_cfg, quiet()).run();
+
+  TrainConfig c = full_cfg;
+  c.out_dir = (d.path / "auto").string();
+  c.resume = Resume::kAuto;
+  c.checkpoint_interval = 4;
+  {
+    Trainer t(c, quiet());  // no out_dir yet: a fresh start, as resume=false
+    EXPECT_EQ(t.start_step(), 0);
+    TrainerHooks h = quiet();
+    int calls = 0;
+    h.after_backward = [&](nn::Model&) {
+      if (calls++ == 9) throw std::runtime_error("simulated crash in step 9");
+    };
+    EXPECT_THROW(Trainer(c, h).run(), std::runtime_error);
+  }
+  // The checkpoint of step 8 was written asynchronously; the crash waited for it (destructor) and it is
+  // complete: auto continues from it, and the continuation is the uninterrupted run bit for bit.
+  Trainer resumed(c, quiet());
+  EXPECT_EQ(resumed.start_step(), 8);
+  TrainResult r = resumed.run();
+  ASSERT_EQ(r.losses.size(), 4u);
+  for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], full.losses[8 + i]) << "step " << 8 + i;
+  EXPECT_EQ(r.val_loss, full.val_loss);
+  EXPECT_EQ(io::read_file((fs::path(r.last_checkpoint) / "model.safetensors").string()),
+            io::read_file((fs::path(full.last_checkpoint) / "model.safetensors").string()));
+  EXPECT_EQ(io::read_file((fs::path(r.last_checkpoint) / "optimizer.safetensors").string()),
+            io::read_file((fs::path(full.last_checkpoint) / "optimizer.safetensors").string()));
+  // Synchronous checkpoints write the same bytes.
+  TrainConfig s = full_cfg;
+  s.out_dir = (d.path / "sync").string();
+  s.async_checkpoint = false;
+  TrainResult sync = Trainer(s, quiet()).run();
+  EXPECT_EQ(io::read_file((fs::path(sync.last_checkpoint) / "model.safetensors").string()),
+            io::read_file((fs::path(full.last_checkpoint) / "model.safetensors").string()));
 }
 
 TEST(Trainer, EvaluateWindowsMatchesAnIndependentCrossEntropy) {

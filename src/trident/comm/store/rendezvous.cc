@@ -323,6 +323,11 @@ std::shared_ptr<Store> connect_store(const RendezvousInfo& info, Seconds timeout
   const int port = server ? server->port() : info.master_port;
   auto client = std::make_shared<TCPStore>(info.master_addr, port, token, timeout);
   if (server) client->adopt_server(std::move(server));
+  // A job restarted by trident launch --max-restarts rendezvouses again on the same store: each round has
+  // its own namespace, so no key a failed round left behind can be read by the next one.
+  if (const int round = env::restart_count(); round > 0) {
+    return std::make_shared<PrefixStore>(fmt::format("restart{}", round), std::move(client));
+  }
   return client;
 }
 

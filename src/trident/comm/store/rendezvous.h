@@ -18,7 +18,9 @@
 // port() reports) unless TRIDENT_STORE_HOSTED=1 says the launcher
 // hosts it; every rank, rank 0 included, then connects a TCPStore client with TRIDENT_STORE_TOKEN. The
 // returned Store owns the server where rank 0 hosts it, so rank 0 must keep it alive until every rank is done
-// with the store. A single process with no launcher variables gets an in-process HashStore.
+// with the store. A single process with no launcher variables gets an in-process HashStore. In restart
+// round N > 0 of a job (TRIDENT_RESTART_COUNT, set by trident launch --max-restarts) the returned Store is a
+// PrefixStore "restart<N>/" over the client: keys a failed round left behind are never seen.
 #pragma once
 
 #include <memory>
