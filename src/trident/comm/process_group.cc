@@ -1,11 +1,44 @@
 #include "trident/comm/process_group.h"
 
+#include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
 #include "trident/core/error.h"
+#include "trident/core/timeline.h"
 
 namespace trident {
 
+ProcessGroup::ProcessGroup(int rank, int size, std::string name, Seconds timeout)
+    : rank_(rank), size_(size), name_(std::move(name)), timeout_(timeout),
+      flight_(flight_recorder::make_ring(name_, rank, size)) {}
+
 std::shared_ptr<RegisteredBuffer> ProcessGroup::alloc_shared(size_t) { return nullptr; }
+
+// ---- flight recorder: every call is recorded here, before the backend sees it, so every backend is covered
+uint64_t ProcessGroup::record_enqueue(const CollArgs& a) {
+  std::call_once(flight_described_, [&] {  // global_rank() and backend_name() are virtual: not in the ctor
+    std::vector<int> ranks(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) ranks[static_cast<size_t>(r)] = global_rank(r);
+    flight_->describe(backend_name(), std::move(ranks));
+  });
+  return flight_->enqueue(a);
+}
+
+void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
+  if (flight_ && a.record) flight_->started(a.record, seq, algo, Timeline::now_ns());
+}
+
+void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
+  if (!flight_) return run_blocking(a, o);
+  a.record = record_enqueue(a);
+  try {
+    run_blocking(a, o);
+  } catch (...) {
+    flight_->finished(a.record, Timeline::now_ns(), std::current_exception());
+    throw;
+  }
+  flight_->finished(a.record, Timeline::now_ns(), nullptr);
+}
+// ---- end flight recorder
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
   if (ranks.empty()) TRIDENT_THROW(InvalidArgument, "new_group: the rank list is empty");
@@ -76,7 +109,17 @@ void ProcessGroup::validate(const CollArgs& a) const {
 
 std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opts, bool blocking) {
   validate(args);
-  return post(args, opts, blocking);
+  if (!flight_) return post(args, opts, blocking);
+  args.record = record_enqueue(args);
+  std::shared_ptr<Work> work;
+  try {
+    work = post(args, opts, blocking);
+  } catch (...) {
+    flight_->finished(args.record, Timeline::now_ns(), std::current_exception());
+    throw;
+  }
+  work->record_to(flight_, args.record);
+  return work;
 }
 
 #define TRIDENT_PG_ASYNC_AND_BLOCKING(NAME, PARAMS, ARGS, FILL)                       \
@@ -89,7 +132,7 @@ std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opt
     CollArgs a;                                                                       \
     FILL;                                                                             \
     validate(a);                                                                      \
-    run_blocking(a, o);                                                               \
+    run_recorded(a, o);                                                               \
   }
 
 TRIDENT_PG_ASYNC_AND_BLOCKING(broadcast, (void* buf, size_t count, DType dtype, int root, const CallOptions& o), _,

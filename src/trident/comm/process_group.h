@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 namespace trident {
 
 class Store;
+class FlightRing;
 
 // Memory registered with a group's transport (ProcessGroup::alloc_shared): a collective whose buffer lies in
 // one may read and write it in place on the peers' side. The holder owns it (shared); data() is valid and
@@ -148,9 +150,15 @@ class ProcessGroup {
   // be had (memfd, /dev/shm or RAM full).
   virtual std::shared_ptr<RegisteredBuffer> alloc_shared(size_t bytes);
 
+  // This group's flight recorder (comm/flight_recorder.h): every call is recorded here, for every backend,
+  // before the backend sees it. nullptr when TRIDENT_FLIGHT_RECORDER_SIZE=0.
+  const std::shared_ptr<FlightRing>& flight_ring() const { return flight_; }
+
  protected:
-  ProcessGroup(int rank, int size, std::string name, Seconds timeout)
-      : rank_(rank), size_(size), name_(std::move(name)), timeout_(timeout) {}
+  ProcessGroup(int rank, int size, std::string name, Seconds timeout);
+  // A backend reports that it began running call `a` as collective `seq` (0: point-to-point) with `algo`
+  // (the recorder already has the call; this adds the start time and what the backend chose).
+  void record_started(const CollArgs& a, uint64_t seq, Algo algo);
   // The one entry point a backend implements. `args` is validated. `blocking` says that the caller
   // will wait right away (a backend may then run the call on the caller's thread).
   virtual std::shared_ptr<Work> post(const CollArgs& args, const CallOptions& opts, bool blocking) = 0;
@@ -163,11 +171,15 @@ class ProcessGroup {
 
  private:
   std::shared_ptr<Work> submit(CollArgs args, const CallOptions& opts, bool blocking);
+  void run_recorded(CollArgs& args, const CallOptions& opts);  // a validated blocking call
+  uint64_t record_enqueue(const CollArgs& a);
   void validate(const CollArgs& a) const;
   int rank_;
   int size_;
   std::string name_;
   Seconds timeout_;
+  std::shared_ptr<FlightRing> flight_;
+  std::once_flag flight_described_;
 };
 
 // Creates the world group from the environment (torchrun, mpirun or Slurm variables; see

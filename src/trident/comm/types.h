@@ -76,6 +76,7 @@ struct CollArgs {
   const std::vector<size_t>* counts = nullptr;  // all_gatherv only
   int peer = -1;                                // send/recv only
   uint32_t tag = 0;                             // send/recv only
+  uint64_t record = 0;                          // the call's flight-recorder id (ProcessGroup sets it; 0: none)
 };
 
 // "all_reduce(count=7, float32, sum)" — used in errors and logs.

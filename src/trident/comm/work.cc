@@ -1,5 +1,6 @@
 #include "trident/comm/work.h"
 
+#include "trident/comm/flight_recorder.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 
@@ -31,13 +32,31 @@ std::exception_ptr Work::error() {
 void Work::mark_started() { started_ns_.store(Timeline::now_ns(), std::memory_order_release); }
 
 void Work::finish(std::exception_ptr error) {
-  finished_ns_.store(Timeline::now_ns(), std::memory_order_release);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    error_ = error;
+  const int64_t t = Timeline::now_ns();
+  finished_ns_.store(t, std::memory_order_release);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (std::shared_ptr<FlightRing> ring = std::move(ring_)) {
+    // Before done_: a failure's dump is written before any waiter sees the error (and perhaps exits).
+    lock.unlock();
+    ring->finished(record_, t, error);
+    lock.lock();
   }
+  done_ = true;
+  error_ = error;
+  lock.unlock();
   cv_.notify_all();
+}
+
+void Work::record_to(std::shared_ptr<FlightRing> ring, uint64_t id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    ring_ = std::move(ring);
+    record_ = id;
+    return;
+  }
+  const std::exception_ptr error = error_;
+  lock.unlock();
+  ring->finished(id, finished_ns(), error);
 }
 
 }  // namespace trident

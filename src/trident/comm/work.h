@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,6 +22,8 @@
 #include "trident/comm/types.h"
 
 namespace trident {
+
+class FlightRing;
 
 class Work {
  public:
@@ -40,6 +43,9 @@ class Work {
   void mark_started();
   int64_t started_ns() const { return started_ns_.load(std::memory_order_acquire); }
   int64_t finished_ns() const { return finished_ns_.load(std::memory_order_acquire); }
+  // Reports the start (mark_started) and the end (finish) to call `id` of a flight recorder; when the
+  // Work already finished, reports them at once. Called by ProcessGroup once, after post().
+  void record_to(std::shared_ptr<FlightRing> ring, uint64_t id);
 
  private:
   std::mutex mu_;
@@ -48,6 +54,8 @@ class Work {
   std::exception_ptr error_;
   std::string description_;
   std::atomic<int64_t> started_ns_{0}, finished_ns_{0};
+  std::shared_ptr<FlightRing> ring_;  // guarded by mu_
+  uint64_t record_ = 0;
 };
 
 }  // namespace trident

@@ -40,6 +40,11 @@ const std::vector<ParamInfo>& all_params() {
        "all-gather per call; a mismatch raises MismatchError naming the ranks instead of a hang or a timeout)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
       {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
+      {"TRIDENT_FLIGHT_RECORDER_SIZE", "2048",
+       "calls (collectives and send/recv) each process group keeps in its flight recorder ring; 0 = off"},
+      {"TRIDENT_FLIGHT_RECORDER_DIR", "",
+       "folder of flight-recorder dumps (one rank_<R>.json per rank; read with `trident inspect DIR`); \"\" = the "
+       "run's out_dir/flight_recorder under trident train, else no automatic dumps"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
       {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
       {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
+#include "trident/comm/flight_recorder.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/rendezvous.h"
 #include "trident/core/log.h"
@@ -667,6 +669,7 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks) {
   RendezvousInfo info = rendezvous_from_env();
+  flight_recorder::set_dump_dir((std::filesystem::path(cfg.out_dir) / "flight_recorder").string());
   if (info.world_size <= 1) {
     if (cfg.tp * cfg.pp > 1) {
       TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs at least {} processes; start them with --nproc {}", cfg.tp,

@@ -380,6 +380,7 @@ void NativeProcessGroup::execute(Item& it) {
 
 std::exception_ptr NativeProcessGroup::run_call(const CollArgs& a, const AlgorithmInfo* info, Algo algo, uint64_t seq,
                                                 Engine::Clock::time_point deadline) {
+  record_started(a, seq, algo);  // the flight recorder's start time, sequence number and algorithm
   try {
     engine_->begin(a, algo, seq, deadline);
     const size_t es = dtype_size(a.dtype);

@@ -1,0 +1,111 @@
+// Flight recorder: every process group keeps a ring of its last N calls (collectives and point-to-point):
+// what was issued (op, sizes, dtype, reduction, root/peer, sequence number, the algorithm the backend ran),
+// when (enqueued, started, ended) and how it ended (completed, or failed with which error). When a job
+// hangs or fails, each rank writes its rings as one JSON file; `trident inspect DIR` (comm/flight_inspect.h)
+// merges the files and says which rank never entered which collective.
+//
+// Ownership: ProcessGroup owns its FlightRing (shared: an async Work keeps it alive until it finishes); a
+// process-wide registry holds weak references for dumps. Thread-safety: every method may be called from any
+// thread; a ring has one mutex, held for a few stores per event (the issuing thread and the group's worker
+// are its only writers, so it is rarely contended). Blocking: recording never blocks beyond that mutex and
+// never allocates, except to copy the text of an error.
+// Dumps: TRIDENT_FLIGHT_RECORDER_DIR, else the folder the program set (set_dump_dir: `trident train` uses
+// <out_dir>/flight_recorder), else none (automatic dumps are skipped with one warning). A dump is written
+// (temp file + rename) when a collective fails with a NetworkError (deadline, dead peer, mismatch), on
+// SIGUSR1 (the process goes on), on SIGTERM (the process then terminates as it would have), and on dump().
+// Signal handlers only write one byte to a pipe; a thread does the dump. They are installed when the first
+// ring is made, and only where the signal's disposition is still the default.
+// TRIDENT_FLIGHT_RECORDER_SIZE=0 disables recording: no ring, no thread, no handler.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trident/comm/types.h"
+
+namespace trident {
+
+enum class CallState : uint8_t { kQueued = 0, kStarted, kCompleted, kFailed };
+const char* call_state_name(CallState s);  // "queued" | "started" | "completed" | "failed"
+
+struct FlightRecord {
+  uint64_t id = 0;   // 1-based issue number in its group's ring (0: empty slot)
+  uint64_t seq = 0;  // the collective's sequence number in its group (0: point-to-point)
+  OpKind op = OpKind::kBarrier;
+  DType dtype = DType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  Algo algo = Algo::kAuto;  // as the backend chose it (kAuto: not reported)
+  CallState state = CallState::kQueued;
+  int root = -1;     // rooted collectives
+  int peer = -1;     // send/recv
+  uint32_t tag = 0;  // send/recv
+  uint64_t count = 0;        // elements per rank (all_gatherv: this rank's)
+  int64_t enqueue_ns = 0;    // CLOCK_MONOTONIC (Timeline::now_ns); 0: not yet
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  const char* error_type = nullptr;  // "TimeoutError", "PeerDiedError", ... (static text)
+  std::string error;                 // what() of the error
+};
+
+class FlightRing {
+ public:
+  FlightRing(std::string group, int rank, int size, int generation, size_t capacity);
+
+  // Records a call as issued (queued) and returns its id; collectives get the group's next sequence number.
+  uint64_t enqueue(const CollArgs& a);
+  // The backend began running call `id` as collective `seq` (0: point-to-point) with `algo`.
+  void started(uint64_t id, uint64_t seq, Algo algo, int64_t t_ns);
+  // The call ended at t_ns: completed when `error` is null. A NetworkError (deadline, dead peer,
+  // mismatch) also triggers a dump (flight_recorder::on_failure).
+  void finished(uint64_t id, int64_t t_ns, std::exception_ptr error);
+  // Who the ranks are and which backend runs them (once, on the group's first call).
+  void describe(std::string backend, std::vector<int> global_ranks);
+
+  struct Snapshot {
+    std::string group;
+    int rank = 0, size = 0, generation = 0;
+    std::string backend;
+    std::vector<int> global_ranks;
+    size_t capacity = 0;
+    uint64_t issued = 0;                 // calls recorded since the group was made (older ones overwritten)
+    std::vector<FlightRecord> records;   // oldest first
+  };
+  Snapshot snapshot() const;
+  size_t capacity() const { return slots_.size(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<FlightRecord> slots_;
+  uint64_t next_id_ = 1;
+  uint64_t next_seq_ = 1;
+  std::string group_, backend_;
+  int rank_, size_, generation_;
+  std::vector<int> global_ranks_;
+};
+
+namespace flight_recorder {
+
+// TRIDENT_FLIGHT_RECORDER_SIZE (read once): calls kept per group; 0 = off.
+size_t capacity();
+// A registered ring for a new group, or nullptr when recording is off. The first call also starts the dump
+// thread and installs the SIGTERM/SIGUSR1 handlers.
+std::shared_ptr<FlightRing> make_ring(const std::string& group, int rank, int size);
+// The folder of automatic dumps when TRIDENT_FLIGHT_RECORDER_DIR is unset (the run's out dir).
+void set_dump_dir(const std::string& dir);
+// TRIDENT_FLIGHT_RECORDER_DIR, else set_dump_dir's folder, else "".
+std::string dump_dir();
+// This process's rings as the JSON text of one dump (`reason`: why it was written).
+std::string dump_json(const std::string& reason);
+// Writes this process's dump to `dir` (default dump_dir()) as rank_<global rank>.json, atomically, and
+// returns its path. Throws InvalidArgument when no folder is known, IoError when it cannot be written.
+std::string dump(const std::string& reason, const std::string& dir = {});
+// A call failed with `error`: the first failure in this process is dumped at once (before the error
+// reaches the caller, who may exit), later ones by the dump thread. No-op without a dump folder.
+void on_failure(const std::string& reason);
+
+}  // namespace flight_recorder
+}  // namespace trident
