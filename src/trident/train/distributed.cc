@@ -315,6 +315,8 @@ parallel::ModelLayout layout_of(const TrainConfig& cfg, int tp_rank, int pp_rank
   return l;
 }
 
+struct RankTimes;
+
 // One model-parallel training run (tp x pp x dp over `pg`): the mesh, this rank's shard and the objects
 // built around it, shared by the trainer hooks below. Lifetime: the duration of train_model_parallel.
 struct ModelParallelRun {
@@ -345,6 +347,8 @@ struct ModelParallelRun {
   void install_model_hooks(TrainerHooks& hooks);
   void install_step_hooks(TrainerHooks& hooks);
   void report(const TrainResult& res, int64_t run_t0);
+  std::vector<RankTimes> gather_rank_times(const std::vector<Span>& spans);
+  void print_time_breakdown(const std::vector<RankTimes>& all) const;
 
   // The logical model's slices of a flat buffer in the shard's layout (moments): put them in the shard's
   // parameter buffer, gather, take them out of the full model (values restored afterwards).
@@ -562,13 +566,20 @@ void ModelParallelRun::install_step_hooks(TrainerHooks& hooks) {
   };
 }
 
-// Report (collective): where the time went per rank, the measured figures beside the prediction, the trace.
-void ModelParallelRun::report(const TrainResult& res, int64_t run_t0) {
-  // Where the time went, per rank: pipeline windows (compute incl. nested TP collectives, p2p waits,
-  // bubble), then the rest of each step (DP communication, clipping, optimizer).
+// Where one rank's training-step time went (seconds summed over the steps) and where it sits in the mesh.
+struct RankTimes {
+  double step = 0, window = 0, compute = 0, tp = 0, p2p = 0, dp = 0;  // window: the pipeline windows
+  double tp_rank = 0, pp_rank = 0, dp_rank = 0, steps = 0;
+  // Idle share of the pipeline windows (0 without any).
+  double bubble() const { return window > 0 ? std::max(0.0, 1.0 - compute / window) : 0.0; }
+};
+static_assert(sizeof(RankTimes) == 10 * sizeof(double), "RankTimes travels as 10 doubles");
+
+// Every rank's RankTimes (collective over the world): pipeline windows (compute incl. nested TP
+// collectives, p2p waits, bubble), then the rest of each step (DP communication, clipping, optimizer).
+std::vector<RankTimes> ModelParallelRun::gather_rank_times(const std::vector<Span>& spans) {
   // The pipeline window of a step is common to its pipeline ranks: from the first rank's start to the last
   // rank's end (a rank that enters the step late, still busy with its optimizer, has idled meanwhile).
-  const std::vector<Span> spans = timeline().spans();
   if (cfg.pp > 1) {
     const size_t n = clock.pipeline.size();
     std::vector<int64_t> mine_w(2 * n), all_w(2 * n * static_cast<size_t>(cfg.pp));
@@ -582,63 +593,64 @@ void ModelParallelRun::report(const TrainResult& res, int64_t run_t0) {
       }
     }
   }
-  double window = 0, compute = 0, tp = 0, p2p = 0, dpc = 0;
+  RankTimes mine;
+  mine.step = clock.step_s;
   for (auto [a, b] : clock.pipeline) {
     parallel::RankProfile rp = parallel::profile_spans(spans, a, b);
-    window += rp.window_s;
-    compute += rp.compute_s;
+    mine.window += rp.window_s;
+    mine.compute += rp.compute_s;
     for (auto& [name, sec] : rp.comm_s) {
-      if (name.find("(tp)") != std::string::npos) tp += sec;
-      else if (name.rfind("send_", 0) == 0 || name.rfind("recv_", 0) == 0) p2p += sec;
+      if (name.find("(tp)") != std::string::npos) mine.tp += sec;
+      else if (name.rfind("send_", 0) == 0 || name.rfind("recv_", 0) == 0) mine.p2p += sec;
     }
   }
   for (const auto& sp : spans)
-    if (sp.name == "dp_grad_sync") dpc += static_cast<double>(sp.t1_ns - sp.t0_ns) * 1e-9;
-  constexpr int kFields = 10;
-  double mine[kFields] = {clock.step_s, window, compute, tp, p2p, dpc, static_cast<double>(mesh->tp_rank()),
-                          static_cast<double>(mesh->pp_rank()), static_cast<double>(mesh->dp_rank()),
-                          static_cast<double>(clock.pipeline.size())};
-  std::vector<double> all(static_cast<size_t>(kFields) * pg->size());
-  pg->all_gather(mine, all.data(), kFields, DType::kFloat64);
-  if (is_root && !cfg.json && res.losses.size() > 0) {
-    std::FILE* o = out;
-    std::fprintf(o, "where the time went (training steps; compute includes the tensor-parallel collectives inside it):\n");
-    double bubble_sum = 0;
-    for (int r = 0; r < pg->size(); ++r) {
-      const double* f = all.data() + static_cast<size_t>(r) * kFields;
-      const double step = f[0] > 0 ? f[0] : 1e-12, w = f[1] > 0 ? f[1] : 1e-12;
-      const double bubble = f[1] > 0 ? std::max(0.0, 1.0 - f[2] / w) : 0.0;
-      bubble_sum += bubble;
-      std::fprintf(o,
-                   "  rank %d (tp %d, pp %d, dp %d): steps %s | compute %s (%.0f%%) | TP comm %s (%.1f%%) | pipeline "
-                   "p2p wait %s (%.1f%%) | DP comm %s (%.1f%%) | bubble %.1f%% of the pipeline time\n",
-                   r, static_cast<int>(f[6]), static_cast<int>(f[7]), static_cast<int>(f[8]), fmt_s(f[0]).c_str(),
-                   fmt_s(f[2]).c_str(), 100 * f[2] / step, fmt_s(f[3]).c_str(), 100 * f[3] / step,
-                   fmt_s(f[4]).c_str(), 100 * f[4] / step, fmt_s(f[5]).c_str(), 100 * f[5] / step, 100 * bubble);
-    }
-    if (cfg.pp > 1) {
-      const int m = cfg.resolved_microbatches(), P = cfg.pp, v = cfg.virtual_stages;
-      std::fprintf(o, "  mean bubble %.1f%% (schedule %s, P=%d, m=%d, v=%d; uniform-stage theory %.1f%%)\n",
-                   100 * bubble_sum / pg->size(), cfg.schedule.c_str(), P, m, v,
-                   100.0 * (P - 1) / (static_cast<double>(v) * m + P - 1));
-    }
-    std::fflush(o);
+    if (sp.name == "dp_grad_sync") mine.dp += static_cast<double>(sp.t1_ns - sp.t0_ns) * 1e-9;
+  mine.tp_rank = mesh->tp_rank();
+  mine.pp_rank = mesh->pp_rank();
+  mine.dp_rank = mesh->dp_rank();
+  mine.steps = static_cast<double>(clock.pipeline.size());
+  std::vector<RankTimes> all(static_cast<size_t>(pg->size()));
+  pg->all_gather(&mine, all.data(), 10, DType::kFloat64);
+  return all;
+}
+
+void ModelParallelRun::print_time_breakdown(const std::vector<RankTimes>& all) const {
+  std::fprintf(out, "where the time went (training steps; compute includes the tensor-parallel collectives inside it):\n");
+  double bubble_sum = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const RankTimes& f = all[r];
+    const double step = f.step > 0 ? f.step : 1e-12;
+    bubble_sum += f.bubble();
+    std::fprintf(out,
+                 "  rank %zu (tp %d, pp %d, dp %d): steps %s | compute %s (%.0f%%) | TP comm %s (%.1f%%) | pipeline "
+                 "p2p wait %s (%.1f%%) | DP comm %s (%.1f%%) | bubble %.1f%% of the pipeline time\n",
+                 r, static_cast<int>(f.tp_rank), static_cast<int>(f.pp_rank), static_cast<int>(f.dp_rank),
+                 fmt_s(f.step).c_str(), fmt_s(f.compute).c_str(), 100 * f.compute / step, fmt_s(f.tp).c_str(),
+                 100 * f.tp / step, fmt_s(f.p2p).c_str(), 100 * f.p2p / step, fmt_s(f.dp).c_str(), 100 * f.dp / step,
+                 100 * f.bubble());
   }
-  {
-    // Measured beside predicted (collective): the mean bubble over ranks as printed above.
-    double bubble_mean = 0;
-    for (int r = 0; r < pg->size(); ++r) {
-      const double* f = all.data() + static_cast<size_t>(r) * kFields;
-      bubble_mean += f[1] > 0 ? std::max(0.0, 1.0 - f[2] / f[1]) / pg->size() : 0.0;
-    }
-    loop.after_model_parallel(cfg, *trainer, res, *pm, dp.get(), *mesh, bubble_mean, spans, clock.pipeline,
-                              out);
+  if (cfg.pp > 1) {
+    const int m = cfg.resolved_microbatches(), P = cfg.pp, v = cfg.virtual_stages;
+    std::fprintf(out, "  mean bubble %.1f%% (schedule %s, P=%d, m=%d, v=%d; uniform-stage theory %.1f%%)\n",
+                 100 * bubble_sum / static_cast<double>(all.size()), cfg.schedule.c_str(), P, m, v,
+                 100.0 * (P - 1) / (static_cast<double>(v) * m + P - 1));
   }
+  std::fflush(out);
+}
+
+// Report (collective): where the time went per rank, the measured figures beside the prediction, the trace.
+void ModelParallelRun::report(const TrainResult& res, int64_t run_t0) {
+  const std::vector<Span> spans = timeline().spans();
+  const std::vector<RankTimes> all = gather_rank_times(spans);
+  if (is_root && !cfg.json && res.losses.size() > 0) print_time_breakdown(all);
+  // Measured beside predicted (collective): the mean bubble over ranks as printed above.
+  double bubble_mean = 0;
+  for (const auto& f : all) bubble_mean += f.bubble() / static_cast<double>(all.size());
+  loop.after_model_parallel(cfg, *trainer, res, *pm, dp.get(), *mesh, bubble_mean, spans, clock.pipeline, out);
   if (!cfg.trace.empty()) {
     parallel::write_chrome_trace(*pg, cfg.trace, run_t0);
-    if (is_root && !cfg.json) {
-      std::fprintf(out, "trace: %s (chrome://tracing or ui.perfetto.dev)\n", cfg.trace.c_str());
-    }
+    if (is_root && !cfg.json) std::fprintf(out, "trace: %s (chrome://tracing or ui.perfetto.dev)\n", cfg.trace.c_str());
   }
   pg->barrier();
 }
