@@ -18,6 +18,7 @@
 #include "trident/parallel/pipeline.h"
 #include "trident/parallel/profile.h"
 #include "trident/parallel/schedule.h"
+#include "trident/train/health.h"
 #include "trident/train/prediction.h"
 
 namespace trident::train {
@@ -481,8 +482,11 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
     if (dp_size > 1) mesh->dp_group()->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
     return v;
   };
+  HealthMonitor health(pg, {mesh->tp_group(), mesh->pp_group(), mesh->dp_group(), mesh->embedding_group()},
+                       HealthOptions::from_env());
   hooks.annotate_step = [&](nlohmann::json& rec) {
     clock.step_s += static_cast<double>(Timeline::now_ns() - clock.step_t0) * 1e-9;
+    health.annotate(rec);
     if (dp) {
       double total = 0;
       for (auto& [k, b] : dp->last_step_comm().bytes) {
@@ -721,7 +725,9 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   // Persistent memory between steps, as of the last step: the final checkpoint and evaluation may gather
   // zero3's parameters afterwards (until the next step), which is not what a step holds.
   std::map<std::string, double> step_memory;
+  HealthMonitor health(pg, {}, HealthOptions::from_env());
   hooks.annotate_step = [&](nlohmann::json& rec) {
+    health.annotate(rec);
     if (trainer->optimizer().has_state()) trainer->optimizer().release_state();  // refilled by before_save
     step_memory = dp->memory().bytes;
     double total = 0;
