@@ -94,9 +94,11 @@ struct PeerTraffic {
   bool tcp = false;              // reached over TCP (else shared memory, or no channel)
   uint64_t tx_bytes = 0;         // payload bytes sent to the peer
   uint64_t rx_bytes = 0;         // payload bytes received from it
-  uint64_t rx_timed_bytes = 0;   // of rx_bytes, those of messages of at least kTimedBytes (timed below)
-  uint64_t rx_busy_ns = 0;       // those messages' time from their header to their last byte: their bandwidth
-  uint64_t rx_wait_ns = 0;       // time receives of those messages waited for their header: the peer's lateness
+  // Of rx_bytes, those of messages of at least kTimedBytes that this rank was already waiting for when they
+  // arrived (a buffered message would read at memory speed), and their time from header to last byte.
+  uint64_t rx_timed_bytes = 0;
+  uint64_t rx_busy_ns = 0;
+  uint64_t rx_wait_ns = 0;       // time the receives of those messages waited for their header
   static constexpr uint64_t kTimedBytes = 16 << 10;  // smaller messages measure latency, not bandwidth
 };
 struct GroupTraffic {
