@@ -78,6 +78,9 @@ class ProcessGroup {
   // This rank's transports. Backends that leave transports to their library (mpi, nccl) report no shm or
   // tcp peers and their backend name as the summary. Local, non-blocking, thread-safe.
   virtual TransportInfo transport_info() const { return {0, 0, 1, backend_name()}; }
+  // This rank's transfer counters per peer and its recent collectives' times (comm/types.h). Backends that
+  // leave transports to their library report none. Local, non-blocking, thread-safe.
+  virtual GroupTraffic traffic() const { return {}; }
 
   // ---- async forms ----
   std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});

@@ -87,4 +87,33 @@ CollArgs fingerprint_args(int op, int dtype, int redop, int root, uint64_t count
 
 using Seconds = std::chrono::duration<double>;
 
+// Transfer counters of one group on this rank (ProcessGroup::traffic): cumulative since the group was
+// created. For live health checks (train/health.h), logs and tests.
+struct PeerTraffic {
+  int global_rank = -1;
+  std::string host;              // the peer's host identity
+  bool tcp = false;              // reached over TCP (else shared memory, or no channel)
+  uint64_t tx_bytes = 0;         // payload bytes sent to the peer
+  uint64_t rx_bytes = 0;         // payload bytes received from it
+  // Of rx_bytes, those of messages of at least kTimedBytes that this rank was already waiting for when they
+  // arrived (a buffered message would read at memory speed), and their time from header to last byte.
+  uint64_t rx_timed_bytes = 0;
+  uint64_t rx_busy_ns = 0;
+  uint64_t rx_wait_ns = 0;       // time the receives of those messages waited for their header
+  static constexpr uint64_t kTimedBytes = 16 << 10;  // smaller messages measure latency, not bandwidth
+};
+struct GroupTraffic {
+  std::vector<PeerTraffic> peers;  // by group rank; this rank's own entry counts nothing
+  uint64_t collectives = 0;        // collectives completed
+  // The last (up to kRecent) collectives: sequence number and time from entering to leaving it on this rank,
+  // from the coarse monotonic clock (a few ms resolution). A rank that arrives last at a collective spends
+  // the least time in it: comparing ranks' times names a straggler without synchronized clocks.
+  struct Collective {
+    uint64_t seq = 0;
+    uint64_t ns = 0;
+  };
+  std::vector<Collective> recent;
+  static constexpr int kRecent = 64;
+};
+
 }  // namespace trident

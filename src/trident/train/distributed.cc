@@ -20,6 +20,7 @@
 #include "trident/parallel/pipeline.h"
 #include "trident/parallel/profile.h"
 #include "trident/parallel/schedule.h"
+#include "trident/train/health.h"
 #include "trident/train/prediction.h"
 
 namespace trident::train {
@@ -339,6 +340,7 @@ struct ModelParallelRun {
   Trainer* trainer = nullptr;
   StepClock clock;
   Loop loop;  // prediction before training, measured figures beside it after (train/prediction.h)
+  std::unique_ptr<HealthMonitor> health;  // slow links and late ranks, checked each step
 
   ModelParallelRun(const TrainConfig& c, const DistributedOptions& o, std::shared_ptr<ProcessGroup> g, std::FILE* f)
       : cfg(c), opts(o), pg(std::move(g)), out(f ? f : stdout) {}
@@ -553,8 +555,13 @@ void ModelParallelRun::install_step_hooks(TrainerHooks& hooks) {
     if (dp_size > 1) mesh->dp_group()->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
     return v;
   };
+  health = std::make_unique<HealthMonitor>(
+      pg, std::vector<std::shared_ptr<ProcessGroup>>{mesh->tp_group(), mesh->pp_group(), mesh->dp_group(),
+                                                     mesh->embedding_group()},
+      HealthOptions::from_env());
   hooks.annotate_step = [this](nlohmann::json& rec) {
     clock.step_s += static_cast<double>(Timeline::now_ns() - clock.step_t0) * 1e-9;
+    health->annotate(rec);
     if (dp) {
       double total = 0;
       for (auto& [k, b] : dp->last_step_comm().bytes) {
@@ -783,7 +790,9 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   // Persistent memory between steps, as of the last step: the final checkpoint and evaluation may gather
   // zero3's parameters afterwards (until the next step), which is not what a step holds.
   std::map<std::string, double> step_memory;
+  HealthMonitor health(pg, {}, HealthOptions::from_env());
   hooks.annotate_step = [&](nlohmann::json& rec) {
+    health.annotate(rec);
     if (trainer->optimizer().has_state()) trainer->optimizer().release_state();  // refilled by before_save
     step_memory = dp->memory().bytes;
     double total = 0;

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -53,6 +55,35 @@ inline std::map<std::string, std::string> parse_fields(const std::string& line) 
   while (in >> word) {
     auto eq = word.find('=');
     if (eq != std::string::npos) out[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  return out;
+}
+
+// The children of `parent` (the ranks the launcher started), with their RANK.
+inline std::vector<std::pair<pid_t, int>> ranks_of(pid_t parent) {
+  std::vector<std::pair<pid_t, int>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream env_file(e.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(env_file)), std::istreambuf_iterator<char>());
+    int rank = -1;
+    for (size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
+      if (env.compare(at, 5, "RANK=") == 0) rank = std::stoi(env.substr(at + 5));
+      if (env.find('\0', at) == std::string::npos) break;
+    }
+    if (rank >= 0) out.emplace_back(static_cast<pid_t>(std::stol(name)), rank);
   }
   return out;
 }

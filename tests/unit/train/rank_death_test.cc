@@ -31,35 +31,6 @@ struct Layout {
   const char* flags;
 };
 
-// The children of `parent` (the ranks the launcher started), with their RANK.
-std::vector<std::pair<pid_t, int>> ranks_of(pid_t parent) {
-  std::vector<std::pair<pid_t, int>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    std::ifstream env_file(e.path() / "environ");
-    std::string env((std::istreambuf_iterator<char>(env_file)), std::istreambuf_iterator<char>());
-    int rank = -1;
-    for (size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
-      if (env.compare(at, 5, "RANK=") == 0) rank = std::stoi(env.substr(at + 5));
-      if (env.find('\0', at) == std::string::npos) break;
-    }
-    if (rank >= 0) out.emplace_back(static_cast<pid_t>(std::stol(name)), rank);
-  }
-  return out;
-}
-
 std::vector<std::string> shm_segments_of(const std::vector<pid_t>& pids) {
   std::vector<std::string> left;
   std::error_code ec;
@@ -92,7 +63,7 @@ TEST_P(RankDeath, KilledRankEndsTheJobNamedAndLeavesNothingBehind) {
     return n;
   };
   ASSERT_TRUE(job.read_until([&] { return steps() >= 3; }, 120)) << job.out() << job.err();
-  const auto ranks = ranks_of(job.pid());
+  const auto ranks = trident::testing::ranks_of(job.pid());
   ASSERT_EQ(static_cast<int>(ranks.size()), l.nproc) << "the launcher's children: " << ranks.size();
   const int victim = l.nproc - 1;
   std::vector<pid_t> pids = {job.pid()};

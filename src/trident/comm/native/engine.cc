@@ -3,6 +3,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/mman.h>
 
@@ -25,6 +26,17 @@ constexpr uint32_t kMsgMagic = 0x5452444d;  // "TRDM"
 constexpr uint8_t kKindColl = 1;
 constexpr uint8_t kKindP2P = 2;
 inline size_t round64(size_t n) { return (n + 63) & ~static_cast<size_t>(63); }
+// CLOCK_MONOTONIC_COARSE: the last timer tick, a vDSO read without the TSC (collective times for the
+// straggler check need milliseconds, not nanoseconds).
+inline uint64_t coarse_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
+}
+inline uint64_t precise_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -50,6 +62,8 @@ struct Engine::Req {
   const uint8_t* own = nullptr;  // reduce: dst = own op incoming (else dst = dst op incoming)
   DType dtype = DType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
+  uint64_t posted_ns = 0;     // coarse clock when a timed receive was posted without its message (0: not waiting)
+  uint64_t empty_mark = 0;    // the peer's empty_reads when it was posted
 };
 
 struct Engine::Unexpected {
@@ -71,6 +85,8 @@ struct Engine::Peer {
   Unexpected* cur_unexp = nullptr;
   size_t got = 0;
   size_t pad_left = 0;
+  uint64_t rx_t0_ns = 0;     // the current message's payload started (precise clock; 0: not timed)
+  uint64_t empty_reads = 0;  // reads that found no header: a receive posted before one waited for its message
 };
 
 Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo> peers,
@@ -104,6 +120,33 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   spin_limit_ = static_cast<unsigned>(local) > cores ? 64 : 4000;
   reqs_.reserve(64);
   chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
+  counters_ = std::make_unique<Counters[]>(static_cast<size_t>(size_));
+}
+
+GroupTraffic Engine::traffic() const {
+  GroupTraffic t;
+  t.peers.resize(size_);
+  for (int i = 0; i < size_; ++i) {
+    PeerTraffic& p = t.peers[i];
+    const Counters& c = counters_[i];
+    p.global_rank = peers_[i].global_rank;
+    p.host = peers_[i].host;
+    p.tcp = i != rank_ && channels_[i] && !channels_[i]->is_shm();
+    p.tx_bytes = c.tx_bytes.load(std::memory_order_relaxed);
+    p.rx_bytes = c.rx_bytes.load(std::memory_order_relaxed);
+    p.rx_timed_bytes = c.rx_timed_bytes.load(std::memory_order_relaxed);
+    p.rx_busy_ns = c.rx_busy_ns.load(std::memory_order_relaxed);
+    p.rx_wait_ns = c.rx_wait_ns.load(std::memory_order_relaxed);
+  }
+  t.collectives = collectives_.load(std::memory_order_acquire);
+  for (const RecentSlot& slot : recent_) {
+    // A slot being rewritten reads seq 0 or a different seq the second time: skipped.
+    const uint64_t seq = slot.seq.load(std::memory_order_acquire);
+    const uint64_t ns = slot.ns.load(std::memory_order_acquire);
+    if (seq != 0 && slot.seq.load(std::memory_order_acquire) == seq) t.recent.push_back({seq, ns});
+  }
+  std::sort(t.recent.begin(), t.recent.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
+  return t;
 }
 
 Engine::~Engine() = default;
@@ -203,6 +246,7 @@ void Engine::begin(const CollArgs& args, Algo algo, uint64_t seq, Clock::time_po
   in_collective_ = args.op != OpKind::kSend && args.op != OpKind::kRecv;
   if (in_collective_) {
     seq_ = seq;
+    coll_t0_ns_ = coarse_ns();
     // Messages of this collective that arrived early: check them now, before any data is used.
     for (int p : active_peers_)
       for (auto& u : peer_state_[p]->unexpected)
@@ -216,6 +260,11 @@ void Engine::end() {
       TRIDENT_THROW(Error, "internal: {} #{} in group '{}' returned with a request to rank {} still pending",
                     describe(args_), seq_, name_, r.peer);
   if (in_collective_) {
+    RecentSlot& slot = recent_[seq_ % GroupTraffic::kRecent];
+    slot.seq.store(0, std::memory_order_release);
+    slot.ns.store(coarse_ns() - coll_t0_ns_, std::memory_order_release);
+    slot.seq.store(seq_, std::memory_order_release);
+    collectives_.store(collectives_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     last_done_seq_ = seq_;
     last_done_args_ = args_;
     last_done_args_.count = fp_count_;
@@ -335,6 +384,10 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
     deliver_unexpected(reqs_[id], u);
     ps.unexpected.erase(it);
     return Request{id};
+  }
+  if (nbytes >= PeerTraffic::kTimedBytes) {
+    reqs_[id].posted_ns = coarse_ns();
+    reqs_[id].empty_mark = ps.empty_reads;
   }
   ps.posted.push_back(id);
   return Request{id};
@@ -477,6 +530,7 @@ bool Engine::progress_tx(int peer) {
       r.off += k;
     }
     r.done = true;
+    bump(counters_[peer].tx_bytes, r.nbytes);
     ps.sendq.pop_front();
   }
   return moved;
@@ -524,6 +578,13 @@ void Engine::on_header(int peer) {
     check_size(r, h, peer);
     ps.cur_req = ps.posted[i];
     ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+    // Timed only when this rank was already waiting for it (a read found the channel empty after the
+    // receive was posted): the payload then streams at the link's pace. A message that had arrived before
+    // (sitting in the socket's or ring's buffer) would read at memory speed and overstate the link.
+    if (h.nbytes >= PeerTraffic::kTimedBytes && r.posted_ns != 0 && ps.empty_reads > r.empty_mark) {
+      ps.rx_t0_ns = precise_ns();
+      bump(counters_[peer].rx_wait_ns, coarse_ns() - r.posted_ns);
+    }
     break;
   }
   if (ps.cur_req < 0) {
@@ -542,7 +603,10 @@ bool Engine::progress_rx(int peer) {
   for (;;) {
     if (ps.rx == Peer::kHeader) {
       size_t k = ch.read_some(ps.hdr_buf + ps.hdr_got, 64 - ps.hdr_got);
-      if (k == 0) return moved;
+      if (k == 0) {
+        ++ps.empty_reads;
+        return moved;
+      }
       moved = true;
       ps.hdr_got += k;
       if (ps.hdr_got < 64) continue;
@@ -586,6 +650,13 @@ bool Engine::progress_rx(int peer) {
         if (k == 0) return moved;
         moved = true;
         ps.pad_left -= k;
+      }
+      Counters& c = counters_[peer];
+      bump(c.rx_bytes, ps.cur.nbytes);
+      if (ps.rx_t0_ns != 0) {
+        bump(c.rx_timed_bytes, ps.cur.nbytes);
+        bump(c.rx_busy_ns, precise_ns() - ps.rx_t0_ns);
+        ps.rx_t0_ns = 0;
       }
       if (ps.cur_req >= 0) {
         reqs_[ps.cur_req].done = true;

@@ -100,6 +100,8 @@ class Engine final : public AlgoContext {
   bool uses_shm() const { return has_shm_; }
   // Active peers reached over shared memory (shm = true) or over TCP.
   int peer_count(bool shm) const;
+  // Per-peer transfer counters and the recent collectives' times (ProcessGroup::traffic). Any thread.
+  GroupTraffic traffic() const;
 
  private:
   struct Req;
@@ -175,6 +177,24 @@ class Engine final : public AlgoContext {
   int spin_limit_ = 2000;
   int wait_kinds_ = 0;  // of the requests being waited: 1 = some on a TCP peer, 2 = some on a shm peer
   size_t chunk_bytes_ = 0;
+
+  // ---- transfer counters (traffic()): written by the executing thread without a locked instruction,
+  // read from any thread. Timing costs two coarse clock reads per collective and two precise ones per
+  // message of at least PeerTraffic::kTimedBytes; smaller messages are only counted. ----
+  struct Counters {
+    std::atomic<uint64_t> tx_bytes{0}, rx_bytes{0}, rx_timed_bytes{0}, rx_busy_ns{0}, rx_wait_ns{0};
+  };
+  static void bump(std::atomic<uint64_t>& c, uint64_t v) {
+    c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  }
+  std::unique_ptr<Counters[]> counters_;
+  struct RecentSlot {
+    std::atomic<uint64_t> seq{0}, ns{0};
+  };
+  RecentSlot recent_[GroupTraffic::kRecent];
+  std::atomic<uint64_t> collectives_{0};
+  uint64_t coll_t0_ns_ = 0;  // coarse clock at begin() of the current collective
+  // ---- end transfer counters ----
 
   std::vector<std::vector<uint8_t>> scratch_;
   std::mutex fail_mu_;

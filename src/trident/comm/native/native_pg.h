@@ -37,6 +37,7 @@ class NativeProcessGroup : public ProcessGroup {
   // As above; `source` is set to "forced", "TRIDENT_ALGO", "tuning" or "cost model".
   Algo choose_algorithm(const CollArgs& args, Algo forced, const char** source) const;
   TransportInfo transport_info() const override;
+  GroupTraffic traffic() const override { return engine_->traffic(); }
   // A ShmBuffer when the group has a shared-memory window (every rank on this host, no TCP peer).
   std::shared_ptr<RegisteredBuffer> alloc_shared(size_t bytes) override;
 
