@@ -472,9 +472,9 @@ TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainCo
       bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
       const std::string type = type_name(k.member);
       if (type == "bool" || type == "bool|auto") {
-        // A bare boolean flag means true; a following true/false literal (or auto, where allowed) is its value.
-        if (next_is_value && (parse_bool(args[i + 1], dummy) || (type == "bool|auto" && args[i + 1] == "auto")))
-          it.value = args[++i];
+        // A bare boolean flag means true; a following true/false literal is its value. A key that also takes
+        // auto takes whatever follows it (so a wrong word is reported as its bad value).
+        if (next_is_value && (parse_bool(args[i + 1], dummy) || type == "bool|auto")) it.value = args[++i];
         else it.value = "true";
       } else {
         if (i + 1 >= args.size()) {

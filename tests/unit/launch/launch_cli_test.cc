@@ -299,8 +299,10 @@ TEST(Launch, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
 }
 
 TEST(Launch, SignalToLauncherStopsEveryRank) {
-  for (int sig : {SIGTERM, SIGINT}) {
-    ProcessRunner p(launch_argv({"-n", "3", "--master-port", "0", "--", "sh", "-c", "echo pid $$; exec sleep 60"}),
+  // With --max-restarts too: a signal to the launcher is no rank failure and restarts nothing.
+  for (auto [sig, restarts] : {std::pair{SIGTERM, 0}, std::pair{SIGINT, 0}, std::pair{SIGTERM, 2}}) {
+    ProcessRunner p(launch_argv({"-n", "3", "--max-restarts", std::to_string(restarts), "--master-port", "0", "--",
+                                 "sh", "-c", "echo pid $$; exec sleep 60"}),
                     make_env(kLaunchVars, {}));
     ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 3; }, kHangGuard)) << p.out() << p.err();
     auto pids = printed_pids(p.out());
@@ -310,6 +312,8 @@ TEST(Launch, SignalToLauncherStopsEveryRank) {
     ASSERT_TRUE(WIFEXITED(*status)) << "the launcher must stop its ranks, then exit";
     EXPECT_EQ(WEXITSTATUS(*status), 128 + sig);
     EXPECT_NE(p.err().find(sig == SIGTERM ? "received SIGTERM" : "received SIGINT"), std::string::npos) << p.err();
+    EXPECT_EQ(p.err().find("restart"), std::string::npos) << p.err();
+    EXPECT_EQ(printed_pids(p.out()).size(), 3u) << "no rank may be started again: " << p.out();
     expect_all_gone(pids);
   }
 }

@@ -381,6 +381,21 @@ std::pair<std::string, int> in_child(const std::function<int(int out_fd)>& body)
 
 void put(int fd, const std::string& s) { [[maybe_unused]] ssize_t n = ::write(fd, s.data(), s.size()); }
 
+// A checkpoint of step 5 in `out`, then the weights changed: what a failed save of step 10 must leave.
+struct FirstCheckpoint {
+  explicit FirstCheckpoint(const std::string& dir) : out(dir) {
+    first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
+    saved.assign(m->param_data(), m->param_data() + m->num_params());
+    model_bytes = fs::file_size(fs::path(first) / "model.safetensors");
+    for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  }
+  std::unique_ptr<nn::Model> m = tiny_gpt(5);
+  std::vector<float> ea = std::vector<float>(m->num_params(), 0.25f), es = std::vector<float>(m->num_params(), 0.5f);
+  std::string out, first;
+  std::vector<float> saved;
+  uint64_t model_bytes = 0;
+};
+
 void expect_previous_loadable(const std::string& out, const std::string& first, const std::vector<float>& saved) {
   EXPECT_EQ(find_checkpoint(out), first);
   auto ck = load_checkpoint(first);
@@ -394,13 +409,8 @@ void expect_previous_loadable(const std::string& out, const std::string& first, 
 
 TEST(CheckpointFullDisk, FileSizeLimitFailsNamingThePathAndBytesAndKeepsThePreviousCheckpoint) {
   TempDir d;
-  auto m = tiny_gpt(5);
-  std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
-  const std::string out = d.path.string();
-  const std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
-  const std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
-  const uint64_t model_bytes = fs::file_size(fs::path(first) / "model.safetensors");
-  for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  FirstCheckpoint c(d.path.string());
+  auto& [m, ea, es, out, first, saved, model_bytes] = c;
   // The child may not write files larger than half the weights file (RLIMIT_FSIZE, as `ulimit -f`).
   auto [message, code] = in_child([&](int fd) {
     ::signal(SIGXFSZ, SIG_IGN);  // as the trident CLI does: EFBIG instead of death by SIGXFSZ
@@ -482,13 +492,8 @@ TEST(CheckpointFullDisk, SmallTmpfsFailsNamingThePathAndBytesAndKeepsThePrevious
 
 TEST(CheckpointFullDisk, EnospcFromFsyncFailsAndKeepsThePreviousCheckpoint) {
   TempDir d;
-  auto m = tiny_gpt(5);
-  std::vector<float> ea(m->num_params(), 0.25f), es(m->num_params(), 0.5f);
-  const std::string out = d.path.string();
-  const std::string first = save_checkpoint(out, *m, meta_for(*m, 5), {&ea, &es});
-  const std::vector<float> saved(m->param_data(), m->param_data() + m->num_params());
-  const uint64_t model_bytes = fs::file_size(fs::path(first) / "model.safetensors");
-  for (float& v : std::span(m->param_data(), m->num_params())) v += 1.0f;
+  FirstCheckpoint c(d.path.string());
+  auto& [m, ea, es, out, first, saved, model_bytes] = c;
   io::testing::set_fsync_fault(ENOSPC);
   const std::string e = error_of([&] { save_checkpoint(out, *m, meta_for(*m, 10), {&ea, &es}); });
   io::testing::set_fsync_fault(0);

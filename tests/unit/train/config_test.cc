@@ -87,6 +87,13 @@ TEST(Config, FlagFormsDashesAndUnderscores) {
   EXPECT_EQ(j.resume, Resume::kNo);
   EXPECT_THROW(apply_config_json(j, nlohmann::json{{"resume", "sometimes"}}, "test"), InvalidArgument);
   EXPECT_THROW(parse_train_args({"--resume=sometimes"}), InvalidArgument);
+  try {
+    parse_train_args({"--resume", "maybe"});
+    ADD_FAILURE() << "--resume maybe was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("bad value 'maybe' for config key 'resume'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("or auto"), std::string::npos) << e.what();
+  }
   // A base config (trident train under --max-restarts defaults resume to auto) is overridden by the line.
   TrainConfig base;
   base.resume = Resume::kAuto;
