@@ -143,14 +143,10 @@ bool find_mismatch(const Merged& g, std::vector<InspectFinding>& out, uint64_t* 
   return false;
 }
 
-void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFinding>& out) {
-  // The oldest collective that did not complete on some rank that issued it.
-  uint64_t stuck = 0;
-  for (auto& [r, dg] : g.by_rank)
-    for (const auto& c : dg->calls)
-      if (c.seq && c.state != "completed" && (!stuck || c.seq < stuck)) stuck = c.seq;
-  if (!stuck || stuck == mismatch_seq) return;
-  std::vector<int> never, waiting, no_dump, done;
+// One collective that did not complete on some rank that issued it: true when it explains something (a
+// finding was added), false when it was only in flight when a rank dumped (it completed on another rank).
+bool explain_stuck(const Merged& g, uint64_t stuck, std::vector<InspectFinding>& out) {
+  std::vector<int> never, unknown, waiting, no_dump, done;
   std::vector<double> waits;
   const DumpedCall* example = nullptr;
   std::map<std::string, std::vector<int>> errors;  // error type -> ranks
@@ -163,7 +159,7 @@ void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFindin
     }
     const DumpedCall* c = find_seq(*it->second, stuck);
     if (!c) {
-      if (max_seq(*it->second) < stuck) never.push_back(g.global(r));
+      if (max_seq(*it->second) < stuck) never.push_back(g.global(r));  // sorted out below by dump time
       continue;  // else: older than its ring
     }
     if (c->state == "completed") {
@@ -179,7 +175,19 @@ void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFindin
       if (first_error.empty()) first_error = c->error;
     }
   }
-  if (!example) return;
+  if (!example) return false;
+  // Dumps are not taken at one instant (SIGUSR1 of a live job): a rank that dumped before the first waiting
+  // rank arrived says nothing about this collective.
+  int64_t first_arrival = 0;
+  for (auto& [r, dg] : g.by_rank)
+    if (const DumpedCall* c = find_seq(*dg, stuck); c && c->state != "completed")
+      if (!first_arrival || arrival_us(*c) < first_arrival) first_arrival = arrival_us(*c);
+  std::erase_if(never, [&](int gr) {
+    for (auto& [r, d] : g.dump_of)
+      if (g.global(r) == gr && d->dump_time_us < first_arrival) return unknown.push_back(gr), true;
+    return false;
+  });
+  if (errors.empty() && !done.empty()) return false;  // it completed elsewhere: in flight at a rank's dump
   const std::string what = fmt::format("{} #{} of {}", example->op, stuck, g.label());
   std::string wait_text;
   if (!waits.empty()) {
@@ -193,7 +201,7 @@ void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFindin
     for (auto& [type, rs] : errors) e.push_back(fmt::format("{} on {}", type, ranks_word(rs)));
     ending = fmt::format(" and failed ({})", fmt::join(e, ", "));
   } else {
-    ending = " and were still waiting when they dumped";
+    ending = waiting.size() == 1 ? " and was still waiting at its dump" : " and were still waiting at their dumps";
   }
   InspectFinding f{InspectFinding::Kind::kHang, g.name, stuck, {}, {}};
   if (!never.empty()) {
@@ -224,20 +232,40 @@ void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFindin
       }
     }
     if (!no_dump.empty()) f.text += fmt::format(" {} left no dump.", ranks_word(no_dump));
+    if (!unknown.empty()) f.text += fmt::format(" {} dumped before it began.", ranks_word(unknown));
   } else if (!no_dump.empty()) {
     f.ranks = no_dump;
     f.text = fmt::format("{} waited {} in {}{}; {} left no dump, so whether {} entered it is unknown (a rank that "
                          "died writes none: look for PeerDiedError and its exit status).",
                          ranks_word(waiting), wait_text, what, ending, ranks_word(no_dump),
                          no_dump.size() == 1 ? "it" : "they");
+  } else if (errors.empty()) {
+    f.kind = InspectFinding::Kind::kInFlight;
+    f.ranks = waiting;
+    f.text = fmt::format("{} was in progress on {} ({}) when {} dumped{}; nothing shows a rank stuck.", what,
+                         ranks_word(waiting), wait_text, waiting.size() == 1 ? "it" : "they",
+                         unknown.empty() ? "" : fmt::format(" ({} dumped before it began)", ranks_word(unknown)));
   } else {
-    f.kind = errors.empty() ? InspectFinding::Kind::kHang : InspectFinding::Kind::kFailure;
+    f.kind = InspectFinding::Kind::kFailure;
     f.ranks = waiting;
     f.text = fmt::format("every rank entered {}; it did not complete on {} (waited {}){}{}", what,
                          ranks_word(waiting), wait_text, ending,
                          first_error.empty() ? "." : fmt::format(": {}", shorten(first_error)));
   }
   out.push_back(std::move(f));
+  return true;
+}
+
+// The oldest collective that did not complete and that a dump explains (skipping ones merely in flight).
+void find_hang(const Merged& g, uint64_t mismatch_seq, std::vector<InspectFinding>& out) {
+  std::set<uint64_t> open;
+  for (auto& [r, dg] : g.by_rank)
+    for (const auto& c : dg->calls)
+      if (c.seq && c.state != "completed") open.insert(c.seq);
+  for (uint64_t s : open) {
+    if (s == mismatch_seq) return;  // the mismatch finding explains it
+    if (explain_stuck(g, s, out)) return;
+  }
 }
 
 void find_slowest(const Merged& g, int last_k, std::vector<InspectFinding>& out) {
@@ -292,8 +320,11 @@ void find_p2p(const Merged& g, std::vector<InspectFinding>& out) {
     for (const auto& c : dg->calls) {
       if (c.seq || c.state == "completed") continue;
       const int64_t until = c.end_us ? c.end_us : g.dump_of.at(r)->dump_time_us;
-      InspectFinding f{c.state == "failed" ? InspectFinding::Kind::kFailure : InspectFinding::Kind::kHang, g.name,
-                       0, {g.global(r)}, {}};
+      const double waited = static_cast<double>(until - arrival_us(c)) / 1e6;
+      InspectFinding f{c.state == "failed" ? InspectFinding::Kind::kFailure
+                       : waited >= 1.0     ? InspectFinding::Kind::kHang
+                                           : InspectFinding::Kind::kInFlight,
+                       g.name, 0, {g.global(r)}, {}};
       f.text = fmt::format("rank {}'s {} of {} did not complete ({} after {}){}.", g.global(r), call_name(c),
                            g.label(), c.state, seconds_text(static_cast<double>(until - arrival_us(c)) / 1e6),
                            c.error.empty() ? "" : fmt::format(": {}", shorten(c.error)));
@@ -414,8 +445,8 @@ InspectReport inspect_flight_dumps(const std::vector<RankDump>& dumps, int last_
   for (const auto& d : dumps) {
     uint64_t calls = 0;
     for (const auto& g : d.groups) calls += g.calls.size();
-    rep.dumps.push_back(fmt::format("rank {} ({}, pid {}): {} groups, {} calls recorded; dumped on {}", d.rank, d.host,
-                                    d.pid, d.groups.size(), calls, d.reason));
+    rep.dumps.push_back(fmt::format("rank {} ({}, pid {}): {} group{}, {} calls recorded; dumped on {}", d.rank,
+                                    d.host, d.pid, d.groups.size(), d.groups.size() == 1 ? "" : "s", calls, d.reason));
   }
   const std::vector<Merged> groups = merge(dumps);
   std::vector<InspectFinding> problems, slow;
@@ -430,7 +461,10 @@ InspectReport inspect_flight_dumps(const std::vector<RankDump>& dumps, int last_
   // A rank that never entered a collective explains the rest: those first, then mismatches, then failures.
   std::stable_sort(problems.begin(), problems.end(), [](const InspectFinding& a, const InspectFinding& b) {
     auto order = [](const InspectFinding& f) {
-      return f.kind == InspectFinding::Kind::kMismatch ? 1 : f.kind == InspectFinding::Kind::kHang ? 0 : 2;
+      return f.kind == InspectFinding::Kind::kHang       ? 0
+             : f.kind == InspectFinding::Kind::kMismatch ? 1
+             : f.kind == InspectFinding::Kind::kFailure  ? 2
+                                                         : 3;
     };
     return order(a) < order(b);
   });
@@ -443,7 +477,8 @@ std::string InspectReport::text() const {
   std::string s = fmt::format("{} dump{}:\n", dumps.size(), dumps.size() == 1 ? "" : "s");
   for (const auto& d : dumps) s += "  " + d + "\n";
   bool any_problem = false;
-  for (const auto& f : findings) any_problem |= f.kind != InspectFinding::Kind::kSlowest;
+  for (const auto& f : findings)
+    any_problem |= f.kind != InspectFinding::Kind::kSlowest && f.kind != InspectFinding::Kind::kInFlight;
   if (!any_problem) s += "no collective is stuck, mismatched or failed in the recorded calls.\n";
   for (const auto& f : findings) s += f.text + "\n";
   return s;

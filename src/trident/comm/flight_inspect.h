@@ -49,7 +49,10 @@ RankDump parse_flight_dump(const std::string& text, const std::string& file);
 std::vector<RankDump> load_flight_dumps(const std::string& dir);
 
 struct InspectFinding {
-  enum class Kind { kHang, kMismatch, kFailure, kSlowest };
+  // kHang: a rank never entered a collective others wait in (or left no dump); kMismatch: ranks issued
+  // different calls at one sequence number; kFailure: every rank entered and it failed; kInFlight: a call
+  // was running at a dump and nothing shows it stuck (a live job's SIGUSR1); kSlowest: arrival lateness.
+  enum class Kind { kHang, kMismatch, kFailure, kInFlight, kSlowest };
   Kind kind;
   std::string group;
   uint64_t seq = 0;        // the collective concerned (0: none)

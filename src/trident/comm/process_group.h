@@ -10,7 +10,8 @@
 // default 600 s). On expiry the error names the op, its sequence number, the group and the ranks not heard
 // from. A dead peer fails pending and later collectives within seconds (PeerDiedError names it); ranks that
 // issue different collectives at the same sequence number all get a MismatchError naming what each issued.
-// After any failure the group is aborted: later calls fail at once with the first error.
+// After any failure the group is aborted: later calls fail at once with the first error. Every call is
+// recorded in the group's flight recorder (comm/flight_recorder.h), which is dumped on such a failure.
 //
 // One entry point per backend: the named collectives validate their arguments here, once, and call
 // post(); a backend implements post() and throws Unsupported for what it cannot do (STYLE.md #6, with one

@@ -227,6 +227,24 @@ TEST(FlightInspect, MissingDumpIsNamed) {
       << rep.findings[0].text;
 }
 
+// SIGUSR1 of a live job: rank 0 dumped inside #3, rank 1 dumped later, inside #4 (after #3 completed there).
+// Neither is stuck and nobody is accused.
+TEST(FlightInspect, LiveDumpsAtDifferentTimesAccuseNobody) {
+  std::vector<RankDump> dumps;
+  json c0 = json::array({call(1, "all_reduce", "completed", 10, 20), call(2, "all_reduce", "completed", 30, 40),
+                         call(3, "all_reduce", "started", 50, 0)});
+  json c1 = json::array({call(1, "all_reduce", "completed", 10, 20), call(2, "all_reduce", "completed", 30, 40),
+                         call(3, "all_reduce", "completed", 52, 60), call(4, "all_reduce", "started", 70, 0)});
+  dumps.push_back(parse_flight_dump(dump_of(0, 2, c0, 55).dump(), "a"));
+  dumps.push_back(parse_flight_dump(dump_of(1, 2, c1, 80).dump(), "b"));
+  auto rep = inspect_flight_dumps(dumps);
+  for (const auto& f : rep.findings)
+    EXPECT_TRUE(f.kind == InspectFinding::Kind::kInFlight || f.kind == InspectFinding::Kind::kSlowest) << f.text;
+  EXPECT_NE(rep.text().find("no collective is stuck"), std::string::npos) << rep.text();
+  EXPECT_NE(rep.text().find("all_reduce #4 of group 'world' (ranks 0,1) was in progress on rank 1"), std::string::npos)
+      << rep.text();
+}
+
 TEST(FlightInspect, MismatchSaysWhatEachRankIssued) {
   std::vector<RankDump> dumps;
   for (int r = 0; r < 5; ++r) {
