@@ -16,26 +16,35 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_TRANSPORT", "auto", "auto (shm on one host, tcp across hosts) | shm | tcp"},
       {"TRIDENT_ALGO", "", "force one algorithm for every collective that has it (e.g. ring, rd, direct, tree)"},
       {"TRIDENT_STORE_TOKEN", "", "shared secret the store's clients must present (set by trident launch)"},
-      {"TRIDENT_STORE_HOSTED", "0", "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
-      {"TRIDENT_SHM_RING_BYTES", "0", "bytes of each shared-memory channel between two ranks (0: 4M up to 4 local ranks, 1M beyond)"},
+      {"TRIDENT_STORE_HOSTED", "0",
+       "1 = the store server already runs at MASTER_ADDR:MASTER_PORT (set by trident launch)"},
+      {"TRIDENT_SHM_RING_BYTES", "0",
+       "bytes of each shared-memory channel between two ranks (0: 4M up to 4 local ranks, 1M beyond)"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
       {"TRIDENT_CACHE_BYTES", "0",
        "bytes of last-level cache a collective's buffers may assume (0: a quarter of the L3); beyond it cma "
        "all_reduce streams its output"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
-      {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
+      {"TRIDENT_TUNING_FILE", "",
+       "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
-      {"TRIDENT_HOST_ID", "", "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
-      {"TRIDENT_BIND", "auto", "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
+      {"TRIDENT_HOST_ID", "",
+       "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
+      {"TRIDENT_BIND", "auto",
+       "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
       {"TRIDENT_TCP_SOCKBUF", "0", "SO_SNDBUF/SO_RCVBUF of every TCP connection (0 = the largest the kernel allows)"},
-      {"TRIDENT_TCP_MAX_IO", "0", "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
+      {"TRIDENT_TCP_MAX_IO", "0",
+       "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_CHECK", "0",
        "backend mpi: 1 = before every collective, check that every rank issues the same one (one 32-byte "
        "all-gather per call; a mismatch raises MismatchError naming the ranks instead of a hang or a timeout)"},
-      {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
-      {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
+      {"TRIDENT_MPI_SERIALIZE", "0",
+       "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
+      {"TRIDENT_ISA", "auto",
+       "CPU kernels' instruction set: auto (the highest this CPU supports) | amx | avx512bf16 | avx512 | avx2 | "
+       "portable; a level above the CPU's is an error (`trident env` prints the chosen kernels)"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
       {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
       {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},
@@ -186,6 +195,6 @@ std::string bind() { return param_string("TRIDENT_BIND"); }
 std::string socket_addr() { return param_string("TRIDENT_SOCKET_ADDR"); }
 bool mpi_check() { return param_bool("TRIDENT_MPI_CHECK"); }
 bool mpi_serialize() { return param_bool("TRIDENT_MPI_SERIALIZE"); }
-std::string cpu_kernels() { return param_string("TRIDENT_CPU_KERNELS"); }
+std::string isa() { return param_string("TRIDENT_ISA"); }
 
 }  // namespace trident::env

@@ -1,4 +1,4 @@
-// The AVX-512 kernels (kernels::cpu::set_native_kernels): the GEMM against an independent scalar
+// The AVX-512 kernels (ISA level avx512 and up, kernels::cpu::set_isa): the GEMM against an independent scalar
 // fused-multiply-add chain (bit for bit: each element is one chain over k in order) for every transpose,
 // tail and blocking case; causal attention against the float64 reference and against the portable path;
 // a whole GPT step on both paths. Skipped where the CPU has no AVX-512.
@@ -9,6 +9,7 @@
 
 #include "harness/skip.h"
 #include "reference.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/nn/models.h"
 
@@ -17,23 +18,22 @@ using ref::Vec;
 
 namespace {
 
-// Selects the kernel path for one scope; GEMMs take the native path only with a one-thread pool.
+// Selects the kernel path for one scope: native = the AVX-512 level (avx512), else portable; GEMMs take
+// the native path only with a one-thread pool.
 class KernelPath {
  public:
-  explicit KernelPath(bool native) : was_(kc::set_native_kernels(native)) { kc::set_num_threads(1); }
-  ~KernelPath() { kc::set_native_kernels(true); }
+  explicit KernelPath(bool native) : was_(kc::set_isa(native ? kc::Isa::kAvx512 : kc::Isa::kPortable)) {
+    kc::set_num_threads(1);
+  }
+  ~KernelPath() { kc::set_isa(was_); }
   KernelPath(const KernelPath&) = delete;
   KernelPath& operator=(const KernelPath&) = delete;
-  bool was() const { return was_; }
 
  private:
-  bool was_;
+  kc::Isa was_;
 };
 
-bool native_available() {
-  KernelPath p(true);
-  return kc::native_kernels_active();
-}
+bool native_available() { return kc::machine_isa() >= kc::Isa::kAvx512; }
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 1e-30;
