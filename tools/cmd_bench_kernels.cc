@@ -6,8 +6,11 @@
 // cycle) and FLOPs/cycle nominal: two vector FMA pipes of the level's width (x86-64: 4 lanes, avx2: 8,
 // avx512: 16, 2 FLOPs each); vdpbf16ps counts 4 FLOPs per lane; AMX-BF16 1024 per cycle (Sapphire
 // Rapids). Parts with one 512-bit FMA pipe, or 512-bit ops split in two (Zen 4), peak at half of that.
-// Memory-bound kernels report GB/s (bytes each must read and write) beside memcpy of the same bytes.
-#include <chrono>
+// Times are this thread's CPU time (best of 3 rounds). Memory-bound kernels report GB/s (bytes each
+// must read and write) beside memcpy of the same bytes.
+#include <time.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -40,30 +43,38 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
-// Seconds per call of f: calls it until `seconds` have passed (after one untimed call), best of 3 rounds.
+// CPU time of this thread: on a machine shared with other work, what the kernel itself took.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds per call of f: calls it until `seconds` of CPU time have passed (after one untimed call),
+// best of 3 rounds.
 double time_call(const std::function<void()>& f, double seconds) {
-  using clk = std::chrono::steady_clock;
   f();
   double best = 1e30;
   for (int round = 0; round < 3; ++round) {
     int64_t n = 0;
-    const auto t0 = clk::now();
+    const double t0 = thread_seconds();
     double el = 0;
     do {
       f();
       ++n;
-      el = std::chrono::duration<double>(clk::now() - t0).count();
+      el = thread_seconds() - t0;
     } while (el < seconds / 3);
     best = std::min(best, el / static_cast<double>(n));
   }
   return best;
 }
 
-// Core clock in GHz: 8 dependent adds per loop iteration retire at one per cycle.
+// Core clock in GHz: 8 dependent adds per loop iteration retire at one per cycle (CPU time, so time
+// slices given to other processes do not count).
 double measure_ghz() {
   auto run = [](int64_t iters) {
     uint64_t x = 0, y = 1;
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = thread_seconds();
     for (int64_t i = 0; i < iters; ++i) {
 #if defined(__x86_64__)
       __asm__ volatile(
@@ -75,7 +86,7 @@ double measure_ghz() {
       x += y;
 #endif
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() + 0 * static_cast<double>(x);
+    return thread_seconds() - t0 + 0 * static_cast<double>(x);
   };
   run(10'000'000);
   double best = 1e30;
@@ -148,7 +159,7 @@ int run(const Flags& f) {
   const double ghz = measure_ghz();
   std::printf("cpu: %s\nfeatures: %s\nmachine level: %s\n", cpu_model().c_str(), kc::cpu_features().c_str(),
               kc::isa_name(kc::machine_isa()));
-  std::printf("clock: %.2f GHz measured (dependent adds), /proc/cpuinfo says %.0f MHz; 1 thread\n", ghz, cpuinfo_mhz());
+  std::printf("clock: %.2f GHz measured (dependent adds, thread CPU time), /proc/cpuinfo says %.0f MHz; 1 thread\n", ghz, cpuinfo_mhz());
   const int B = f.batch, T = f.block, C = f.embd, NH = f.heads, V = f.vocab, N = B * T;
   std::printf("shapes: B %d, T %d, C %d, heads %d, vocab %d (N = B*T = %d rows)\n\n", B, T, C, NH, V, N);
 
