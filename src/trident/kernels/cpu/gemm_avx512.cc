@@ -45,6 +45,34 @@ constexpr int kKc = 128;  // k per block: a packed 128 x 64 panel is 32 KiB, res
 
 alignas(64) thread_local float g_pack[kKc * kNr];
 
+// A register tile of C: acc = (load_c ? C : 0), and C = acc; the last vector of each row under `last`.
+template <int MR, int NV>
+TRIDENT_AVX512_FN __attribute__((always_inline)) inline void load_tile(__m512 (&acc)[MR][NV], const float* c,
+                                                                       ptrdiff_t ldc, __mmask16 last, bool load_c) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (load_c) {
+        acc[i][v] =
+            v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v) : _mm512_loadu_ps(c + i * ldc + 16 * v);
+      } else {
+        acc[i][v] = _mm512_setzero_ps();
+      }
+    }
+}
+template <int MR, int NV>
+TRIDENT_AVX512_FN __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[MR][NV], float* c,
+                                                                        ptrdiff_t ldc, __mmask16 last) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
+      else _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
+    }
+}
+
 // acc[MR][NV] = (load_c ? C : 0) + sum_k A(i,k) B(k,j) for one tile. B rows at stride ldb; the last
 // vector of each row is loaded and stored under mask `last` (columns past N are neither read nor written).
 template <int MR, int NV, bool kTransA>
@@ -52,17 +80,7 @@ TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __res
                                                        const float* __restrict b, ptrdiff_t ldb, __mmask16 last,
                                                        float* __restrict c, ptrdiff_t ldc, bool load_c) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (load_c) {
-        acc[i][v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v)
-                                : _mm512_loadu_ps(c + i * ldc + 16 * v);
-      } else {
-        acc[i][v] = _mm512_setzero_ps();
-      }
-    }
+  load_tile<MR, NV>(acc, c, ldc, last, load_c);
   const float* ar[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = kTransA ? a + i : a + i * lda;
@@ -80,13 +98,7 @@ TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __res
     }
     if (kTransA) ar[0] += lda;
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
-      else _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
-    }
+  store_tile<MR, NV>(acc, c, ldc, last);
 }
 
 using MicroFn = void (*)(int, const float*, ptrdiff_t, const float*, ptrdiff_t, __mmask16, float*, ptrdiff_t, bool);
@@ -322,17 +334,7 @@ TRIDENT_BF16_FN __attribute__((noinline)) void micro_bf16(int pairs, const uint1
                                                           const uint32_t* __restrict b, ptrdiff_t sb, __mmask16 last,
                                                           float* __restrict c, ptrdiff_t ldc, bool load_c) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (load_c) {
-        acc[i][v] =
-            v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v) : _mm512_loadu_ps(c + i * ldc + 16 * v);
-      } else {
-        acc[i][v] = _mm512_setzero_ps();
-      }
-    }
+  load_tile<MR, NV>(acc, c, ldc, last, load_c);
   const int32_t* ar[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = reinterpret_cast<const int32_t*>(a + i * sa);
@@ -348,15 +350,7 @@ TRIDENT_BF16_FN __attribute__((noinline)) void micro_bf16(int pairs, const uint1
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1)
-        _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
-      else
-        _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
-    }
+  store_tile<MR, NV>(acc, c, ldc, last);
 }
 
 using MicroBf16Fn = void (*)(int, const uint16_t*, ptrdiff_t, const uint32_t*, ptrdiff_t, __mmask16, float*, ptrdiff_t,
