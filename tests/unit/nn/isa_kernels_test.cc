@@ -108,11 +108,7 @@ TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
         for (int ta = 0; ta < 2; ++ta)
           for (int tb = 0; tb < 2; ++tb)
             for (int acc = 0; acc < 2; ++acc) {
-              std::vector<float> A(a.size()), B(b.size());
-              for (int i = 0; i < M; ++i)
-                for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
-              for (int k = 0; k < K; ++k)
-                for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
+              const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
               std::vector<float> C = c0;
               kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(),
                        N, bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32);

@@ -62,11 +62,7 @@ TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
       for (int tb = 0; tb < 2; ++tb)
         for (int acc = 0; acc < 2; ++acc) {
           // A stored [K,M] when transposed, B stored [N,K] when transposed (values a[i,k], b[k,j] alike).
-          std::vector<float> A(a.size()), B(b.size());
-          for (int i = 0; i < M; ++i)
-            for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
-          for (int k = 0; k < K; ++k)
-            for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
+          const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
           std::vector<float> C = c0, want(c0.size());
           for (int i = 0; i < M; ++i)
             for (int j = 0; j < N; ++j) {

@@ -452,24 +452,28 @@ TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, co
 
 }  // namespace
 
-void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                   bool accumulate, float* C, int ldc) {
+namespace {
+// The bfloat16 GEMMs' entry: nothing for an empty C; for K == 0, C = (accumulate ? C : 0).
+using Bf16Impl = void (*)(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int);
+void bf16_entry(Bf16Impl impl, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                const float* B, int ldb, bool accumulate, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     return;
   }
-  amx_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  impl(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+}  // namespace
+
+void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   bool accumulate, float* C, int ldc) {
+  bf16_entry(amx_bf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                       bool accumulate, float* C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
-    return;
-  }
-  dpbf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  bf16_entry(dpbf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
