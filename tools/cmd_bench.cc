@@ -212,7 +212,8 @@ int run(const RawFlags& f) {
 }
 
 void setup(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: `bench comm` measures collectives (nccl-tests style)");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Benchmarks: `bench comm` measures collectives (nccl-tests style), `bench kernels` the CPU kernels");
   bench->require_subcommand(1);
   auto f = std::make_shared<RawFlags>();
   CLI::App* comm = bench->add_subcommand(

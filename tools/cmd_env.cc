@@ -1,8 +1,10 @@
-// `trident env`: every TRIDENT_* environment variable, its default, its current value and its meaning.
+// `trident env`: every TRIDENT_* environment variable, its default, its current value and its meaning,
+// then the CPU kernels chosen for this machine.
 #include <cstdio>
 
 #include "command.h"
 #include "trident/core/env.h"
+#include "trident/kernels/cpu/isa.h"
 
 namespace trident::cli {
 namespace {
@@ -15,6 +17,9 @@ void setup(CLI::App& app) {
       std::printf("%-24s default %-8s %s%s\n    %s\n", p.name, *p.default_value ? p.default_value : "\"\"",
                   cur ? "now " : "", cur ? cur->c_str() : "", p.help);
     }
+    // The CPU kernels TRIDENT_ISA selects on this machine (an invalid or too high level fails here).
+    std::printf("\ncpu kernels: %s\ncpu features: %s\n", kernels::cpu::kernel_summary().c_str(),
+                kernels::cpu::cpu_features().c_str());
     set_exit_code(0);
   });
 }

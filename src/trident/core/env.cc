@@ -28,18 +28,24 @@ const std::vector<ParamInfo>& all_params() {
        "bytes of last-level cache a collective's buffers may assume (0: a quarter of the L3); beyond it cma "
        "all_reduce streams its output"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
-      {"TRIDENT_TUNING_FILE", "", "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
+      {"TRIDENT_TUNING_FILE", "",
+       "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
       {"TRIDENT_HOSTNAME", "", "host identity used to group ranks (defaults to the hostname)"},
-      {"TRIDENT_HOST_ID", "", "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
-      {"TRIDENT_BIND", "auto", "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
+      {"TRIDENT_HOST_ID", "",
+       "host identity used to group ranks; wins over TRIDENT_HOSTNAME (emulated hosts: netns, tests)"},
+      {"TRIDENT_BIND", "auto",
+       "CPU binding of the local ranks trident launch / bench --nproc / train --nproc start: none|core|auto"},
       {"TRIDENT_TCP_SOCKBUF", "0", "SO_SNDBUF/SO_RCVBUF of every TCP connection (0 = the largest the kernel allows)"},
-      {"TRIDENT_TCP_MAX_IO", "0", "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
+      {"TRIDENT_TCP_MAX_IO", "0",
+       "tests only: at most this many bytes per TCP send/recv call (0 = no cap; forces partial I/O)"},
       {"TRIDENT_SOCKET_ADDR", "", "address other hosts reach this rank at (default: the route to MASTER_ADDR)"},
       {"TRIDENT_MPI_CHECK", "0",
        "backend mpi: 1 = before every collective, check that every rank issues the same one (one 32-byte "
        "all-gather per call; a mismatch raises MismatchError naming the ranks instead of a hang or a timeout)"},
       {"TRIDENT_MPI_SERIALIZE", "0", "backend mpi: 1 = serialize every MPI call through one mutex even with MPI_THREAD_MULTIPLE"},
-      {"TRIDENT_CPU_KERNELS", "auto", "auto: trident's AVX-512 GEMM (one thread; AMX for bfloat16) and attention where the CPU has them | portable: OpenBLAS GEMMs, portable attention"},
+      {"TRIDENT_ISA", "auto",
+       "CPU kernels' instruction set: auto (the highest this CPU supports) | amx | avx512bf16 | avx512 | avx2 | "
+       "portable; a level above the CPU's is an error (`trident env` prints the chosen kernels)"},
       {"TRIDENT_FLIGHT_RECORDER_SIZE", "2048",
        "calls (collectives and send/recv) each process group keeps in its flight recorder ring; 0 = off"},
       {"TRIDENT_FLIGHT_RECORDER_DIR", "",
@@ -209,6 +215,6 @@ std::string bind() { return param_string("TRIDENT_BIND"); }
 std::string socket_addr() { return param_string("TRIDENT_SOCKET_ADDR"); }
 bool mpi_check() { return param_bool("TRIDENT_MPI_CHECK"); }
 bool mpi_serialize() { return param_bool("TRIDENT_MPI_SERIALIZE"); }
-std::string cpu_kernels() { return param_string("TRIDENT_CPU_KERNELS"); }
+std::string isa() { return param_string("TRIDENT_ISA"); }
 
 }  // namespace trident::env

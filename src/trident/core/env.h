@@ -63,6 +63,6 @@ std::string bind();               // TRIDENT_BIND: CPU binding of launched local
 std::string socket_addr();        // TRIDENT_SOCKET_ADDR: address other hosts reach this rank at ("" = route to master)
 bool mpi_check();                 // TRIDENT_MPI_CHECK: backend mpi fingerprints every collective
 bool mpi_serialize();             // TRIDENT_MPI_SERIALIZE: backend mpi serializes every MPI call
-std::string cpu_kernels();        // TRIDENT_CPU_KERNELS: auto|portable
+std::string isa();                // TRIDENT_ISA: auto|amx|avx512bf16|avx512|avx2|portable
 
 }  // namespace trident::env

@@ -14,6 +14,7 @@
 #include "trident/core/log.h"
 #include "trident/data/file_io.h"
 #include "trident/data/rng.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/device.h"
 #include "trident/nn/models.h"
@@ -198,6 +199,16 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     if (metrics_ == nullptr) TRIDENT_THROW(IoError, "cannot write '{}': {}", mpath, detail::errno_string(errno));
     std::fputs(kept.c_str(), metrics_);
     std::fflush(metrics_);
+    // The machine facts that decide speed: the CPU kernels and the threads they run on.
+    if (model_->device() == kernels::Device::kCpu) {
+      const std::string kernels = kernels::cpu::kernel_summary();
+      log_info("cpu kernels: {}; {} thread(s)", kernels, kernels::cpu::num_threads());
+      emit({{"type", "run"},
+            {"cpu_isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+            {"cpu_kernels", kernels},
+            {"cpu_features", kernels::cpu::cpu_features()},
+            {"threads", kernels::cpu::num_threads()}});
+    }
   }
 }
 

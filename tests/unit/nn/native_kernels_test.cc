@@ -1,7 +1,8 @@
-// The AVX-512 kernels (kernels::cpu::set_native_kernels): the GEMM against an independent scalar
+// The AVX-512 kernels (ISA level avx512 and up, kernels::cpu::set_isa): the GEMM against an independent scalar
 // fused-multiply-add chain (bit for bit: each element is one chain over k in order) for every transpose,
 // tail and blocking case; causal attention against the float64 reference and against the portable path;
-// a whole GPT step on both paths. Skipped where the CPU has no AVX-512.
+// a whole GPT step on both paths (bfloat16 GEMMs at every level: isa_kernels_test). Skipped where the
+// CPU has no AVX-512.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "harness/skip.h"
 #include "reference.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/nn/models.h"
 
@@ -17,23 +19,22 @@ using ref::Vec;
 
 namespace {
 
-// Selects the kernel path for one scope; GEMMs take the native path only with a one-thread pool.
+// Selects the kernel path for one scope: native = the AVX-512 level (avx512), else portable; GEMMs take
+// the native path only with a one-thread pool.
 class KernelPath {
  public:
-  explicit KernelPath(bool native) : was_(kc::set_native_kernels(native)) { kc::set_num_threads(1); }
-  ~KernelPath() { kc::set_native_kernels(true); }
+  explicit KernelPath(bool native) : was_(kc::set_isa(native ? kc::Isa::kAvx512 : kc::Isa::kPortable)) {
+    kc::set_num_threads(1);
+  }
+  ~KernelPath() { kc::set_isa(was_); }
   KernelPath(const KernelPath&) = delete;
   KernelPath& operator=(const KernelPath&) = delete;
-  bool was() const { return was_; }
 
  private:
-  bool was_;
+  kc::Isa was_;
 };
 
-bool native_available() {
-  KernelPath p(true);
-  return kc::native_kernels_active();
-}
+bool native_available() { return kc::machine_isa() >= kc::Isa::kAvx512; }
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 1e-30;
@@ -61,11 +62,7 @@ TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
       for (int tb = 0; tb < 2; ++tb)
         for (int acc = 0; acc < 2; ++acc) {
           // A stored [K,M] when transposed, B stored [N,K] when transposed (values a[i,k], b[k,j] alike).
-          std::vector<float> A(a.size()), B(b.size());
-          for (int i = 0; i < M; ++i)
-            for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
-          for (int k = 0; k < K; ++k)
-            for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
+          const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
           std::vector<float> C = c0, want(c0.size());
           for (int i = 0; i < M; ++i)
             for (int j = 0; j < N; ++j) {
@@ -143,49 +140,4 @@ TEST(NativeKernels, GptStepAgreesWithPortablePathAndIsDeterministic) {
   EXPECT_LT(rel_err(grads[1], grads[0]), 1e-4);
   EXPECT_EQ(loss[1], loss[2]);
   EXPECT_EQ(std::memcmp(grads[1].data(), grads[2].data(), grads[1].size() * sizeof(float)), 0);
-}
-
-TEST(NativeKernels, Bf16GemmMatchesRoundedOperandsReference) {
-  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
-  KernelPath path(true);
-  const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65}};
-  for (const auto& s : shapes) {
-    const int M = s[0], N = s[1], K = s[2];
-    std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 21 + M));
-    std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 22 + N));
-    const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 23 + K));
-    // bfloat16 compute: operands rounded to bfloat16, then the float32 GEMM. The reference multiplies the
-    // rounded operands exactly, in double.
-    std::vector<uint16_t> h(std::max(a.size(), b.size()));
-    std::vector<float> ar(a.size()), br(b.size());
-    kc::to_bf16(h.data(), a.data(), a.size());
-    kc::from_bf16(ar.data(), h.data(), a.size());
-    kc::to_bf16(h.data(), b.data(), b.size());
-    kc::from_bf16(br.data(), h.data(), b.size());
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb)
-        for (int acc = 0; acc < 2; ++acc) {
-          std::vector<float> A(a.size()), B(b.size());
-          for (int i = 0; i < M; ++i)
-            for (int k = 0; k < K; ++k) A[ta ? k * M + i : i * K + k] = a[i * K + k];
-          for (int k = 0; k < K; ++k)
-            for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = b[k * N + j];
-          std::vector<float> C = c0;
-          double worst = 0;
-          kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(), N,
-                   kc::Precision::kBFloat16);
-          for (int i = 0; i < M; ++i)
-            for (int j = 0; j < N; ++j) {
-              double want = acc ? c0[i * N + j] : 0.0, mag = std::abs(want);
-              for (int k = 0; k < K; ++k) {
-                want += static_cast<double>(ar[i * K + k]) * br[k * N + j];
-                mag += std::abs(static_cast<double>(ar[i * K + k]) * br[k * N + j]);
-              }
-              worst = std::max(worst, std::abs(C[i * N + j] - want) / mag);
-            }
-          // float32 accumulation of K exact products: a few float32 ulps of the magnitude sum.
-          EXPECT_LT(worst, 2e-6 * std::max(1, K / 16)) << "M " << M << " N " << N << " K " << K << " trans_a " << ta
-                                                       << " trans_b " << tb << " beta " << acc;
-        }
-  }
 }

@@ -24,6 +24,14 @@ inline Vec random_vec(size_t n, uint64_t seed, double scale = 1.0) {
 
 inline std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
 
+// x[rows, cols] (row-major) as a GEMM operand is stored: transposed ([cols, rows]) when trans.
+inline std::vector<float> stored(const std::vector<float>& x, int rows, int cols, bool trans) {
+  std::vector<float> out(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) out[trans ? c * rows + r : r * cols + c] = x[r * cols + c];
+  return out;
+}
+
 // Central differences of a scalar function of x, step h.
 inline Vec fd_grad(Vec x, const std::function<double(const Vec&)>& f, double h = 1e-5) {
   Vec g(x.size());

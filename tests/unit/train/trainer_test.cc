@@ -92,6 +92,10 @@ TEST(Trainer, SameSeedIsBitIdenticalAndTheLossFalls) {
   }
   EXPECT_EQ(steps, 30);
   EXPECT_EQ(evals, 4);
+  // A "run" record names the CPU kernels and threads the speed came from.
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.front()["type"], "run");
+  EXPECT_NE(recs.front().value("cpu_kernels", "").find("gemm float32"), std::string::npos) << recs.front().dump();
   // The final checkpoint exists and is at step 30.
   EXPECT_EQ(load_checkpoint(find_checkpoint((d.path / "a").string())).meta.step, 30);
 }

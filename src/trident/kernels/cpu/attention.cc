@@ -39,8 +39,7 @@ thread_local Scratch g_scratch;
 }  // namespace
 
 // Xt[d][j] = X[j][d] for j < T (X rows at stride ld); columns T..tp-1 are zero.
-TRIDENT_CLONES
-static void transpose_head(float* xt, size_t tp, const float* x, size_t ld, int T, int hd) {
+TRIDENT_KERNEL_BODY void transpose_head_body(float* xt, size_t tp, const float* x, size_t ld, int T, int hd) {
   // Rows of x are read contiguously; the hd destination rows (hd x tp floats) stay in L1.
   for (int j = 0; j < T; ++j) {
     const float* src = x + j * ld;
@@ -224,11 +223,11 @@ __attribute__((always_inline)) static inline float masked_softmax_row(float* row
   return mx + std::log(sum);
 }
 
-TRIDENT_CLONES
-static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc) {
+TRIDENT_KERNEL_BODY void attn_fwd_head_body(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
+                                            Scratch& sc) {
   const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
   float* kt = sc.kt.data();
-  transpose_head(kt, tp, qkv + C, ld, T, hd);
+  transpose_head_body(kt, tp, qkv + C, ld, T, hd);
   const float* v = qkv + 2 * C;
   float* row = sc.s.data();
   for (int i = 0; i < T; ++i) {
@@ -239,6 +238,12 @@ static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C
     weighted_row_sum(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
   }
 }
+TRIDENT_ISA_CLONES(void, attn_fwd_head,
+                   (float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc),
+                   (out, lse, qkv, T, C, hd, scale, sc));
+static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc) {
+  return TRIDENT_ISA_CALL(attn_fwd_head, (out, lse, qkv, T, C, hd, scale, sc));
+}
 
 // AVX-512 path: the three products of a head run through the register-blocked GEMM (gemm_avx512.cc),
 // skipping the causal triangle's zeros; softmax passes in between. Each score and output element is one
@@ -247,8 +252,7 @@ using detail::Tri;
 
 // Row i of S (stride tp) holds q_i.k_j for j <= i on entry; on return exp(scale s - lse_i) normalized (P),
 // zero for j > i up to the padded row end; lse[i] set.
-TRIDENT_CLONES
-static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float scale) {
+TRIDENT_KERNEL_BODY void causal_softmax_rows_body(float* S, size_t tp, float* lse, int T, float scale) {
   const int tend = round_up(T);
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up(n);
@@ -257,12 +261,17 @@ static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float sc
     for (int jb = n16; jb < tend; jb += kW) store16(row + jb, Vec16{});
   }
 }
+TRIDENT_ISA_CLONES(void, causal_softmax_rows, (float* S, size_t tp, float* lse, int T, float scale),
+                   (S, tp, lse, T, scale));
+static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float scale) {
+  return TRIDENT_ISA_CALL(causal_softmax_rows, (S, tp, lse, T, scale));
+}
 
 // On entry P holds q_i.k_j and dS holds dO_i.v_j (j <= i); on return P = exp(scale s - lse_i) and
 // dS = P (dP - D_i) scale, both zero for j > i up to the padded row end.
-TRIDENT_CLONES
-static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float* dout, const float* out,
-                                     const float* lse, int T, int C, int hd, float scale) {
+TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size_t tp, const float* dout,
+                                                       const float* out, const float* lse, int T, int C, int hd,
+                                                       float scale) {
   const int tend = round_up(T);
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up(n);
@@ -287,6 +296,14 @@ static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float
       store16(ds + jb, Vec16{});
     }
   }
+}
+TRIDENT_ISA_CLONES(void, causal_softmax_grad_rows,
+                   (float* P, float* dS, size_t tp, const float* dout, const float* out, const float* lse, int T, int C,
+                    int hd, float scale),
+                   (P, dS, tp, dout, out, lse, T, C, hd, scale));
+static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float* dout, const float* out,
+                                     const float* lse, int T, int C, int hd, float scale) {
+  return TRIDENT_ISA_CALL(causal_softmax_grad_rows, (P, dS, tp, dout, out, lse, T, C, hd, scale));
 }
 
 static void attn_fwd_head_native(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
@@ -333,9 +350,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
                     qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, g_scratch);
 }
 
-TRIDENT_CLONES
-static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int T,
-                          int C, int hd, float scale, Scratch& sc) {
+TRIDENT_KERNEL_BODY void attn_bwd_head_body(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                            const float* lse, int T, int C, int hd, float scale, Scratch& sc) {
   const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
   const float* q = qkv;
   const float* k = qkv + C;
@@ -344,8 +360,8 @@ static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, cons
   float* dS = sc.ds.data();
   float* kt = sc.kt.data();
   float* vt = sc.vt.data();
-  transpose_head(kt, tp, k, ld, T, hd);
-  transpose_head(vt, tp, v, ld, T, hd);
+  transpose_head_body(kt, tp, k, ld, T, hd);
+  transpose_head_body(vt, tp, v, ld, T, hd);
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up(n);
     float* p = P + i * tp;
@@ -373,6 +389,14 @@ static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, cons
     weighted_row_sum(dqkv + C + j * ld, dS + j, tp, q, ld, j, T, hd);
     weighted_row_sum(dqkv + 2 * C + j * ld, P + j, tp, dout, C, j, T, hd);
   }
+}
+TRIDENT_ISA_CLONES(void, attn_bwd_head,
+                   (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int T, int C,
+                    int hd, float scale, Scratch& sc),
+                   (dqkv, dout, qkv, out, lse, T, C, hd, scale, sc));
+static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int T,
+                          int C, int hd, float scale, Scratch& sc) {
+  return TRIDENT_ISA_CALL(attn_bwd_head, (dqkv, dout, qkv, out, lse, T, C, hd, scale, sc));
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,

@@ -17,23 +17,28 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 }  // namespace
 
-TRIDENT_CLONES
-static void gelu_exact_fwd(float* out, const float* inp, size_t n) {
+TRIDENT_KERNEL_BODY void gelu_exact_fwd_body(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
     out[i] = 0.5f * x * (1.0f + fast_erf(x * kInvSqrt2));
   }
 }
-TRIDENT_CLONES
-static void gelu_tanh_fwd(float* out, const float* inp, size_t n) {
+TRIDENT_ISA_CLONES(void, gelu_exact_fwd, (float* out, const float* inp, size_t n), (out, inp, n));
+static void gelu_exact_fwd(float* out, const float* inp, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_exact_fwd, (out, inp, n));
+}
+TRIDENT_KERNEL_BODY void gelu_tanh_fwd_body(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
     float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
     out[i] = 0.5f * x * (1.0f + fast_tanh(u));
   }
 }
-TRIDENT_CLONES
-static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+TRIDENT_ISA_CLONES(void, gelu_tanh_fwd, (float* out, const float* inp, size_t n), (out, inp, n));
+static void gelu_tanh_fwd(float* out, const float* inp, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_tanh_fwd, (out, inp, n));
+}
+TRIDENT_KERNEL_BODY void gelu_exact_bwd_body(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
     // One exp serves both: erf(x/sqrt2) needs exp(-x^2/2), as does the pdf.
@@ -43,8 +48,12 @@ static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, siz
     dinp[i] = dout[i] * (cdf + x * pdf);
   }
 }
-TRIDENT_CLONES
-static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+TRIDENT_ISA_CLONES(void, gelu_exact_bwd, (float* dinp, const float* inp, const float* dout, size_t n),
+                   (dinp, inp, dout, n));
+static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_exact_bwd, (dinp, inp, dout, n));
+}
+TRIDENT_KERNEL_BODY void gelu_tanh_bwd_body(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
     float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
@@ -54,9 +63,13 @@ static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size
     dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
   }
 }
+TRIDENT_ISA_CLONES(void, gelu_tanh_bwd, (float* dinp, const float* inp, const float* dout, size_t n),
+                   (dinp, inp, dout, n));
+static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_tanh_bwd, (dinp, inp, dout, n));
+}
 
-TRIDENT_CLONES
-static void gelu_exact_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+TRIDENT_KERNEL_BODY void gelu_exact_fwd_grad_body(float* out, float* grad, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float e = fast_exp(-0.5f * x * x);
@@ -65,8 +78,12 @@ static void gelu_exact_fwd_grad(float* out, float* grad, const float* inp, size_
     grad[i] = cdf + x * (kInvSqrt2Pi * e);
   }
 }
-TRIDENT_CLONES
-static void gelu_tanh_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+TRIDENT_ISA_CLONES(void, gelu_exact_fwd_grad, (float* out, float* grad, const float* inp, size_t n),
+                   (out, grad, inp, n));
+static void gelu_exact_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_exact_fwd_grad, (out, grad, inp, n));
+}
+TRIDENT_KERNEL_BODY void gelu_tanh_fwd_grad_body(float* out, float* grad, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
@@ -76,16 +93,22 @@ static void gelu_tanh_fwd_grad(float* out, float* grad, const float* inp, size_t
     grad[i] = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
   }
 }
+TRIDENT_ISA_CLONES(void, gelu_tanh_fwd_grad, (float* out, float* grad, const float* inp, size_t n),
+                   (out, grad, inp, n));
+static void gelu_tanh_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
+  return TRIDENT_ISA_CALL(gelu_tanh_fwd_grad, (out, grad, inp, n));
+}
 
 void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind) {
   if (kind == GeluKind::kExact) gelu_exact_fwd_grad(out, grad, inp, n);
   else gelu_tanh_fwd_grad(out, grad, inp, n);
 }
 
-TRIDENT_CLONES
-void mul(float* out, const float* a, const float* b, size_t n) {
+TRIDENT_KERNEL_BODY void mul_body(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
+TRIDENT_ISA_CLONES(void, mul, (float* out, const float* a, const float* b, size_t n), (out, a, b, n));
+void mul(float* out, const float* a, const float* b, size_t n) { return TRIDENT_ISA_CALL(mul, (out, a, b, n)); }
 
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind) {
   if (kind == GeluKind::kExact) gelu_exact_fwd(out, inp, n);
@@ -96,18 +119,19 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, G
   else gelu_tanh_bwd(dinp, inp, dout, n);
 }
 
-TRIDENT_CLONES
-void add(float* out, const float* a, const float* b, size_t n) {
+TRIDENT_KERNEL_BODY void add_body(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
-TRIDENT_CLONES
-void add_inplace(float* acc, const float* x, size_t n) {
+TRIDENT_ISA_CLONES(void, add, (float* out, const float* a, const float* b, size_t n), (out, a, b, n));
+void add(float* out, const float* a, const float* b, size_t n) { return TRIDENT_ISA_CALL(add, (out, a, b, n)); }
+TRIDENT_KERNEL_BODY void add_inplace_body(float* acc, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
+TRIDENT_ISA_CLONES(void, add_inplace, (float* acc, const float* x, size_t n), (acc, x, n));
+void add_inplace(float* acc, const float* x, size_t n) { return TRIDENT_ISA_CALL(add_inplace, (acc, x, n)); }
 
-TRIDENT_CLONES
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps) {
+TRIDENT_KERNEL_BODY void layernorm_forward_body(float* out, float* mean, float* rstd, const float* inp,
+                                                const float* weight, const float* bias, int N, int C, float eps) {
   for (int r = 0; r < N; ++r) {
     const float* x = inp + static_cast<size_t>(r) * C;
     float* o = out + static_cast<size_t>(r) * C;
@@ -131,10 +155,18 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     if (rstd) rstd[r] = rs;
   }
 }
+TRIDENT_ISA_CLONES(void, layernorm_forward,
+                   (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                    int N, int C, float eps),
+                   (out, mean, rstd, inp, weight, bias, N, C, eps));
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps) {
+  return TRIDENT_ISA_CALL(layernorm_forward, (out, mean, rstd, inp, weight, bias, N, C, eps));
+}
 
-TRIDENT_CLONES
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+TRIDENT_KERNEL_BODY void layernorm_backward_body(float* dinp, float* dweight, float* dbias, const float* dout,
+                                                 const float* inp, const float* weight, const float* mean,
+                                                 const float* rstd, int N, int C) {
   for (int r = 0; r < N; ++r) {
     const float* x = inp + static_cast<size_t>(r) * C;
     const float* g = dout + static_cast<size_t>(r) * C;
@@ -160,9 +192,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       for (int i = 0; i < C; ++i) dbias[i] += g[i];
   }
 }
+TRIDENT_ISA_CLONES(void, layernorm_backward,
+                   (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                    const float* mean, const float* rstd, int N, int C),
+                   (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  return TRIDENT_ISA_CALL(layernorm_backward, (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
+}
 
-TRIDENT_CLONES
-void softmax_forward(float* out, const float* inp, int N, int C) {
+TRIDENT_KERNEL_BODY void softmax_forward_body(float* out, const float* inp, int N, int C) {
   for (int r = 0; r < N; ++r) {
     const float* x = inp + static_cast<size_t>(r) * C;
     float* o = out + static_cast<size_t>(r) * C;
@@ -177,6 +216,10 @@ void softmax_forward(float* out, const float* inp, int N, int C) {
     float inv = 1.0f / s;
     for (int i = 0; i < C; ++i) o[i] *= inv;
   }
+}
+TRIDENT_ISA_CLONES(void, softmax_forward, (float* out, const float* inp, int N, int C), (out, inp, N, C));
+void softmax_forward(float* out, const float* inp, int N, int C) {
+  return TRIDENT_ISA_CALL(softmax_forward, (out, inp, N, C));
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
@@ -210,8 +253,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   }
 }
 
-TRIDENT_CLONES
-static double ce_rows(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale) {
+TRIDENT_KERNEL_BODY double ce_rows_body(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                        float dscale) {
   double total = 0.0;
   for (int r = 0; r < N; ++r) {
     const float* x = logits + static_cast<size_t>(r) * V;
@@ -232,6 +275,12 @@ static double ce_rows(float* dlogits, const float* logits, const int32_t* target
   }
   return total;
 }
+TRIDENT_ISA_CLONES(double, ce_rows,
+                   (float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale),
+                   (dlogits, logits, targets, N, V, dscale));
+static double ce_rows(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale) {
+  return TRIDENT_ISA_CALL(ce_rows, (dlogits, logits, targets, N, V, dscale));
+}
 
 double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                                       float dscale) {
@@ -241,9 +290,9 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
   return ce_rows(dlogits, logits, targets, N, V, dscale);
 }
 
-TRIDENT_CLONES
-static void adamw_loop(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, size_t n, float lr, float beta1,
-                       float beta2, float eps, float decay, float bc1, float bc2_sqrt_inv) {
+TRIDENT_KERNEL_BODY void adamw_loop_body(float* __restrict param, const float* __restrict grad, float* __restrict m,
+                                         float* __restrict v, size_t n, float lr, float beta1, float beta2, float eps,
+                                         float decay, float bc1, float bc2_sqrt_inv) {
   const float step_size = lr / bc1;
   for (size_t i = 0; i < n; ++i) {
     float g = grad[i];
@@ -256,6 +305,16 @@ static void adamw_loop(float* __restrict param, const float* __restrict grad, fl
     param[i] = p - step_size * mi / denom;
   }
 }
+TRIDENT_ISA_CLONES(void, adamw_loop,
+                   (float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                    size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                    float bc2_sqrt_inv),
+                   (param, grad, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt_inv));
+static void adamw_loop(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                       size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                       float bc2_sqrt_inv) {
+  return TRIDENT_ISA_CALL(adamw_loop, (param, grad, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt_inv));
+}
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t t) {
@@ -265,17 +324,19 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
   adamw_loop(param, grad, m, v, n, lr, beta1, beta2, eps, 1.0f - lr * weight_decay, bc1, 1.0f / std::sqrt(bc2));
 }
 
-TRIDENT_CLONES
-double sum_squares(const float* x, size_t n) {
+TRIDENT_KERNEL_BODY double sum_squares_body(const float* x, size_t n) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return s;
 }
+TRIDENT_ISA_CLONES(double, sum_squares, (const float* x, size_t n), (x, n));
+double sum_squares(const float* x, size_t n) { return TRIDENT_ISA_CALL(sum_squares, (x, n)); }
 
-TRIDENT_CLONES
-void scale_inplace(float* x, float a, size_t n) {
+TRIDENT_KERNEL_BODY void scale_inplace_body(float* x, float a, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] *= a;
 }
+TRIDENT_ISA_CLONES(void, scale_inplace, (float* x, float a, size_t n), (x, a, n));
+void scale_inplace(float* x, float a, size_t n) { return TRIDENT_ISA_CALL(scale_inplace, (x, a, n)); }
 
 }  // namespace trident::kernels::cpu

@@ -2,12 +2,11 @@
 #include <cblas.h>
 #include <sched.h>
 
-#include <atomic>
 #include <vector>
 
-#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/gemm_avx512.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
 
@@ -38,8 +37,7 @@ void pack_bf16(std::vector<uint16_t>& dst, const float* x, int rows, int cols, i
 
 // Rounds X to bfloat16 precision, kept as float32 (products of two bfloat16 values are exact in float32,
 // so sgemm on rounded operands computes what a bfloat16 GEMM with float32 accumulation does).
-TRIDENT_CLONES
-void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
+TRIDENT_KERNEL_BODY void round_bf16_body(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
   dst.resize(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) {
     const float* src = x + static_cast<size_t>(r) * ld;
@@ -52,6 +50,11 @@ void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int
     }
   }
 }
+TRIDENT_ISA_CLONES(void, round_bf16, (std::vector<float> & dst, const float* x, int rows, int cols, int ld),
+                   (dst, x, rows, cols, ld));
+void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
+  return TRIDENT_ISA_CALL(round_bf16, (dst, x, rows, cols, ld));
+}
 }  // namespace
 
 void set_num_threads(int n) {
@@ -63,37 +66,44 @@ void set_num_threads(int n) {
 int num_threads() { return g_threads > 0 ? g_threads : openblas_get_num_threads(); }
 
 namespace {
-// TRIDENT_CPU_KERNELS (read once): auto = the AVX-512 kernels where the CPU has them; portable = OpenBLAS
-// GEMMs and the portable attention (the A/B baseline, and what CPUs without AVX-512 run).
-bool native_kernels_configured() {
-  static const bool enabled = [] {
-    const std::string mode = env::cpu_kernels();
-    TRIDENT_CHECK(mode == "auto" || mode == "portable", InvalidArgument,
-                  "TRIDENT_CPU_KERNELS='{}': expected auto (AVX-512 kernels where the CPU has them) or portable",
-                  mode);
-    return mode == "auto" && detail::avx512_gemm_available();
-  }();
-  return enabled;
-}
-std::atomic<bool> g_native_allowed{true};
-
-// The AVX-512 GEMM serves single-thread float32 products with alpha 1 and beta 0 or 1 (every call the
+// The AVX-512 kernels serve single-thread float32 products with alpha 1 and beta 0 or 1 (every call the
 // models make); anything else goes to OpenBLAS.
 bool use_native_gemm(float alpha, float beta) {
   return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled() && num_threads() == 1;
 }
+
+// The GEMM each ISA level runs, by precision: trident's kernel (one thread, alpha 1, beta 0 or 1), or
+// null for OpenBLAS (and, for bfloat16, operands rounded to bfloat16 first). One table: gemm() and the
+// kernel summary read it.
+using NativeGemm = void (*)(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int);
+void gemm_f32_native(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, bool acc,
+                     float* C, int ldc) {
+  detail::gemm_avx512(ta, tb, M, N, K, A, lda, B, ldb, acc, C, ldc);
+}
+struct GemmEntry {
+  NativeGemm f32;
+  const char* f32_name;
+  NativeGemm bf16;  // null: round the operands, then the float32 entry (or OpenBLAS)
+  const char* bf16_name;
+};
+const GemmEntry kGemmTable[] = {
+    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},        // portable
+    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},        // avx2
+    {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"},  // avx512
+    {gemm_f32_native, "avx512-fma", detail::gemm_avx512_bf16,
+     "avx512bf16-dpbf16 (float32 accumulation)"},                                                     // avx512bf16
+    {gemm_f32_native, "avx512-fma", detail::gemm_amx_bf16, "amx-bf16 tiles (float32 accumulation)"},  // amx
+};
+const GemmEntry& gemm_entry() { return kGemmTable[detail::isa_level()]; }
 }  // namespace
 
-bool set_native_kernels(bool on) {
-  const bool was = g_native_allowed.exchange(on);
-  return was && native_kernels_configured();
-}
-
-bool native_kernels_active() { return detail::native_kernels_enabled(); }
-
 namespace detail {
-bool native_kernels_enabled() {
-  return g_native_allowed.load(std::memory_order_relaxed) && native_kernels_configured();
+bool native_kernels_enabled() { return isa_level() >= static_cast<int>(Isa::kAvx512); }
+const char* gemm_f32_kernel(Isa isa) { return kGemmTable[static_cast<int>(isa)].f32_name; }
+const char* gemm_bf16_kernel(Isa isa) {
+  return cblas_sbgemm != nullptr && kGemmTable[static_cast<int>(isa)].bf16 == nullptr
+             ? "openblas sbgemm"
+             : kGemmTable[static_cast<int>(isa)].bf16_name;
 }
 }  // namespace detail
 
@@ -105,28 +115,30 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
       for (int j = 0; j < N; ++j) C[static_cast<size_t>(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * C[static_cast<size_t>(i) * ldc + j];
     return;
   }
+  const GemmEntry& e = gemm_entry();
+  const bool native = use_native_gemm(alpha, beta);
   if (p == Precision::kFloat32) {
-    if (use_native_gemm(alpha, beta)) {
-      detail::gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
+    if (native && e.f32 != nullptr) {
+      e.f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
       return;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
                 alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  if (native && e.bf16 != nullptr) {
+    e.bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
+    return;
+  }
   // Stored shape of A is (trans_a ? K x M : M x K); of B (trans_b ? N x K : K x N).
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;
   if (!have_native_bf16_gemm()) {
-    if (use_native_gemm(alpha, beta) && detail::amx_bf16_available()) {
-      detail::gemm_amx_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
-      return;
-    }
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
-    if (use_native_gemm(alpha, beta)) {
-      detail::gemm_avx512(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc);
+    if (native && e.f32 != nullptr) {
+      e.f32(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc);
       return;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
@@ -140,20 +152,26 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
                alpha, a16.data(), ac, b16.data(), bc, beta, C, ldc);
 }
 
-TRIDENT_CLONES
-static void fill_bias_rows(float* out, const float* bias, int N, int OC) {
+TRIDENT_KERNEL_BODY void fill_bias_rows_body(float* out, const float* bias, int N, int OC) {
   for (int i = 0; i < N; ++i) {
     float* o = out + static_cast<size_t>(i) * OC;
     for (int j = 0; j < OC; ++j) o[j] = bias[j];
   }
 }
+TRIDENT_ISA_CLONES(void, fill_bias_rows, (float* out, const float* bias, int N, int OC), (out, bias, N, OC));
+static void fill_bias_rows(float* out, const float* bias, int N, int OC) {
+  return TRIDENT_ISA_CALL(fill_bias_rows, (out, bias, N, OC));
+}
 
-TRIDENT_CLONES
-static void column_sums_acc(float* dbias, const float* dout, int N, int OC) {
+TRIDENT_KERNEL_BODY void column_sums_acc_body(float* dbias, const float* dout, int N, int OC) {
   for (int i = 0; i < N; ++i) {
     const float* d = dout + static_cast<size_t>(i) * OC;
     for (int j = 0; j < OC; ++j) dbias[j] += d[j];
   }
+}
+TRIDENT_ISA_CLONES(void, column_sums_acc, (float* dbias, const float* dout, int N, int OC), (dbias, dout, N, OC));
+static void column_sums_acc(float* dbias, const float* dout, int N, int OC) {
+  return TRIDENT_ISA_CALL(column_sums_acc, (dbias, dout, N, OC));
 }
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
@@ -171,8 +189,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dbias) column_sums_acc(dbias, dout, N, OC);
 }
 
-TRIDENT_CLONES
-void to_bf16(uint16_t* out, const float* in, size_t n) {
+TRIDENT_KERNEL_BODY void to_bf16_body(uint16_t* out, const float* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, &in[i], 4);
@@ -181,13 +198,16 @@ void to_bf16(uint16_t* out, const float* in, size_t n) {
     out[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
   }
 }
+TRIDENT_ISA_CLONES(void, to_bf16, (uint16_t * out, const float* in, size_t n), (out, in, n));
+void to_bf16(uint16_t* out, const float* in, size_t n) { return TRIDENT_ISA_CALL(to_bf16, (out, in, n)); }
 
-TRIDENT_CLONES
-void from_bf16(float* out, const uint16_t* in, size_t n) {
+TRIDENT_KERNEL_BODY void from_bf16_body(float* out, const uint16_t* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u = static_cast<uint32_t>(in[i]) << 16;
     std::memcpy(&out[i], &u, 4);
   }
 }
+TRIDENT_ISA_CLONES(void, from_bf16, (float* out, const uint16_t* in, size_t n), (out, in, n));
+void from_bf16(float* out, const uint16_t* in, size_t n) { return TRIDENT_ISA_CALL(from_bf16, (out, in, n)); }
 
 }  // namespace trident::kernels::cpu

@@ -10,10 +10,11 @@
 // (or from C's old value when accumulating). The result therefore does not depend on the tiling, on M,
 // or on where an element falls in a tile: run-to-run and batch-split deterministic.
 //
-// bfloat16 products (Precision::kBFloat16) run on AMX tiles where the CPU and the OS allow it (below).
+// bfloat16 products (Precision::kBFloat16) run on AVX512-BF16 (vdpbf16ps) or on AMX tiles where the CPU
+// and the OS allow it (below).
 //
 // Compiled with AVX-512 / AMX target attributes (no global -march): callers must check
-// avx512_gemm_available() / amx_bf16_available(). No state but thread-local packing buffers; thread-safe
+// the ISA level (isa.h). No state but thread-local packing buffers; thread-safe
 // for disjoint C.
 #include "trident/kernels/cpu/gemm_avx512.h"
 
@@ -23,8 +24,6 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #define TRIDENT_HAVE_AVX512_GEMM 1
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined vector" idiom (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -46,6 +45,34 @@ constexpr int kKc = 128;  // k per block: a packed 128 x 64 panel is 32 KiB, res
 
 alignas(64) thread_local float g_pack[kKc * kNr];
 
+// A register tile of C: acc = (load_c ? C : 0), and C = acc; the last vector of each row under `last`.
+template <int MR, int NV>
+TRIDENT_AVX512_FN __attribute__((always_inline)) inline void load_tile(__m512 (&acc)[MR][NV], const float* c,
+                                                                       ptrdiff_t ldc, __mmask16 last, bool load_c) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (load_c) {
+        acc[i][v] =
+            v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v) : _mm512_loadu_ps(c + i * ldc + 16 * v);
+      } else {
+        acc[i][v] = _mm512_setzero_ps();
+      }
+    }
+}
+template <int MR, int NV>
+TRIDENT_AVX512_FN __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[MR][NV], float* c,
+                                                                        ptrdiff_t ldc, __mmask16 last) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (v == NV - 1) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
+      else _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
+    }
+}
+
 // acc[MR][NV] = (load_c ? C : 0) + sum_k A(i,k) B(k,j) for one tile. B rows at stride ldb; the last
 // vector of each row is loaded and stored under mask `last` (columns past N are neither read nor written).
 template <int MR, int NV, bool kTransA>
@@ -53,17 +80,7 @@ TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __res
                                                        const float* __restrict b, ptrdiff_t ldb, __mmask16 last,
                                                        float* __restrict c, ptrdiff_t ldc, bool load_c) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (load_c) {
-        acc[i][v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, c + i * ldc + 16 * v)
-                                : _mm512_loadu_ps(c + i * ldc + 16 * v);
-      } else {
-        acc[i][v] = _mm512_setzero_ps();
-      }
-    }
+  load_tile<MR, NV>(acc, c, ldc, last, load_c);
   const float* ar[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = kTransA ? a + i : a + i * lda;
@@ -81,13 +98,7 @@ TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __res
     }
     if (kTransA) ar[0] += lda;
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      if (v == NV - 1) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, last, acc[i][v]);
-      else _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
-    }
+  store_tile<MR, NV>(acc, c, ldc, last);
 }
 
 using MicroFn = void (*)(int, const float*, ptrdiff_t, const float*, ptrdiff_t, __mmask16, float*, ptrdiff_t, bool);
@@ -210,6 +221,7 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
 // Operands are rounded to bfloat16 (round-to-nearest-even) into padded thread-local buffers: A as
 // [Mp][Kp] bf16 rows, B as [Kp/2][Np] 32-bit words each holding the pair B(2p, j), B(2p+1, j). The product
 // lands in a padded float32 buffer and is added to (or copied into) C. Tiles: 0-3 C (32 x 32), 4-5 A, 6-7 B.
+#define TRIDENT_BF16_FN __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx512bf16,fma")))
 #define TRIDENT_AMX_FN \
   __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx512bf16,amx-tile,amx-bf16,fma")))
 
@@ -226,7 +238,7 @@ struct alignas(64) TileConfig {
 };
 
 // out[0..npad) = bf16(x[0..n)), zero past n (npad a multiple of 32).
-TRIDENT_AMX_FN void row_to_bf16(uint16_t* out, const float* x, int n, int npad) {
+TRIDENT_BF16_FN void row_to_bf16(uint16_t* out, const float* x, int n, int npad) {
   for (int k0 = 0; k0 < npad; k0 += 32) {
     const int nlo = n - k0 <= 0 ? 0 : (n - k0 < 16 ? n - k0 : 16);
     const int nhi = n - k0 - 16 <= 0 ? 0 : (n - k0 - 16 < 16 ? n - k0 - 16 : 16);
@@ -237,7 +249,7 @@ TRIDENT_AMX_FN void row_to_bf16(uint16_t* out, const float* x, int n, int npad) 
 }
 
 // words[i] for i < npad: (bf16(r0[i]), bf16(r1[i])), zero past n; null rows read as zeros.
-TRIDENT_AMX_FN void interleave_pairs(uint32_t* words, const float* r0, const float* r1, int n, int npad) {
+TRIDENT_BF16_FN void interleave_pairs(uint32_t* words, const float* r0, const float* r1, int n, int npad) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
                                        5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int i = 0; i < npad; i += 16) {
@@ -250,15 +262,21 @@ TRIDENT_AMX_FN void interleave_pairs(uint32_t* words, const float* r0, const flo
   }
 }
 
-TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
-                             const float* B, int ldb, bool accumulate, float* C, int ldc) {
+// The packed operands of one bfloat16 product: A as [Mp][Kp] bf16 rows, B as [Kp/2][Np] pair words
+// (dimensions padded to multiples of 32 with zeros).
+struct PackedBf16 {
+  int Mp, Np, Kp;
+  const uint16_t* a;
+  const uint32_t* b;
+};
+
+TRIDENT_BF16_FN PackedBf16 pack_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                                              const float* B, int ldb) {
   const int Mp = (M + 31) / 32 * 32, Np = (N + 31) / 32 * 32, Kp = (K + 31) / 32 * 32, kp = Kp / 2;
   g_a16.resize(static_cast<size_t>(Mp) * Kp);
   g_b16.resize(static_cast<size_t>(kp) * Np);
-  g_c32.resize(static_cast<size_t>(Mp) * Np);
   uint16_t* a = g_a16.data();
   uint32_t* b = g_b16.data();
-  float* c = g_c32.data();
   // A -> [Mp][Kp] bf16.
   if (!trans_a) {
     for (int i = 0; i < Mp; ++i) row_to_bf16(a + static_cast<ptrdiff_t>(i) * Kp, A + static_cast<ptrdiff_t>(i) * lda,
@@ -306,6 +324,93 @@ TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, co
           _mm512_storeu_si512(b + static_cast<ptrdiff_t>(p0 + pp) * Np + j0, _mm512_castps_si512(r[pp]));
       }
   }
+  return PackedBf16{Mp, Np, Kp, a, b};
+}
+
+// acc[MR][NV] = (load_c ? C : 0) + sum over pairs p of A(i, 2p..2p+1) . B(2p..2p+1, j): one vdpbf16ps per
+// pair and vector. a: bf16 rows at stride sa (elements), b: pair words at stride sb; C stored under `last`.
+template <int MR, int NV>
+TRIDENT_BF16_FN __attribute__((noinline)) void micro_bf16(int pairs, const uint16_t* __restrict a, ptrdiff_t sa,
+                                                          const uint32_t* __restrict b, ptrdiff_t sb, __mmask16 last,
+                                                          float* __restrict c, ptrdiff_t ldc, bool load_c) {
+  __m512 acc[MR][NV];
+  load_tile<MR, NV>(acc, c, ldc, last, load_c);
+  const int32_t* ar[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) ar[i] = reinterpret_cast<const int32_t*>(a + i * sa);
+  for (int p = 0; p < pairs; ++p) {
+    __m512bh bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + 16 * v);
+    b += sb;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(ar[i][p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+  }
+  store_tile<MR, NV>(acc, c, ldc, last);
+}
+
+using MicroBf16Fn = void (*)(int, const uint16_t*, ptrdiff_t, const uint32_t*, ptrdiff_t, __mmask16, float*, ptrdiff_t,
+                             bool);
+template <int MR>
+constexpr MicroBf16Fn pick_bf16_nv(int nv) {
+  return nv == 1   ? &micro_bf16<MR, 1>
+         : nv == 2 ? &micro_bf16<MR, 2>
+         : nv == 3 ? &micro_bf16<MR, 3>
+                   : &micro_bf16<MR, 4>;
+}
+MicroBf16Fn pick_bf16(int mr, int nv) {
+  switch (mr) {
+    case 1:
+      return pick_bf16_nv<1>(nv);
+    case 2:
+      return pick_bf16_nv<2>(nv);
+    case 3:
+      return pick_bf16_nv<3>(nv);
+    case 4:
+      return pick_bf16_nv<4>(nv);
+    case 5:
+      return pick_bf16_nv<5>(nv);
+    default:
+      return pick_bf16_nv<6>(nv);
+  }
+}
+
+// Register tiles of 6 rows x 64 columns; k in blocks of 256 (a 128-pair x 64-column B panel, 32 KiB, stays
+// in L1 while the rows stream past it). The padded tails of the packed operands are zeros.
+constexpr int kBf16PairsPerBlock = 128;
+
+TRIDENT_BF16_FN void dpbf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                            int ldb, bool accumulate, float* C, int ldc) {
+  const PackedBf16 pk = pack_bf16_operands(trans_a, trans_b, M, N, K, A, lda, B, ldb);
+  const int kp = pk.Kp / 2;
+  for (int p0 = 0; p0 < kp; p0 += kBf16PairsPerBlock) {
+    const int pc = kp - p0 < kBf16PairsPerBlock ? kp - p0 : kBf16PairsPerBlock;
+    for (int j0 = 0; j0 < N; j0 += kNr) {
+      const int w = N - j0 < kNr ? N - j0 : kNr;
+      const int nv = (w + 15) / 16;
+      const __mmask16 last = static_cast<__mmask16>(w % 16 == 0 ? 0xffffu : (1u << (w % 16)) - 1u);
+      const uint32_t* bp = pk.b + static_cast<ptrdiff_t>(p0) * pk.Np + j0;
+      for (int i0 = 0; i0 < M; i0 += kMr) {
+        const int mr = M - i0 < kMr ? M - i0 : kMr;
+        pick_bf16(mr, nv)(pc, pk.a + static_cast<ptrdiff_t>(i0) * pk.Kp + 2 * p0, pk.Kp, bp, pk.Np, last,
+                          C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, accumulate || p0 > 0);
+      }
+    }
+  }
+}
+
+TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                             int ldb, bool accumulate, float* C, int ldc) {
+  const PackedBf16 pk = pack_bf16_operands(trans_a, trans_b, M, N, K, A, lda, B, ldb);
+  const int Mp = pk.Mp, Np = pk.Np, Kp = pk.Kp;
+  const uint16_t* a = pk.a;
+  const uint32_t* b = pk.b;
+  g_c32.resize(static_cast<size_t>(Mp) * Np);
+  float* c = g_c32.data();
   TileConfig cfg{};
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -347,35 +452,28 @@ TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, co
 
 }  // namespace
 
-bool amx_bf16_available() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    if (!avx512_gemm_available() || !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("amx-tile") ||
-        !__builtin_cpu_supports("amx-bf16"))
-      return false;
-    // Linux hands out the AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
-}
-
-void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                   bool accumulate, float* C, int ldc) {
+namespace {
+// The bfloat16 GEMMs' entry: nothing for an empty C; for K == 0, C = (accumulate ? C : 0).
+using Bf16Impl = void (*)(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int);
+void bf16_entry(Bf16Impl impl, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                const float* B, int ldb, bool accumulate, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     gemm_avx512(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     return;
   }
-  amx_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  impl(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+}  // namespace
+
+void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   bool accumulate, float* C, int ldc) {
+  bf16_entry(amx_bf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
-bool avx512_gemm_available() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
-  }();
-  return ok;
+void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                      bool accumulate, float* C, int ldc) {
+  bf16_entry(dpbf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
@@ -393,9 +491,8 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A
 
 #else
 
-bool avx512_gemm_available() { return false; }
-bool amx_bf16_available() { return false; }
 void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
+void gemm_avx512_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
 
 #endif

@@ -20,24 +20,21 @@ namespace trident::kernels::cpu {
 void set_num_threads(int n);
 int num_threads();
 
-// trident's AVX-512 kernels (float32 GEMM and AMX bfloat16 GEMM on one thread, causal attention) are
-// used where the CPU has them and TRIDENT_CPU_KERNELS is auto (the default); otherwise OpenBLAS and the
-// portable kernels.
-// Both compute the same functions; results differ in the last bits (summation order).
-// set_native_kernels(false) forces the portable kernels process-wide (tests compare the two); returns
-// whether the AVX-512 kernels were active before the call. native_kernels_active(): are they now.
-bool set_native_kernels(bool on);
-bool native_kernels_active();
+// Which implementation runs is chosen by the ISA level (isa.h: detected once, TRIDENT_ISA forces a lower
+// one): trident's AVX-512 GEMMs and attention at avx512 and up, OpenBLAS and the portable attention
+// below; elementwise and row kernels compiled for x86-64, x86-64-v3 or x86-64-v4. The levels compute
+// the same functions; results differ in the last bits (summation order).
 
 enum class Precision : uint8_t { kFloat32 = 0, kBFloat16 = 1 };
 enum class GeluKind : uint8_t { kExact = 0, kTanh = 1 };
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X^T when trans_x. With kBFloat16 the
 // operands are rounded to bfloat16 (round-to-nearest-even) and multiplied with float32 accumulation
-// (cblas_sbgemm where OpenBLAS has it; on one thread with AMX-BF16, trident's AMX tile kernel; otherwise
-// a float32 GEMM on operands rounded to bfloat16, the same numbers up to summation order).
-// Single-thread float32 products with alpha 1 and beta 0 or 1 run on trident's AVX-512 GEMM where
-// available (each element one FMA chain over k in order, independent of M and tiling), else OpenBLAS.
+// (on one thread at ISA level amx, trident's AMX tile kernel; at avx512bf16, trident's vdpbf16ps kernel;
+// otherwise cblas_sbgemm where OpenBLAS has it, else a float32 GEMM on operands rounded to bfloat16, the
+// same numbers up to summation order). Single-thread float32 products with alpha 1 and beta 0 or 1 run
+// on trident's AVX-512 GEMM at level avx512 and up (each element one FMA chain over k in order,
+// independent of M and tiling), else OpenBLAS.
 bool have_native_bf16_gemm();
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc, Precision p = Precision::kFloat32);

@@ -1,20 +1,46 @@
 // Internal helpers for the CPU kernels: per-ISA function clones and branch-free, vectorizable exp/erf.
-// Header-only, no state; thread-safe.
+// Header-only; the one piece of state, the active ISA level, lives in isa.cc. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
-// Hot loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (ifunc), so one
-// binary is fast everywhere without -march=native.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define TRIDENT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// Hot loops are compiled three times -- baseline x86-64, x86-64-v3 (AVX2+FMA) and x86-64-v4 (AVX-512) --
+// and the active ISA level (isa.h) picks one per call, so one binary is fast everywhere without
+// -march=native and TRIDENT_ISA can run every path on one machine. A kernel is written once as an
+// always-inline NAME_body; TRIDENT_ISA_CLONES(ret, NAME, (params), (args)) defines NAME_v1/_v3/_v4
+// around it and the table NAME_clones; TRIDENT_ISA_CALL(NAME, (args)) calls the active one.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TRIDENT_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define TRIDENT_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #else
-#define TRIDENT_CLONES
+#define TRIDENT_TARGET_V4
+#define TRIDENT_TARGET_V3
 #endif
+#define TRIDENT_KERNEL_BODY __attribute__((always_inline)) static inline
+
+#define TRIDENT_ISA_CLONES(ret, name, params, args)                          \
+  TRIDENT_TARGET_V4 static ret name##_v4 params { return name##_body args; } \
+  TRIDENT_TARGET_V3 static ret name##_v3 params { return name##_body args; } \
+  static ret name##_v1 params { return name##_body args; }                   \
+  static ret(*const name##_clones[3]) params = {name##_v1, name##_v3, name##_v4}
+#define TRIDENT_ISA_CALL(name, args) name##_clones[::trident::kernels::cpu::detail::clone_index()] args
 
 namespace trident::kernels::cpu::detail {
+
+// The active ISA level as an int (isa.h's Isa); -1 until first use, when init_isa() reads TRIDENT_ISA.
+extern std::atomic<int> g_isa;
+int init_isa();
+inline int isa_level() {
+  const int v = g_isa.load(std::memory_order_relaxed);
+  return v >= 0 ? v : init_isa();
+}
+// The clone of TRIDENT_ISA_CLONES a level runs: 0 baseline, 1 x86-64-v3, 2 x86-64-v4 (avx512 and up).
+inline int clone_index() {
+  const int l = isa_level();
+  return l >= 2 ? 2 : l;
+}
 
 inline float bits_to_float(int32_t i) {
   float f;

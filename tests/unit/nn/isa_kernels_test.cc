@@ -1,0 +1,266 @@
+// Every ISA level the machine supports (kernels::cpu::set_isa: portable, avx2, avx512, avx512bf16, amx)
+// against independent float64 references: GEMMs in every transpose at odd sizes in float32 and
+// bfloat16, LayerNorm, GELU, softmax, cross-entropy, AdamW, causal attention forward and backward (the
+// backward against finite differences of the float64 forward), and a GPT step in bfloat16. Levels the
+// CPU lacks are reported, not run; forcing one is an error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "reference.h"
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/isa.h"
+#include "trident/kernels/cpu/ops.h"
+#include "trident/nn/models.h"
+
+namespace kc = trident::kernels::cpu;
+using ref::Vec;
+
+namespace {
+
+// The levels this machine runs, lowest first.
+std::vector<kc::Isa> levels() {
+  std::vector<kc::Isa> out;
+  for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) out.push_back(static_cast<kc::Isa>(i));
+  return out;
+}
+
+// Runs the kernels at one level (one thread) for a scope.
+class IsaScope {
+ public:
+  explicit IsaScope(kc::Isa isa) : was_(kc::set_isa(isa)) { kc::set_num_threads(1); }
+  ~IsaScope() { kc::set_isa(was_); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+
+ private:
+  kc::Isa was_;
+};
+
+// max |got - want| / max(max |want|, floor).
+double rel_err(const std::vector<float>& got, const Vec& want, double floor = 1e-30) {
+  double num = 0, den = floor;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::abs(want[i]));
+  }
+  return num / den;
+}
+
+Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+std::vector<float> bf16_rounded(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> r(x.size());
+  kc::to_bf16(h.data(), x.data(), x.size());
+  kc::from_bf16(r.data(), h.data(), x.size());
+  return r;
+}
+
+}  // namespace
+
+TEST(IsaKernels, LevelsNamesAndForcingAboveTheMachine) {
+  EXPECT_EQ(kc::machine_isa(), kc::parse_isa(kc::isa_name(kc::machine_isa())));
+  for (kc::Isa l : levels()) {
+    IsaScope s(l);
+    EXPECT_EQ(kc::active_isa(), l);
+    const std::string summary = kc::kernel_summary();
+    EXPECT_NE(summary.find(std::string("isa ") + kc::isa_name(l) + " "), std::string::npos) << summary;
+    EXPECT_NE(summary.find("gemm bfloat16"), std::string::npos) << summary;
+  }
+  try {
+    kc::parse_isa("avx3");
+    ADD_FAILURE() << "parse_isa accepted avx3";
+  } catch (const trident::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("avx512bf16"), std::string::npos) << e.what();
+  }
+  if (kc::machine_isa() != kc::Isa::kAmx) {
+    const kc::Isa above = static_cast<kc::Isa>(static_cast<int>(kc::machine_isa()) + 1);
+    try {
+      kc::set_isa(above);
+      ADD_FAILURE() << "set_isa accepted " << kc::isa_name(above) << " above the machine's level";
+    } catch (const trident::InvalidArgument& e) {
+      // Names the level asked for, the machine's level and its features.
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(kc::isa_name(above)), std::string::npos) << msg;
+      EXPECT_NE(msg.find(kc::isa_name(kc::machine_isa())), std::string::npos) << msg;
+      EXPECT_NE(msg.find(kc::cpu_features()), std::string::npos) << msg;
+    }
+  }
+  std::printf("machine: %s; features: %s\n", kc::isa_name(kc::machine_isa()), kc::cpu_features().c_str());
+}
+
+TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
+  // M, N, K: ones, primes, 64+3, past the 6-row tiles, 64-column panels and 128/256-deep k blocks.
+  const int shapes[][3] = {{1, 1, 1}, {7, 13, 1}, {1, 7, 13}, {13, 7, 67}, {67, 67, 13}, {67, 130, 300}, {6, 64, 257}};
+  for (kc::Isa l : levels()) {
+    IsaScope scope(l);
+    for (const auto& s : shapes) {
+      const int M = s[0], N = s[1], K = s[2];
+      const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 31 + M));
+      const std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 32 + N));
+      const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 33 + K));
+      for (int bf = 0; bf < 2; ++bf) {
+        // bfloat16: the reference multiplies the rounded operands exactly.
+        const std::vector<float> ar = bf ? bf16_rounded(a) : a, br = bf ? bf16_rounded(b) : b;
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            for (int acc = 0; acc < 2; ++acc) {
+              const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
+              std::vector<float> C = c0;
+              kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(),
+                       N, bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32);
+              double worst = 0;
+              for (int i = 0; i < M; ++i)
+                for (int j = 0; j < N; ++j) {
+                  double want = acc ? c0[i * N + j] : 0.0, mag = std::abs(want);
+                  for (int k = 0; k < K; ++k) {
+                    const double p = static_cast<double>(ar[i * K + k]) * br[k * N + j];
+                    want += p;
+                    mag += std::abs(p);
+                  }
+                  worst = std::max(worst, std::abs(C[i * N + j] - want) / std::max(mag, 1e-30));
+                }
+              // float32 accumulation of K products: a few float32 ulps of the magnitude sum per 16 terms.
+              EXPECT_LT(worst, 2e-6 * std::max(1, K / 16))
+                  << kc::isa_name(l) << (bf ? " bfloat16" : " float32") << " M " << M << " N " << N << " K " << K
+                  << " trans_a " << ta << " trans_b " << tb << " beta " << acc;
+            }
+      }
+    }
+  }
+}
+
+TEST(IsaKernels, RowAndElementwiseKernelsEveryLevelAgainstFloat64) {
+  for (kc::Isa l : levels()) {
+    IsaScope scope(l);
+    const char* name = kc::isa_name(l);
+    for (int C : {1, 7, 13, 67}) {
+      const int N = 5;
+      const Vec x = ref::random_vec(static_cast<size_t>(N) * C, 40 + C, 2.0), w = ref::random_vec(C, 41 + C),
+                bias = ref::random_vec(C, 42 + C), dout = ref::random_vec(static_cast<size_t>(N) * C, 43 + C);
+      const std::vector<float> xf = ref::to_float(x), wf = ref::to_float(w), bf = ref::to_float(bias),
+                               gf = ref::to_float(dout);
+      // LayerNorm forward and backward (gradients of sum(out * dout) by finite differences in float64;
+      // absolute error where they are ~0, as for C = 1, where the output is the bias whatever x is).
+      std::vector<float> out(xf.size()), mean(N), rstd(N), dinp(xf.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
+      kc::layernorm_forward(out.data(), mean.data(), rstd.data(), xf.data(), wf.data(), bf.data(), N, C);
+      EXPECT_LT(rel_err(out, ref::layernorm(x, w, &bias, N, C)), 2e-5) << name << " layernorm C " << C;
+      kc::layernorm_backward(dinp.data(), dw.data(), db.data(), gf.data(), xf.data(), wf.data(), mean.data(),
+                             rstd.data(), N, C);
+      EXPECT_LT(
+          rel_err(dinp,
+                  ref::fd_grad(x, [&](const Vec& v) { return ref::dot(ref::layernorm(v, w, &bias, N, C), dout); }),
+                  1.0),
+          2e-4)
+          << name << " layernorm dinp C " << C;
+      EXPECT_LT(
+          rel_err(dw, ref::fd_grad(w, [&](const Vec& v) { return ref::dot(ref::layernorm(x, v, &bias, N, C), dout); }),
+                  1.0),
+          2e-4)
+          << name << " layernorm dweight C " << C;
+      EXPECT_LT(
+          rel_err(db, ref::fd_grad(bias, [&](const Vec& v) { return ref::dot(ref::layernorm(x, w, &v, N, C), dout); }),
+                  1.0),
+          2e-4)
+          << name << " layernorm dbias C " << C;
+      // GELU, exact and tanh: forward, backward, and the fused forward+gradient.
+      for (int tanh = 0; tanh < 2; ++tanh) {
+        const auto kind = tanh ? kc::GeluKind::kTanh : kc::GeluKind::kExact;
+        std::vector<float> y(xf.size()), g(xf.size()), y2(xf.size()), d(xf.size());
+        kc::gelu_forward(y.data(), xf.data(), xf.size(), kind);
+        EXPECT_LT(rel_err(y, ref::gelu(x, tanh)), 1e-6) << name << " gelu tanh " << tanh << " C " << C;
+        kc::gelu_backward(d.data(), xf.data(), gf.data(), xf.size(), kind);
+        const Vec want = ref::fd_grad(x, [&](const Vec& v) { return ref::dot(ref::gelu(v, tanh), dout); });
+        EXPECT_LT(rel_err(d, want), 1e-5) << name << " gelu backward tanh " << tanh << " C " << C;
+        kc::gelu_forward_and_grad(y2.data(), g.data(), xf.data(), xf.size(), kind);
+        EXPECT_LT(rel_err(y2, ref::gelu(x, tanh)), 1e-6) << name;
+        kc::mul(g.data(), g.data(), gf.data(), g.size());
+        EXPECT_LT(rel_err(g, want), 1e-5) << name << " gelu fused gradient tanh " << tanh << " C " << C;
+      }
+      // Softmax rows.
+      std::vector<float> sm(xf.size());
+      kc::softmax_forward(sm.data(), xf.data(), N, C);
+      EXPECT_LT(rel_err(sm, ref::softmax(x, N, C)), 1e-6) << name << " softmax C " << C;
+      // Cross-entropy: the summed loss and dlogits = (softmax - onehot) * dscale.
+      std::vector<int32_t> tgt(N);
+      for (int i = 0; i < N; ++i) tgt[i] = (i * 5 + 3) % C;
+      std::vector<float> dl(xf.size());
+      const double loss = kc::cross_entropy_forward_backward(dl.data(), xf.data(), tgt.data(), N, C, 1.0f / N);
+      EXPECT_NEAR(loss / N, ref::cross_entropy(x, tgt, N, C), 1e-5) << name << " cross-entropy C " << C;
+      const Vec dwant = ref::fd_grad(x, [&](const Vec& v) { return ref::cross_entropy(v, tgt, N, C); });
+      EXPECT_LT(rel_err(dl, dwant, 1e-3), 1e-5) << name << " cross-entropy gradient C " << C;
+    }
+    // AdamW (PyTorch's formula, decoupled decay) over an odd length, two steps, in float64.
+    const size_t n = 67;
+    const Vec p0 = ref::random_vec(n, 50), g0 = ref::random_vec(n, 51);
+    std::vector<float> p = ref::to_float(p0), g = ref::to_float(g0), m(n, 0.0f), v(n, 0.0f);
+    Vec pd = to_double(p), md(n, 0.0), vd(n, 0.0);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (int t = 1; t <= 2; ++t) {
+      kc::adamw_update(p.data(), g.data(), m.data(), v.data(), n, static_cast<float>(lr), static_cast<float>(b1),
+                       static_cast<float>(b2), static_cast<float>(eps), static_cast<float>(wd), t);
+      for (size_t i = 0; i < n; ++i) {
+        const double gi = g[i];
+        pd[i] *= 1 - lr * wd;
+        md[i] = b1 * md[i] + (1 - b1) * gi;
+        vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+        const double mh = md[i] / (1 - std::pow(b1, t)), vh = vd[i] / (1 - std::pow(b2, t));
+        pd[i] -= lr * mh / (std::sqrt(vh) + eps);
+      }
+    }
+    EXPECT_LT(rel_err(p, pd), 1e-6) << name << " adamw";
+    EXPECT_LT(rel_err(m, md), 1e-6) << name << " adamw exp_avg";
+    EXPECT_LT(rel_err(v, vd), 1e-6) << name << " adamw exp_avg_sq";
+  }
+}
+
+TEST(IsaKernels, AttentionEveryLevelAgainstFloat64) {
+  // T of 1, 7, 13 and 67 (past 64: a ragged 16-lane tail); head dims 4, 8, 20.
+  const int cases[][3] = {{1, 8, 2}, {7, 8, 1}, {13, 40, 2}, {67, 16, 4}};
+  for (const auto& cs : cases) {
+    const int T = cs[0], C = cs[1], NH = cs[2], B = T > 32 ? 1 : 2;  // one sequence at T 67: the reference is O(T^3)
+    const Vec qkv = ref::random_vec(static_cast<size_t>(B) * T * 3 * C, 70 + T, 0.7);
+    const Vec dout = ref::random_vec(static_cast<size_t>(B) * T * C, 71 + T);
+    const Vec want = ref::attention(qkv, B, T, C, NH);
+    const Vec dwant = ref::fd_grad(qkv, [&](const Vec& v) { return ref::dot(ref::attention(v, B, T, C, NH), dout); });
+    const std::vector<float> qf = ref::to_float(qkv), df = ref::to_float(dout);
+    for (kc::Isa l : levels()) {
+      IsaScope scope(l);
+      std::vector<float> y(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T), dqkv(qf.size(), 7.0f);
+      kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, NH);
+      kc::attention_backward(dqkv.data(), df.data(), qf.data(), y.data(), lse.data(), B, T, C, NH);
+      EXPECT_LT(rel_err(y, want), 1e-5) << kc::isa_name(l) << " T " << T << " C " << C << " NH " << NH;
+      EXPECT_LT(rel_err(dqkv, dwant), 1e-4) << kc::isa_name(l) << " backward T " << T << " C " << C << " NH " << NH;
+    }
+  }
+}
+
+TEST(IsaKernels, GptStepInBfloat16EveryLevelTracksFloat32) {
+  const nlohmann::json base = {{"kind", "gpt"},    {"n_layer", 2},     {"n_head", 2},  {"n_embd", 32},
+                               {"block_size", 13}, {"vocab_size", 37}, {"bias", true}, {"seed", 5}};
+  const int B = 3, T = 13;
+  std::vector<int32_t> x(B * T), y(B * T);
+  for (int i = 0; i < B * T; ++i) x[i] = (i * 7 + 3) % 37, y[i] = (i * 5 + 1) % 37;
+  double f32_loss = 0;
+  {
+    IsaScope scope(kc::machine_isa());
+    auto m = trident::nn::make_model(base);
+    m->zero_grad();
+    f32_loss = m->forward_backward(x.data(), y.data(), B, T, true);
+  }
+  nlohmann::json cfg = base;
+  cfg["dtype"] = "bfloat16";
+  for (kc::Isa l : levels()) {
+    IsaScope scope(l);
+    auto m = trident::nn::make_model(cfg);
+    m->zero_grad();
+    const double loss = m->forward_backward(x.data(), y.data(), B, T, true);
+    EXPECT_NEAR(loss, f32_loss, 2e-2 * f32_loss) << kc::isa_name(l);
+    double g2 = 0;
+    for (size_t i = 0; i < m->num_params(); ++i) g2 += static_cast<double>(m->grad_data()[i]) * m->grad_data()[i];
+    EXPECT_TRUE(std::isfinite(g2) && g2 > 0) << kc::isa_name(l);
+  }
+}

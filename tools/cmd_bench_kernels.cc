@@ -1,0 +1,264 @@
+// `trident bench kernels`: the speed of each CPU kernel at each ISA level this machine has, beside the
+// core's nominal peak for that level, on the shapes of a GPT training step (default: nanoGPT's CPU
+// config). One thread (trident's kernels run on the calling thread).
+//
+// Peak = GHz x FLOPs/cycle of the level, with GHz measured (a chain of dependent integer adds: one per
+// cycle) and FLOPs/cycle nominal: two vector FMA pipes of the level's width (x86-64: 4 lanes, avx2: 8,
+// avx512: 16, 2 FLOPs each); vdpbf16ps counts 4 FLOPs per lane; AMX-BF16 1024 per cycle (Sapphire
+// Rapids). Parts with one 512-bit FMA pipe, or 512-bit ops split in two (Zen 4), peak at half of that.
+// Times are this thread's CPU time (best of 3 rounds). Memory-bound kernels report GB/s (bytes each
+// must read and write) beside memcpy of the same bytes.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "trident/core/error.h"
+#include "trident/kernels/cpu/isa.h"
+#include "trident/kernels/cpu/ops.h"
+
+namespace trident::cli {
+namespace {
+
+namespace kc = kernels::cpu;
+
+struct Flags {
+  std::string isa = "all";
+  int batch = 12, block = 64, embd = 128, heads = 4, vocab = 65;
+  double seconds = 0.3;
+};
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// CPU time of this thread: on a machine shared with other work, what the kernel itself took.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds per call of f: calls it until `seconds` of CPU time have passed (after one untimed call),
+// best of 3 rounds.
+double time_call(const std::function<void()>& f, double seconds) {
+  f();
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int64_t n = 0;
+    const double t0 = thread_seconds();
+    double el = 0;
+    do {
+      f();
+      ++n;
+      el = thread_seconds() - t0;
+    } while (el < seconds / 3);
+    best = std::min(best, el / static_cast<double>(n));
+  }
+  return best;
+}
+
+// Core clock in GHz: 8 dependent adds per loop iteration retire at one per cycle (CPU time, so time
+// slices given to other processes do not count).
+double measure_ghz() {
+  auto run = [](int64_t iters) {
+    uint64_t x = 0, y = 1;
+    const double t0 = thread_seconds();
+    for (int64_t i = 0; i < iters; ++i) {
+#if defined(__x86_64__)
+      __asm__ volatile(
+          "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+          "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0"
+          : "+r"(x)
+          : "r"(y));
+#else
+      x += y;
+#endif
+    }
+    return thread_seconds() - t0 + 0 * static_cast<double>(x);
+  };
+  run(10'000'000);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) best = std::min(best, run(50'000'000));
+  return 8.0 * 50'000'000 / best / 1e9;
+}
+
+double cpuinfo_mhz() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("cpu MHz", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return std::stod(line.substr(colon + 1));
+    }
+  return 0;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+// Nominal FLOPs per cycle of one core at a level (see the file comment).
+double flops_per_cycle(kc::Isa isa, bool bf16) {
+  switch (isa) {
+    case kc::Isa::kPortable:
+      return 4 * 2 * 2;
+    case kc::Isa::kAvx2:
+      return 8 * 2 * 2;
+    case kc::Isa::kAvx512:
+      return 16 * 2 * 2;
+    case kc::Isa::kAvx512Bf16:
+      return bf16 ? 16 * 4 * 2 : 16 * 2 * 2;
+    case kc::Isa::kAmx:
+      return bf16 ? 1024 : 16 * 2 * 2;
+  }
+  return 0;
+}
+
+int run(const Flags& f) {
+  TRIDENT_CHECK(f.batch > 0 && f.block > 0 && f.embd > 0 && f.heads > 0 && f.vocab > 0 && f.embd % f.heads == 0,
+                InvalidArgument,
+                "bench kernels: --batch, --block, --embd, --heads and --vocab must be positive and --embd divisible by "
+                "--heads (got {} {} {} {} {})",
+                f.batch, f.block, f.embd, f.heads, f.vocab);
+  TRIDENT_CHECK(f.seconds > 0, InvalidArgument, "bench kernels: --seconds must be positive (got {})", f.seconds);
+  std::vector<kc::Isa> levels;
+  if (f.isa == "all") {
+    for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) levels.push_back(static_cast<kc::Isa>(i));
+  } else {
+    size_t pos = 0;
+    while (pos <= f.isa.size()) {
+      const size_t comma = std::min(f.isa.find(',', pos), f.isa.size());
+      const kc::Isa l = kc::parse_isa(f.isa.substr(pos, comma - pos));
+      TRIDENT_CHECK(static_cast<int>(l) <= static_cast<int>(kc::machine_isa()), InvalidArgument,
+                    "bench kernels --isa {}: this CPU supports up to {} (features: {})", kc::isa_name(l),
+                    kc::isa_name(kc::machine_isa()), kc::cpu_features());
+      levels.push_back(l);
+      pos = comma + 1;
+    }
+  }
+  kc::set_num_threads(1);
+  const double ghz = measure_ghz();
+  std::printf("cpu: %s\nfeatures: %s\nmachine level: %s\n", cpu_model().c_str(), kc::cpu_features().c_str(),
+              kc::isa_name(kc::machine_isa()));
+  std::printf("clock: %.2f GHz measured (dependent adds, thread CPU time), /proc/cpuinfo says %.0f MHz; 1 thread\n", ghz, cpuinfo_mhz());
+  const int B = f.batch, T = f.block, C = f.embd, NH = f.heads, V = f.vocab, N = B * T;
+  std::printf("shapes: B %d, T %d, C %d, heads %d, vocab %d (N = B*T = %d rows)\n\n", B, T, C, NH, V, N);
+
+  const auto x = random_floats(static_cast<size_t>(N) * 4 * C, 1), w = random_floats(static_cast<size_t>(4) * C * C, 2);
+  const auto qkv = random_floats(static_cast<size_t>(N) * 3 * C, 3, 0.5f),
+             g = random_floats(static_cast<size_t>(N) * 4 * C, 4);
+  const auto logits = random_floats(static_cast<size_t>(N) * V, 5);
+  std::vector<float> out(static_cast<size_t>(N) * 4 * C), out2(out.size()), dw(static_cast<size_t>(4) * C * C);
+  std::vector<float> mean(N), rstd(N), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size()), dl(logits.size());
+  std::vector<int32_t> tgt(N);
+  for (int i = 0; i < N; ++i) tgt[i] = i % V;
+  const size_t np = static_cast<size_t>(12) * C * C;  // one GPT block's parameters
+  auto p = random_floats(np, 6), pg = random_floats(np, 7);
+  std::vector<float> m(np, 0.0f), v(np, 0.0f);
+  std::vector<char> cpa(64 << 20), cpb(cpa.size());
+
+  std::printf("%-11s %-34s %10s %10s %7s\n", "isa", "kernel", "measured", "peak", "of peak");
+  for (kc::Isa l : levels) {
+    const kc::Isa before = kc::set_isa(l);
+    auto flops_row = [&](const char* name, double flops, bool bf16, const std::function<void()>& fn) {
+      const double s = time_call(fn, f.seconds);
+      const double gf = flops / s / 1e9, peak = ghz * flops_per_cycle(l, bf16);
+      std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%\n", kc::isa_name(l), name, gf, peak, 100 * gf / peak);
+    };
+    auto bytes_row = [&](const char* name, double bytes, const std::function<void()>& fn) {
+      const double s = time_call(fn, f.seconds);
+      const size_t nb = std::min(cpa.size(), static_cast<size_t>(bytes / 2));
+      const double sc = time_call([&] { std::memcpy(cpb.data(), cpa.data(), nb); }, f.seconds / 4);
+      const double gb = bytes / s / 1e9, peak = 2.0 * nb / sc / 1e9;
+      std::printf("%-11s %-34s %6.1f GB/s %6.1f GB/s %6.0f%%  (memcpy)\n", kc::isa_name(l), name, gb, peak,
+                  100 * gb / peak);
+    };
+    for (int bf = 0; bf < 2; ++bf) {
+      const auto prec = bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32;
+      const double fl = 2.0 * N * C * 4 * C;
+      char n1[64], n2[64], n3[64];
+      std::snprintf(n1, sizeof n1, "gemm %s x W^T (%dx%dx%d)", bf ? "bf16" : "f32", N, 4 * C, C);
+      std::snprintf(n2, sizeof n2, "gemm %s dY W (%dx%dx%d)", bf ? "bf16" : "f32", N, C, 4 * C);
+      std::snprintf(n3, sizeof n3, "gemm %s dY^T X (%dx%dx%d)", bf ? "bf16" : "f32", 4 * C, C, N);
+      flops_row(n1, fl, bf, [&] {
+        kc::gemm(false, true, N, 4 * C, C, 1.0f, x.data(), C, w.data(), C, 0.0f, out.data(), 4 * C, prec);
+      });
+      flops_row(n2, fl, bf, [&] {
+        kc::gemm(false, false, N, C, 4 * C, 1.0f, g.data(), 4 * C, w.data(), C, 0.0f, out.data(), C, prec);
+      });
+      flops_row(n3, fl, bf, [&] {
+        kc::gemm(true, false, 4 * C, C, N, 1.0f, g.data(), 4 * C, x.data(), C, 1.0f, dw.data(), C, prec);
+      });
+    }
+    // Causal attention: half of the T x T scores, two products forward, five backward.
+    const double attn = 2.0 * B * T * static_cast<double>(T) * C;
+    flops_row("attention forward", attn, false,
+              [&] { kc::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH); });
+    kc::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    flops_row("attention backward", 2.5 * attn, false,
+              [&] { kc::attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH); });
+    const double row = 4.0 * N * C;
+    bytes_row("layernorm forward", 2 * row,
+              [&] { kc::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C); });
+    bytes_row("layernorm backward", 3 * row, [&] {
+      kc::layernorm_backward(out2.data(), dw.data(), nullptr, g.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                             C);
+    });
+    bytes_row("gelu forward+grad (4C)", 3 * 4 * row, [&] {
+      kc::gelu_forward_and_grad(out.data(), out2.data(), x.data(), static_cast<size_t>(N) * 4 * C, kc::GeluKind::kTanh);
+    });
+    bytes_row("softmax + cross-entropy", 8.0 * N * V,
+              [&] { kc::cross_entropy_forward_backward(dl.data(), logits.data(), tgt.data(), N, V, 1.0f / N); });
+    bytes_row("adamw (12 C^2 params)", 28.0 * np, [&] {
+      kc::adamw_update(p.data(), pg.data(), m.data(), v.data(), np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    });
+    kc::set_isa(before);
+  }
+  std::printf("\n%s\n", kc::kernel_summary().c_str());
+  return 0;
+}
+
+void setup(CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
+  auto f = std::make_shared<Flags>();
+  CLI::App* k = bench->add_subcommand(
+      "kernels",
+      "CPU kernel speed (GFLOP/s or GB/s) at each ISA level of this machine beside the core's peak, one "
+      "thread, on a GPT step's shapes (default nanoGPT's CPU config)");
+  k->add_option("--isa", f->isa,
+                "all (every level this CPU has) or a comma list of portable, avx2, avx512, "
+                "avx512bf16, amx")
+      ->capture_default_str();
+  k->add_option("--batch", f->batch, "batch size B")->capture_default_str();
+  k->add_option("--block", f->block, "sequence length T")->capture_default_str();
+  k->add_option("--embd", f->embd, "model width C")->capture_default_str();
+  k->add_option("--heads", f->heads, "attention heads")->capture_default_str();
+  k->add_option("--vocab", f->vocab, "vocabulary size (cross-entropy width)")->capture_default_str();
+  k->add_option("--seconds", f->seconds, "time per measurement (best of 3 rounds)")->capture_default_str();
+  k->callback([f] { set_exit_code(run(*f)); });
+}
+
+// After `bench` (cmd_bench.cc, order 40) exists.
+CommandRegistration reg(41, setup);
+
+}  // namespace
+}  // namespace trident::cli
