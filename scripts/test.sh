@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds trident and runs every test: the release build's whole suite, then the communication layer and the
-# store again under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded code (comm engine, store)
-# under ThreadSanitizer. This is what CI runs (.ci/run). Ends by listing every skipped test with its reason
-# and the time each stage took.
+# store again under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded code (comm engine, store,
+# launcher) under ThreadSanitizer. This is what CI runs (.ci/run). Ends by listing every skipped test with
+# its reason and the time each stage took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every reference a test needs is installed here, so a skip for a missing package or tool is a failure
@@ -32,7 +32,7 @@ lap "release build"
 # compile at the lowest priority while ctest runs, taking the CPU the tests leave idle while they wait on
 # each other and on deadlines; they hardly slow the tests down.
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
-tsan_tests=(test_unit_comm test_unit_store)
+tsan_tests=(test_unit_comm test_unit_store test_unit_launch)
 mkdir -p "$logs"
 san_build() {  # DIR FLAG TARGETS...
   local dir=$1 flag=$2
@@ -101,13 +101,16 @@ run_pair \
 lap "ASan+UBSan tests"
 
 # ThreadSanitizer over the threaded code: the comm engine's progress threads, deadlines and aborts, with
-# ranks as threads of one process over shm and TCP (test_unit_comm), and the TCP store's server and clients
-# (test_unit_store). Any report fails the run (exitcode=66); suppressions (tests/tsan.supp) are for
-# third-party code only.
+# ranks as threads of one process over shm and TCP (test_unit_comm), the TCP store's server and clients
+# (test_unit_store) and the launcher's supervisor (test_unit_launch without the tests that drive the
+# `trident` CLI, which this build does not compile). Any report fails the run (exitcode=66); suppressions
+# (tests/tsan.supp) are for third-party code only.
 tsan_env="TRIDENT_TIMEOUT=60 TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 run_pair \
   tsan_test_unit_comm "env $tsan_env build-tsan/tests/test_unit_comm --gtest_filter=-Tuning.BenchTune* --gtest_brief=1" \
-  tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1"
+  tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1" \
+  tsan_test_unit_launch "env $tsan_env build-tsan/tests/test_unit_launch --gtest_brief=1 \
+    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'"
 lap "TSan tests"
 
 # What was skipped, and why (the release build's ctest run).
