@@ -1,31 +1,118 @@
 #!/usr/bin/env bash
-# Builds trident and runs every test: the release build's whole suite, then the communication layer and
-# the store again under AddressSanitizer + UndefinedBehaviorSanitizer. This is what CI runs (.ci/run).
+# Builds trident and runs every test: the release build's whole suite, then the communication layer and the
+# store again under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded code (comm engine, store,
+# launcher) under ThreadSanitizer. This is what CI runs (.ci/run). Ends by listing every skipped test with
+# its reason and the time each stage took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh build
-# Every reference a test needs is installed above, so a skip for a missing package or tool is a failure
-# here (tests/harness/skip.h); only what the machine cannot change (no GPU, no privilege) may skip.
+# Every reference a test needs is installed here, so a skip for a missing package or tool is a failure
+# (tests/harness/skip.h); only what the machine cannot change (no GPU, no privilege) may skip.
 export CI="${CI:-true}"
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=ON >/dev/null
+logs=build/ci-logs
+
+stage_names=() stage_secs=() mark=$SECONDS
+lap() { stage_names+=("$1"); stage_secs+=($((SECONDS - mark))); mark=$SECONDS; }
+report_times() {
+  echo "== stage times (s)"
+  for i in "${!stage_names[@]}"; do printf '%6d  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"; done
+  printf '%6d  total\n' "$SECONDS"
+}
+trap report_times EXIT
+
+scripts/deps.sh build
+lap "deps"
+
+# Microbenchmarks (TRIDENT_BUILD_BENCH) are left out: no test runs them. The sanitizer builds skip CUDA.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=OFF >/dev/null
 cmake --build build -j"$jobs"
+lap "release build"
+
+# The sanitizer builds (-O1: several times faster to run than -O0, and what the sanitizers' authors advise)
+# compile at the lowest priority while ctest runs, taking the CPU the tests leave idle while they wait on
+# each other and on deadlines; they hardly slow the tests down.
+asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
+tsan_tests=(test_unit_comm test_unit_store test_unit_launch)
+mkdir -p "$logs"
+san_build() {  # DIR FLAG TARGETS...
+  local dir=$1 flag=$2
+  shift 2
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -D"$flag"=ON \
+    -DTRIDENT_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER=NOTFOUND >/dev/null
+  cmake --build "$dir" -j"$jobs" --target "$@"
+}
+export jobs
+export -f san_build
+# Its own process group (setsid), so a failed ctest stops the whole build at once.
+setsid bash -c "renice -n 19 -p \$\$ >/dev/null && san_build build-asan TRIDENT_SANITIZE ${asan_tests[*]} &&
+  san_build build-tsan TRIDENT_TSAN ${tsan_tests[*]}" >"$logs/sanitizer-build.log" 2>&1 &
+san_pid=$!
+
 # The skipped tests and why are listed at the end, whether the run passed or failed.
 ctest_rc=0
 (cd build && ctest --output-on-failure --timeout 900 -j"$jobs") || ctest_rc=$?
 skips=$(scripts/skipped_tests.py build || true)
-((ctest_rc == 0)) || { echo "$skips"; exit "$ctest_rc"; }
-# Sanitizers over the layers where memory and concurrency bugs hide: store, transports, engine, algorithms.
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRIDENT_SANITIZE=ON -DTRIDENT_BUILD_BENCH=OFF >/dev/null
-cmake --build build-asan -j"$jobs" --target test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm
-# Run the binaries themselves (ctest would also list the targets this build skips). Left to the release
-# build: 8-rank sweeps (under ASan on 2 cores they only add minutes) and tests that drive the `trident`
-# CLI, which this build does not compile.
-for t in test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm; do
-  echo "== $t (ASan+UBSan)"
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    build-asan/tests/$t --gtest_filter='-*w8_*:Tuning.BenchTune*' --gtest_brief=1
-done
+lap "ctest (sanitizer builds beside it)"
+if ((ctest_rc != 0)); then
+  kill -- "-$san_pid" 2>/dev/null || true
+  echo "$skips"
+  exit "$ctest_rc"
+fi
+san_rc=0
+wait "$san_pid" || san_rc=$?
+lap "rest of the sanitizer builds"
+if ((san_rc != 0)); then
+  tail -n 60 "$logs/sanitizer-build.log"
+  echo "sanitizer builds failed (exit $san_rc); the whole log is $logs/sanitizer-build.log"
+  exit "$san_rc"
+fi
+
+# Each binary is run directly (ctest would also list the targets these builds skip), a few at a time, each
+# with its log printed when it ends.
+run_pair() {  # NAME1 CMD1 NAME2 CMD2 ... (each CMD a string run by bash), all at once
+  local pids=() names=() rc=0
+  while (($#)); do
+    names+=("$1")
+    bash -c "$2" >"$logs/$1.log" 2>&1 &
+    pids+=($!)
+    shift 2
+  done
+  for i in "${!pids[@]}"; do
+    local r=0
+    wait "${pids[$i]}" || r=$?
+    echo "== ${names[$i]} (exit $r)"
+    if ((r != 0)); then cat "$logs/${names[$i]}.log"; rc=$r; else grep -E '^\[(==========|  PASSED|  FAILED)' "$logs/${names[$i]}.log" || true; fi
+  done
+  return $rc
+}
+
+# AddressSanitizer + UndefinedBehaviorSanitizer over the layers where memory bugs hide: store, transports,
+# engine, algorithms. Left to the release build: 8-rank sweeps (the same code paths as 2-5 ranks, only
+# more of them) and the tuning benchmark.
+# TRIDENT_TIMEOUT: ctest gives its tests 20 s; instrumented code is slower, so a deadlock fails in a minute.
+asan_env="TRIDENT_TIMEOUT=60 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+asan_filter="--gtest_filter=-*w8_*:Tuning.BenchTune* --gtest_brief=1"
+run_pair \
+  asan_test_unit_algorithms "env $asan_env build-asan/tests/test_unit_algorithms $asan_filter" \
+  asan_test_multiprocess_comm "env $asan_env build-asan/tests/test_multiprocess_comm $asan_filter"
+run_pair \
+  asan_test_unit_store "env $asan_env build-asan/tests/test_unit_store $asan_filter" \
+  asan_test_unit_comm "env $asan_env build-asan/tests/test_unit_comm $asan_filter"
+lap "ASan+UBSan tests"
+
+# ThreadSanitizer over the threaded code: the comm engine's progress threads, deadlines and aborts, with
+# ranks as threads of one process over shm and TCP (test_unit_comm), the TCP store's server and clients
+# (test_unit_store) and the launcher's supervisor (test_unit_launch without the tests that drive the
+# `trident` CLI, which this build does not compile). Any report fails the run (exitcode=66); suppressions
+# (tests/tsan.supp) are for third-party code only.
+tsan_env="TRIDENT_TIMEOUT=60 TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
+run_pair \
+  tsan_test_unit_comm "env $tsan_env build-tsan/tests/test_unit_comm --gtest_filter=-Tuning.BenchTune* --gtest_brief=1" \
+  tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1" \
+  tsan_test_unit_launch "env $tsan_env build-tsan/tests/test_unit_launch --gtest_brief=1 \
+    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'"
+lap "TSan tests"
+
 # What was skipped, and why (the release build's ctest run).
 echo "== skipped tests"
 echo "$skips"

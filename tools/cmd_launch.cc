@@ -30,6 +30,9 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--master-port", opts->master_port, "store port on node 0 (0 picks a free one)")
       ->capture_default_str();
+  sub->add_option("--port-file", opts->port_file,
+                  "node 0 writes the store's port to this file once it listens (with --master-port 0, how the "
+                  "other nodes learn the port)");
   sub->add_flag("--tag-output", opts->tag_output, "prefix every output line with [rank R]");
   auto bind = std::make_shared<std::string>();
   sub->add_option("--bind", *bind,

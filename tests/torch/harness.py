@@ -1,12 +1,13 @@
 """Runs a function on N ranks (forked processes) over torch.distributed, for the trident_torch tests.
 
-spawn(fn, world, backend) forks `world` processes; each calls init_process_group(backend, tcp://...) and
+spawn(fn, world, backend) forks `world` processes; each calls init_process_group(backend) over a TCPStore that
+rank 0 hosts on a port the kernel picks, then
 fn(rank, world, *args). Any exception on any rank fails the run with that rank's traceback; a rank that does
 not finish within `timeout` seconds fails it too (nothing waits forever)."""
 import multiprocessing as mp
 import os
-import socket
 import sys
+import time
 import traceback
 
 import torch
@@ -15,17 +16,24 @@ import torch.distributed as dist
 import trident_torch  # noqa: F401  registers backend "trident"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _child(fn, rank, world, backend, port, args, q, init_timeout):
     torch.set_num_threads(1)
     try:
+        # Rank 0 hosts torch's store on a port the kernel picks and tells the others (nothing picks a port and
+        # binds it later, so nothing else on the machine can take it in between), as init_method tcp:// would.
+        timeout = init_timeout if init_timeout is not None else dist.default_pg_timeout
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout, wait_for_workers=False)
+            port.value = store.port
+        else:
+            deadline = time.monotonic() + timeout.total_seconds()
+            while port.value == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank 0 published no store port within {timeout}")
+                time.sleep(0.01)
+            store = dist.TCPStore("127.0.0.1", port.value, world, False, timeout)
         kw = {"timeout": init_timeout} if init_timeout is not None else {}
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **kw)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, **kw)
         result = fn(rank, world, *args)
         dist.destroy_process_group()
         q.put((rank, "ok", result))
@@ -40,7 +48,7 @@ def spawn(fn, world, backend="trident", args=(), timeout=120, dying=(), init_tim
     expected to end without reporting (fault tests kill them)."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    port = free_port()
+    port = ctx.Value("i", 0)  # rank 0's store port, once it listens
     procs = [ctx.Process(target=_child, args=(fn, r, world, backend, port, args, q, init_timeout)) for r in range(world)]
     for p in procs:
         p.start()

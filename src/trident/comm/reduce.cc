@@ -23,7 +23,14 @@ namespace trident {
 namespace {
 
 #define TRIDENT_INLINE inline __attribute__((always_inline))
+// Not under a sanitizer: the loader runs an ifunc resolver while relocating, before the sanitizer's runtime
+// is up, and ThreadSanitizer's instrumentation of the resolver then crashes the program before main (the
+// same rule as kernels/cpu/simd.h). Sanitizer builds check the one generic loop instead.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TRIDENT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TRIDENT_CLONES
+#endif
 
 struct Sum {
   template <class T>

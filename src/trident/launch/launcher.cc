@@ -36,6 +36,29 @@ std::string bind_host(const std::string& master_addr) {
   return master_addr == "localhost" ? "127.0.0.1" : master_addr;
 }
 
+// Writes "PORT\n" to `path` through a temporary file and a rename, so a reader polling for the file never sees
+// it half-written.
+void write_port_file(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  const std::string text = fmt::format("{}\n", port);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int e = errno;
+  if (f != nullptr && std::fclose(f) != 0 && ok) {
+    ok = false;
+    e = errno;
+  }
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    e = errno;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    TRIDENT_THROW(IoError, "--port-file {}: cannot write the store's port there: {}; give a writable path", path,
+                  detail::errno_string(e));
+  }
+}
+
 void print_error_line(const std::string& text) {
   std::string line = text + "\n";
   std::fflush(stdout);
@@ -153,10 +176,15 @@ void validate(const LaunchOptions& o) {
                 o.nnodes - 1);
   TRIDENT_CHECK(o.master_port >= 0 && o.master_port <= 65535, InvalidArgument,
                 "--master-port {}: a TCP port is in [0, 65535] (0 picks a free one)", o.master_port);
-  TRIDENT_CHECK(o.master_port != 0 || o.nnodes == 1, InvalidArgument,
-                "--master-port 0 with --nnodes {}: the other nodes cannot learn a port picked here; give every "
-                "node the same fixed --master-port",
-                o.nnodes);
+  TRIDENT_CHECK(o.master_port != 0 || o.nnodes == 1 || (o.node_rank == 0 && !o.port_file.empty()), InvalidArgument,
+                "--master-port 0 with --nnodes {} on node {}: {}", o.nnodes, o.node_rank,
+                o.node_rank == 0 ? "the other nodes cannot learn a port picked here; give every node the same fixed "
+                                   "--master-port, or add --port-file FILE and pass the port node 0 writes there"
+                                 : "a node other than 0 needs node 0's real port; give the --master-port node 0 "
+                                   "uses (with --master-port 0 and --port-file, the port it wrote)");
+  TRIDENT_CHECK(o.port_file.empty() || o.node_rank == 0, InvalidArgument,
+                "--port-file {} on node {}: only node 0 hosts the store and writes its port; drop --port-file here",
+                o.port_file, o.node_rank);
   TRIDENT_CHECK(!o.master_addr.empty(), InvalidArgument, "--master-addr is empty; give node 0's address");
   TRIDENT_CHECK(o.grace_seconds >= 0, InvalidArgument, "--grace-period {}: must be >= 0 seconds", o.grace_seconds);
   TRIDENT_CHECK(o.max_restarts >= 0, InvalidArgument, "--max-restarts {}: must be >= 0 (0: no restarts)",
@@ -234,6 +262,7 @@ int launch(const LaunchOptions& o) {
     }
     port = server->port();
     log_debug("launch", "trident launch: store on {}:{}, {} local ranks", host, port, o.nproc_per_node);
+    if (!o.port_file.empty()) write_port_file(o.port_file, port);
   }
 
   // With several nodes, the launchers talk through the same store: the first failure anywhere stops every

@@ -77,7 +77,8 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;   // 0: node 0 picks a free port (single-node only)
+  int master_port = 29500;   // 0: node 0 picks a free port (other nodes learn it through port_file)
+  std::string port_file;     // node 0 writes the store's port here (one line) once it listens; "" = none
   bool tag_output = false;   // prefix every output line with "[rank R] "
   double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
   std::optional<Bind> bind;    // CPU binding of local ranks; unset: TRIDENT_BIND (default auto)

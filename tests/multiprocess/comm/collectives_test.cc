@@ -24,7 +24,7 @@ TEST_P(CollectiveSweep, EveryCollectiveAlgorithmDtypeOp) {
     go.transport = transport;
     go.timeout = Seconds(120);
     auto pg = new_process_group(st, r, n, go);
-    testing::run_collective_sweep(*pg);
+    testing::run_collective_sweep(*pg, {.large = !testing::kSanitizerBuild});
   }, {.deadline_s = 300});
   EXPECT_EQ(testing::failures(res), "");
 }

@@ -14,12 +14,14 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "harness/temp_dir.h"
 #include "process_runner.h"
 #include "trident/comm/store/rendezvous.h"
 #include "trident/comm/store/tcp_store.h"
@@ -150,31 +152,38 @@ TEST(Launch, FreshTokenPerRunAndInheritedTokenKept) {
   for (const auto& line : split_lines(c.out)) EXPECT_EQ(parse_fields(line)["T"], "0123456789abcdef") << line;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
+// Node 0 of a two-node job listens on a port the kernel picks (--master-port 0) and writes it to its
+// --port-file; returns that port once the file appears, or -1 when it does not within the hang guard. Nothing
+// picks a port and binds it later, so no other program on the machine can take it in between.
+int port_written_by(ProcessRunner& node0, const std::string& file) {
+  int port = -1;
+  node0.read_until(
+      [&] {
+        std::ifstream in(file);
+        int p = -1;
+        if (!(in >> p)) return false;
+        port = p;
+        return true;
+      },
+      kHangGuard);
+  return port;
 }
 
 TEST(Launch, SecondNodeNumbersItsRanksAfterNodeZero) {
-  const int port = free_port();
-  ASSERT_GT(port, 0);
+  trident::testing::TempDir dir("launch-port");
+  const std::string port_file = (dir.path / "port").string();
   const std::vector<std::string> env = make_env(kLaunchVars, {"TRIDENT_STORE_TOKEN=sharedsecret"});
-  auto node = [&](int node_rank) {
-    return launch_argv({"--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr",
-                        "127.0.0.1", "--master-port", std::to_string(port), "--", "sh", "-c", kPrintEnv});
+  auto node = [&](int node_rank, const std::string& port, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
+                                     "--master-addr", "127.0.0.1", "--master-port", port};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {"--", "sh", "-c", kPrintEnv}) args.push_back(a);
+    return launch_argv(args);
   };
-  ProcessRunner node1(node(1), env);
-  ProcessRunner node0(node(0), env);
+  ProcessRunner node0(node(0, "0", {"--port-file", port_file}), env);
+  const int port = port_written_by(node0, port_file);
+  ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
+  ProcessRunner node1(node(1, std::to_string(port), {}), env);
   auto s0 = node0.wait(kHangGuard);
   auto s1 = node1.wait(kHangGuard);
   ASSERT_TRUE(s0 && s1) << node0.err() << node1.err();
@@ -367,7 +376,16 @@ TEST(Launch, BadFlagsAreClearErrors) {
       {{"-n", "2"}, {}, "no command to launch"},
       {{"-n", "2", "--"}, {}, "no command to launch"},
       {{"--nnodes", "2", "--", "true"}, {}, "TRIDENT_STORE_TOKEN"},
-      {{"--nnodes", "2", "--master-port", "0", "--", "true"}, {"TRIDENT_STORE_TOKEN=x"}, "--master-port 0"},
+      {{"--nnodes", "2", "--master-port", "0", "--", "true"}, {"TRIDENT_STORE_TOKEN=x"}, "add --port-file FILE"},
+      {{"--nnodes", "2", "--node-rank", "1", "--master-port", "0", "--", "true"},
+       {"TRIDENT_STORE_TOKEN=x"},
+       "--master-port 0 with --nnodes 2 on node 1"},
+      {{"--nnodes", "2", "--node-rank", "1", "--port-file", "/tmp/p", "--", "true"},
+       {"TRIDENT_STORE_TOKEN=x"},
+       "--port-file /tmp/p on node 1: only node 0"},
+      {{"--master-port", "0", "--port-file", "/nonexistent-dir/port", "--", "true"},
+       {},
+       "--port-file /nonexistent-dir/port: cannot write"},
       {{"--master-port", "70000", "--", "true"}, {}, "--master-port 70000"},
   };
   for (const auto& c : cases) {
@@ -507,17 +525,24 @@ TEST(Launch, PortInUseIsAClearError) {
 
 TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
   // Two launchers on this host play node 0 and node 1 of one job; their 4 ranks meet in node 0's store.
-  const int port = free_port();
-  ASSERT_GT(port, 0);
+  trident::testing::TempDir dir("launch-port");
+  const std::string port_file = (dir.path / "port").string();
   const std::vector<std::string> env = make_env(kLaunchVars, {"TRIDENT_LAUNCH_TEST_CHILD=store",
                                                               "TRIDENT_STORE_TOKEN=two-node-secret"});
-  auto node = [&](int node_rank) {
-    return launch_argv({"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-addr",
-                        "127.0.0.1", "--master-port", std::to_string(port), "--", self_exe(),
-                        "--gtest_also_run_disabled_tests", "--gtest_filter=LaunchChildProcess.DISABLED_StoreClient"});
+  auto node = [&](int node_rank, const std::string& port, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
+                                     "--master-addr", "127.0.0.1", "--master-port", port};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (std::string a : {std::string("--"), self_exe(), std::string("--gtest_also_run_disabled_tests"),
+                          std::string("--gtest_filter=LaunchChildProcess.DISABLED_StoreClient")}) {
+      args.push_back(a);
+    }
+    return launch_argv(args);
   };
-  ProcessRunner node1(node(1), env);  // its ranks retry until node 0's store is up
-  ProcessRunner node0(node(0), env);
+  ProcessRunner node0(node(0, "0", {"--port-file", port_file}), env);
+  const int port = port_written_by(node0, port_file);
+  ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
+  ProcessRunner node1(node(1, std::to_string(port), {}), env);
   auto s0 = node0.wait(kHangGuard);
   auto s1 = node1.wait(kHangGuard);
   ASSERT_TRUE(s0 && s1) << node0.err() << node1.err();
@@ -528,16 +553,21 @@ TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
 }
 
 TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
-  const int port = free_port();
-  ASSERT_GT(port, 0);
+  trident::testing::TempDir dir("launch-port");
+  const std::string port_file = (dir.path / "port").string();
   const std::vector<std::string> env = make_env(kLaunchVars, {"TRIDENT_STORE_TOKEN=two-node-secret"});
   const char* cmd = "echo pid $$; if [ $RANK = 3 ]; then sleep 0.2; echo rank3-gives-up; exit 3; fi; exec sleep 60";
-  auto node = [&](int node_rank) {
-    return launch_argv({"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank), "--master-port",
-                        std::to_string(port), "--", "sh", "-c", cmd});
+  auto node = [&](int node_rank, const std::string& port, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
+                                     "--master-port", port};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {"--", "sh", "-c", cmd}) args.push_back(a);
+    return launch_argv(args);
   };
-  ProcessRunner node0(node(0), env);
-  ProcessRunner node1(node(1), env);
+  ProcessRunner node0(node(0, "0", {"--port-file", port_file}), env);
+  const int port = port_written_by(node0, port_file);
+  ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
+  ProcessRunner node1(node(1, std::to_string(port), {}), env);
   auto s1 = node1.wait(kHangGuard);
   auto s0 = node0.wait(kHangGuard);
   ASSERT_TRUE(s0 && s1) << "a node kept running after the other failed:\n" << node0.err() << node1.err();
