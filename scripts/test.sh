@@ -26,6 +26,8 @@ for t in test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_c
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     build-asan/tests/$t --gtest_filter='-*w8_*:Tuning.BenchTune*' --gtest_brief=1
 done
+# Bad bytes from the network and disk: every libFuzzer target (tests/fuzz) for 15 s under ASan + UBSan.
+scripts/fuzz.sh 15
 # What was skipped, and why (the release build's ctest run).
 echo "== skipped tests"
 echo "$skips"
