@@ -33,6 +33,8 @@ lap "release build"
 # each other and on deadlines; they hardly slow the tests down.
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
 tsan_tests=(test_unit_comm test_unit_store test_unit_launch)
+# The store's request decoder: the fuzz target whose build needs only core and store (docs/TESTING.md).
+fuzz_targets=(fuzz_store_request)
 mkdir -p "$logs"
 san_build() {  # DIR FLAG TARGETS...
   local dir=$1 flag=$2
@@ -45,7 +47,8 @@ export jobs
 export -f san_build
 # Its own process group (setsid), so a failed ctest stops the whole build at once.
 setsid bash -c "renice -n 19 -p \$\$ >/dev/null && san_build build-asan TRIDENT_SANITIZE ${asan_tests[*]} &&
-  san_build build-tsan TRIDENT_TSAN ${tsan_tests[*]}" >"$logs/sanitizer-build.log" 2>&1 &
+  san_build build-tsan TRIDENT_TSAN ${tsan_tests[*]} && FUZZ_BUILD_ONLY=1 scripts/fuzz.sh 15 ${fuzz_targets[*]}" \
+  >"$logs/sanitizer-build.log" 2>&1 &
 san_pid=$!
 
 # The skipped tests and why are listed at the end, whether the run passed or failed.
@@ -112,6 +115,10 @@ run_pair \
   tsan_test_unit_launch "env $tsan_env build-tsan/tests/test_unit_launch --gtest_brief=1 \
     --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'"
 lap "TSan tests"
+
+# Bad bytes from the network: the store's request decoder under libFuzzer (ASan + UBSan) for 15 s.
+scripts/fuzz.sh 15 "${fuzz_targets[@]}"
+lap "fuzz"
 
 # What was skipped, and why (the release build's ctest run).
 echo "== skipped tests"

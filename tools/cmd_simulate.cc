@@ -61,9 +61,11 @@ void run_simulate(const PlanCommon& o, const SimCli& s) {
   opt.exploit_symmetry = !s.no_symmetry;
   opt.bucket_bytes = s.bucket_mb * 1e6;
   if (opt.bucket_bytes <= 0) TRIDENT_THROW(InvalidArgument, "--bucket-mb {}: must be > 0", s.bucket_mb);
-  if (!plan::parse_algorithm(s.algo, &opt.algorithm))
-    TRIDENT_THROW(InvalidArgument, "--algo '{}': allowed auto, ring, tree, binomial, recursive_doubling, halving_doubling, "
-                  "hierarchical", s.algo);
+  try {
+    opt.algorithm = parse_algo(s.algo);
+  } catch (const InvalidArgument& e) {
+    TRIDENT_THROW(InvalidArgument, "--algo: {}", e.what());
+  }
   for (auto& d : s.degrade) opt.degraded.push_back(plan::parse_degraded(d, "--degrade-link"));
   for (auto& x : s.straggler) opt.stragglers.push_back(plan::parse_straggler(x, "--straggler"));
 
@@ -148,7 +150,7 @@ void setup(CLI::App& app) {
       ->delimiter(',');
   c->add_option("--csv", s->csv, "write the sweep as CSV (for scripts/plot_scaling.py)");
   c->add_flag("--no-symmetry", s->no_symmetry, "simulate every rank even when symmetric");
-  c->add_option("--algo", s->algo, "data-parallel collective algorithm: auto, ring, tree, ...")->capture_default_str();
+  c->add_option("--algo", s->algo, "data-parallel collective algorithm (the native backend's names: auto, ring, rd, rh, tree, direct, hier), where the op has it")->capture_default_str();
   c->add_option("--bucket-mb", s->bucket_mb, "gradient bucket size in MB")->capture_default_str();
   c->callback([o, s] { run_simulate(*o, *s); });
 }

@@ -59,7 +59,7 @@ Algo parse_algo(std::string_view n) {
   for (int i = 0; i < kNumAlgos; ++i)
     if (n == kAlgoNames[i]) return static_cast<Algo>(i);
   if (n == "recursive_doubling") return Algo::kRecursiveDoubling;
-  if (n == "recursive_halving" || n == "rabenseifner") return Algo::kRecursiveHalving;
+  if (n == "recursive_halving" || n == "rabenseifner" || n == "halving_doubling") return Algo::kRecursiveHalving;
   if (n == "binomial") return Algo::kTree;
   if (n == "hierarchical") return Algo::kHierarchical;
   TRIDENT_THROW(InvalidArgument,

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trident/plan/cost_model.h"
+#include "trident/plan/comm_cost.h"
 
 namespace trident::plan {
 

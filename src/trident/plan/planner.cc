@@ -169,18 +169,23 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
   const double t_b = (2 * (layer_fwd + head_fwd) + recompute_flops) / rate;
 
   const LinkSpec inter = c.inter_per_rank();
-  const Topology node_topo{c.intra, inter, c.gpus_per_node};
+  // A group of ranks that share a host `g` at a time: the device link inside, their part of the NICs across.
+  auto links = [&](int g) {
+    LinkSpec share = inter;
+    share.bandwidth_Bps *= g;
+    return GroupLinks{link_cost(c.intra, c.hbm_Bps), link_cost(share, c.hbm_Bps)};
+  };
 
   // ---- TP: 2 all-reduces forward + 2 backward per layer (+2 recomputed forward with full recompute) ----
   double t_tp = 0;
   if (l.tp > 1) {
     const double bytes = tok * m.hidden * wb;
     const int n = lps * (4 + (l.recompute == Recompute::kFull ? 2 : 0));
-    const Collective op = Collective::kAllReduce;
-    const double one = collective_cost(op, Algorithm::kAuto, l.tp, node_topo, bytes).time(bytes);
-    t_tp = n * one;
-    CommItem ci{"tp_all_reduce", l.tp <= c.gpus_per_node ? c.intra.name : c.nic.name,
-                to_string(choose_algorithm(op, bytes, l.tp, node_topo)),
+    const OpKind op = OpKind::kAllReduce;
+    const int g = std::min(l.tp, c.gpus_per_node);
+    const CommEstimate one = estimate_collective(op, bytes, l.tp, g, links(g));
+    t_tp = n * one.seconds;
+    CommItem ci{"tp_all_reduce", l.tp <= c.gpus_per_node ? c.intra.name : c.nic.name, algo_name(one.algo),
                 n * mbs * bytes_per_rank(op, bytes, l.tp), t_tp * mbs, t_tp * mbs};
     e.comm.push_back(ci);
     if (l.tp > c.gpus_per_node) e.warnings.push_back("TP crosses nodes: its all-reduces run over the NICs");
@@ -205,39 +210,40 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
   const double psi_rank = stage_params(m, l.pp, l.pp - 1) / l.tp;
   if (l.dp > 1) {
     const int g = std::max(1, std::min(l.dp, c.gpus_per_node / l.tp));
-    const Topology dp_topo{c.intra, inter, g};
     const std::string link = g >= l.dp ? c.intra.name : c.nic.name;
     const double grad_bytes = psi_rank * wb;
-    auto cost = [&](Collective op, double bytes) { return collective_cost(op, Algorithm::kAuto, l.dp, dp_topo, bytes).time(bytes); };
-    auto algo = [&](Collective op, double bytes) { return std::string(to_string(choose_algorithm(op, bytes, l.dp, dp_topo))); };
+    auto cost = [&](OpKind op, double bytes) { return estimate_collective(op, bytes, l.dp, g, links(g)).seconds; };
+    auto algo = [&](OpKind op, double bytes) {
+      return std::string(algo_name(estimate_collective(op, bytes, l.dp, g, links(g)).algo));
+    };
     // Gradient buckets (25 MB) are reduced while backward runs; the last bucket cannot be hidden.
     const double last_bucket = std::min(1.0, 25e6 / grad_bytes);
     auto overlapped = [&](double t) { return std::max(t - t_b, t * last_bucket); };
     if (l.zero == 0) {
-      const double t = cost(Collective::kAllReduce, grad_bytes);
+      const double t = cost(OpKind::kAllReduce, grad_bytes);
       dp_exposed = overlapped(t);
-      e.comm.push_back({"dp_all_reduce", link, algo(Collective::kAllReduce, grad_bytes),
-                        bytes_per_rank(Collective::kAllReduce, grad_bytes, l.dp), t, dp_exposed});
+      e.comm.push_back({"dp_all_reduce", link, algo(OpKind::kAllReduce, grad_bytes),
+                        bytes_per_rank(OpKind::kAllReduce, grad_bytes, l.dp), t, dp_exposed});
     } else if (l.zero <= 2) {
-      const double trs = cost(Collective::kReduceScatter, grad_bytes);
-      const double tag = cost(Collective::kAllGather, psi_rank * wb);
+      const double trs = cost(OpKind::kReduceScatter, grad_bytes);
+      const double tag = cost(OpKind::kAllGather, psi_rank * wb);
       dp_exposed = overlapped(trs) + tag;
-      e.comm.push_back({"zero_reduce_scatter", link, algo(Collective::kReduceScatter, grad_bytes),
-                        bytes_per_rank(Collective::kReduceScatter, grad_bytes, l.dp), trs, overlapped(trs)});
-      e.comm.push_back({"zero_all_gather", link, algo(Collective::kAllGather, psi_rank * wb),
-                        bytes_per_rank(Collective::kAllGather, psi_rank * wb, l.dp), tag, tag});
+      e.comm.push_back({"zero_reduce_scatter", link, algo(OpKind::kReduceScatter, grad_bytes),
+                        bytes_per_rank(OpKind::kReduceScatter, grad_bytes, l.dp), trs, overlapped(trs)});
+      e.comm.push_back({"zero_all_gather", link, algo(OpKind::kAllGather, psi_rank * wb),
+                        bytes_per_rank(OpKind::kAllGather, psi_rank * wb, l.dp), tag, tag});
     } else {
       // ZeRO-3: every microbatch gathers the parameters for forward and again for backward, and
       // reduce-scatters the gradients; prefetch hides them behind compute when compute is longer.
-      const double tag = cost(Collective::kAllGather, psi_rank * wb);
-      const double trs = cost(Collective::kReduceScatter, grad_bytes);
+      const double tag = cost(OpKind::kAllGather, psi_rank * wb);
+      const double trs = cost(OpKind::kReduceScatter, grad_bytes);
       const double exposed_micro = std::max(0.0, tag - t_f) + std::max(0.0, tag + trs - t_b);
       dp_exposed = mbs * exposed_micro;
-      e.comm.push_back({"zero3_all_gather", link, algo(Collective::kAllGather, psi_rank * wb),
-                        2.0 * mbs * bytes_per_rank(Collective::kAllGather, psi_rank * wb, l.dp), 2 * mbs * tag,
+      e.comm.push_back({"zero3_all_gather", link, algo(OpKind::kAllGather, psi_rank * wb),
+                        2.0 * mbs * bytes_per_rank(OpKind::kAllGather, psi_rank * wb, l.dp), 2 * mbs * tag,
                         mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
-      e.comm.push_back({"zero3_reduce_scatter", link, algo(Collective::kReduceScatter, grad_bytes),
-                        mbs * bytes_per_rank(Collective::kReduceScatter, grad_bytes, l.dp), mbs * trs,
+      e.comm.push_back({"zero3_reduce_scatter", link, algo(OpKind::kReduceScatter, grad_bytes),
+                        mbs * bytes_per_rank(OpKind::kReduceScatter, grad_bytes, l.dp), mbs * trs,
                         dp_exposed - mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
     }
   }

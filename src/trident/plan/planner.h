@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trident/plan/cost_model.h"
+#include "trident/plan/comm_cost.h"
 #include "trident/plan/hardware.h"
 #include "trident/plan/model.h"
 

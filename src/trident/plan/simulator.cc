@@ -386,12 +386,12 @@ class StepGraph {
   void setup_links();
   void precompute_action_costs();
   // A collective over real ranks `members`: one Coll, one join task per SIMULATED member.
-  void make_coll(const std::vector<int>& real_members, Collective op, double bytes, double scale, Algorithm algo,
+  void make_coll(const std::vector<int>& real_members, OpKind op, double bytes, double scale, Algo algo,
                  Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks);
   // Collectives are created once per group, when its first simulated member is generated; the other
   // members find their join task by key.
-  int group_coll(int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank, Collective op,
-                 double bytes, double scale, Algorithm algo, Label label, int stream, int mb, int chunk, int step);
+  int group_coll(int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank, OpKind op,
+                 double bytes, double scale, Algo algo, Label label, int stream, int mb, int chunk, int step);
   std::vector<int> tp_group(int dpi, int st) const {
     std::vector<int> g;
     for (int i = 0; i < tp; ++i) g.push_back(real_rank(i, dpi, st));
@@ -457,18 +457,23 @@ void StepGraph::precompute_action_costs() {
   n_tp_b = 2 * lpc + (l.recompute == Recompute::kFull ? 2 * lpc : 0);
 }
 
-void StepGraph::make_coll(const std::vector<int>& real_members, Collective op, double bytes, double scale,
-                          Algorithm algo, Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks) {
+void StepGraph::make_coll(const std::vector<int>& real_members, OpKind op, double bytes, double scale,
+                          Algo algo, Label label, int stream, int mb, int chunk, std::vector<int>* out_tasks) {
   const int world = int(real_members.size());
   std::set<int> nodes;
   for (int r : real_members) nodes.insert(r / gpn);
   const bool intra = nodes.size() == 1;
   const int g = std::max(1, world / int(nodes.size()));
-  Topology topo{c.intra, inter, intra ? world : g};
-  CollectiveCost cost = collective_cost(op, algo, world, topo, bytes);
+  const int per_host = intra ? world : g;
+  LinkSpec share = inter;  // this group's part of its hosts' NICs
+  share.bandwidth_Bps *= per_host;
+  const CommEstimate cost =
+      estimate_collective(op, bytes, world, per_host, {link_cost(c.intra, c.hbm_Bps), link_cost(share, c.hbm_Bps)}, algo);
   Coll col;
   col.latency = cost.alpha_s * scale;
-  col.volume = cost.beta_s_per_byte * bytes * (intra ? c.intra.bandwidth_Bps : inter.bandwidth_Bps) * scale;
+  // Bytes on each member's own link (device link or NIC share) that take the model's transfer time alone;
+  // the engine stretches them when several collectives share the link.
+  col.volume = cost.transfer_s * (intra ? c.intra.bandwidth_Bps : inter.bandwidth_Bps) * scale;
   const int cid = int(E.colls.size());
   for (int r : real_members) {
     const int tpi = r % tp, dpi = (r / tp) % dp, st = r / (tp * dp);
@@ -487,7 +492,7 @@ void StepGraph::make_coll(const std::vector<int>& real_members, Collective op, d
 }
 
 int StepGraph::group_coll(int kind, const std::vector<int>& members, int key_a, int key_b, int sim_rank,
-                          Collective op, double bytes, double scale, Algorithm algo, Label label, int stream, int mb,
+                          OpKind op, double bytes, double scale, Algo algo, Label label, int stream, int mb,
                           int chunk, int step) {
   auto key = std::make_tuple(kind, members.front(), key_a, key_b, step, stream);
   auto it = coll_cache.find(key);
@@ -527,7 +532,7 @@ void StepGraph::add_rank_step(int s, int step) {
     // gather for action i+1 may start once action i-1 finished).
     auto zero3_ag = [&](int i) {
       const Action& b = actions[i];
-      int id = group_coll(10 + (b.fwd ? 0 : 1), dp_group(tpi, st), b.chunk, b.mb, s, Collective::kAllGather,
+      int id = group_coll(10 + (b.fwd ? 0 : 1), dp_group(tpi, st), b.chunk, b.mb, s, OpKind::kAllGather,
                           chunk_params(st) * wb, 1.0, opt.algorithm, Label::kAllGather, 1, b.mb, b.chunk, step);
       if (i >= 2) E.dep(compute_ids[i - 2], id);
       if (step > 0 && i == 0) E.dep(prev_step_end[s], id);
@@ -552,13 +557,13 @@ void StepGraph::add_rank_step(int s, int step) {
         const int n = a.fwd ? n_tp_f : n_tp_b;
         // n all-reduces aggregated: n x alpha, n x volume; keyed by (dp index, stage, action, piece).
         int tid = group_coll(a.fwd ? 1 : 2, tp_group(dpi, st), a.chunk * 1000003 + a.mb, p, s,
-                             Collective::kAllReduce, tp_bytes, double(n) / pieces, Algorithm::kAuto, Label::kTp, 0,
+                             OpKind::kAllReduce, tp_bytes, double(n) / pieces, Algo::kAuto, Label::kTp, 0,
                              a.mb, a.chunk, step);
         E.dep(cid, tid);
         last_id = tid;
       }
       if (bucketed) {
-        const Collective op = l.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
+        const OpKind op = l.zero == 0 ? OpKind::kAllReduce : OpKind::kReduceScatter;
         int did = group_coll(3, dp_group(tpi, st), a.chunk, p, s, op, grad_chunk / pieces, 1.0, opt.algorithm,
                              l.zero == 0 ? Label::kDpAllReduce : Label::kReduceScatter, 1, a.mb, a.chunk, step);
         E.dep(last_id, did);
@@ -566,7 +571,7 @@ void StepGraph::add_rank_step(int s, int step) {
       }
     }
     if (l.zero == 3 && dp > 1 && !a.fwd) {
-      int rid = group_coll(12, dp_group(tpi, st), a.chunk, a.mb, s, Collective::kReduceScatter, grad_chunk, 1.0,
+      int rid = group_coll(12, dp_group(tpi, st), a.chunk, a.mb, s, OpKind::kReduceScatter, grad_chunk, 1.0,
                            opt.algorithm, Label::kReduceScatter, 1, a.mb, a.chunk, step);
       E.dep(last_id, rid);
       last_comm = rid;
@@ -586,7 +591,7 @@ void StepGraph::add_rank_step(int s, int step) {
   E.dep(last_comm, oid);
   int end = oid;
   if ((l.zero == 1 || l.zero == 2) && dp > 1) {
-    int gid = group_coll(4, dp_group(tpi, st), 0, 0, s, Collective::kAllGather, chunk_params(st) * v * wb, 1.0,
+    int gid = group_coll(4, dp_group(tpi, st), 0, 0, s, OpKind::kAllGather, chunk_params(st) * v * wb, 1.0,
                          opt.algorithm, Label::kAllGather, 1, -1, 0, step);
     E.dep(oid, gid);
     end = gid;

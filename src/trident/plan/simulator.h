@@ -6,7 +6,7 @@
 // a link's bandwidth is split evenly among the flows crossing it, and a flow goes at the pace of its
 // most loaded link. Point-to-point transfers (pipeline activations and gradients) are flows from the
 // sender's out-link to the receiver's in-link. Volumes and latencies come from the same cost model as
-// the planner (cost_model.h), compute times from the same FLOP counts (model.h).
+// the planner (comm_cost.h: the native backend's cost model), compute times from the same FLOP counts (model.h).
 //
 // Symmetry: without stragglers or degraded links every tensor- and data-parallel peer of a pipeline stage
 // behaves identically, so only one representative rank per stage is simulated (exact under the model:
@@ -51,7 +51,7 @@ struct SimOptions {
   Layout layout;
   int steps = 1;
   double bucket_bytes = 25e6;  // DDP / ZeRO-1/2 gradient bucket
-  Algorithm algorithm = Algorithm::kAuto;  // for DP collectives
+  Algo algorithm = Algo::kAuto;  // for DP collectives, where the op has it (comm/types.h names)
   std::vector<Straggler> stragglers;
   std::vector<DegradedLink> degraded;
   bool exploit_symmetry = true;

@@ -110,7 +110,7 @@ TEST(Simulator, DdpStrongScalingFallsThenRises) {
   o.train.global_batch = 512;
   o.cluster = make_cluster(HardwareCatalog::builtin(), "a100-80gb", 512, 1, "", "", "eth-100g");
   o.layout = Layout{1, 1, 512, 0, 1, 1};
-  o.algorithm = Algorithm::kRing;
+  o.algorithm = Algo::kRing;
   auto pts = scaling_sweep(o, {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, true);
   ASSERT_EQ(pts.size(), 10u);
   size_t best = 0;

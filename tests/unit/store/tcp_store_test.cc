@@ -215,6 +215,54 @@ TEST(TCPStore, MalformedOrOversizedFramesAreRefusedAndDisconnected) {
   }
 }
 
+// Clients already connected (one of them parked in a wait) keep being served while others are refused:
+// a wrong token, no token, an authentication frame without its token field, garbage instead of a frame,
+// and a second authentication on an authenticated connection. Each refusal is a fatal reply saying why.
+TEST(TCPStore, RefusedClientsLeaveConnectedClientsServed) {
+  TCPStoreServer server(kHost, 0, "tok");
+  TCPStore a(kHost, server.port(), "tok", Seconds(30));
+  TCPStore b(kHost, server.port(), "tok", Seconds(30));
+  std::atomic<bool> released{false};
+  std::thread waiter([&] {
+    b.wait({"go"}, Seconds(30));
+    released = true;
+  });
+  std::mt19937 rng(7);
+  std::string garbage(4096, '\0');
+  for (auto& ch : garbage) ch = static_cast<char>(rng());
+  garbage[0] = 8, garbage[1] = garbage[2] = garbage[3] = 0;  // a small frame of random bytes
+  const std::vector<Refusal> cases = {
+      {"wrong token", false, auth_frame("not-tok"), "wrong token"},
+      {"empty token", false, auth_frame(""), "wrong token"},
+      {"auth without its token field", false, frame(std::string(1, '\x01')), "malformed"},
+      {"garbage instead of auth", false, garbage, "must authenticate"},
+      {"second authentication", true, auth_frame("tok"), "second authentication"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    RawSocket raw(server.port());
+    ASSERT_TRUE(raw.connected());
+    if (c.authenticate_first) {
+      raw.send(auth_frame("tok"));
+      ASSERT_EQ(raw.read_reply().first, 0);
+    }
+    raw.send(c.bytes);
+    auto [status, msg] = raw.read_reply();
+    EXPECT_EQ(status, 3) << msg;
+    EXPECT_NE(msg.find(c.expected_message), std::string::npos) << msg;
+    bool eof = false;
+    raw.read_until_close(10, &eof);
+    EXPECT_TRUE(eof) << "server kept a refused connection open";
+    // The clients connected before are served between refusals.
+    a.set(std::string("after/") + c.name, B(c.name));
+    EXPECT_EQ(b.get_string(std::string("after/") + c.name), c.name);
+  }
+  EXPECT_FALSE(released.load());
+  a.set("go", B("1"));
+  waiter.join();
+  EXPECT_TRUE(released.load());
+}
+
 TEST(TCPStore, AStalledPartialFrameDoesNotBlockOtherClients) {
   TCPStoreServer server(kHost, 0, "tok");
   RawSocket stalled(server.port());

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/comm/cost/cost.h"
 #include "trident/comm/types.h"
 
 namespace trident {
@@ -76,48 +77,8 @@ class AlgoContext {
   void recv(int peer, uint32_t step, void* data, size_t nbytes) { wait({irecv(peer, step, data, nbytes)}); }
 };
 
-// Latency and bandwidth terms of a link: time(bytes) = alpha + bytes * beta; gamma is the local pass
-// (reduce or copy) over bytes that is not overlapped with a transfer.
-struct LinkCost {
-  double alpha_s = 2e-6;              // per message
-  double beta_s_per_byte = 1.0 / 8e9;  // inverse bandwidth
-  double gamma_s_per_byte = 1.0 / 10e9;  // local reduction / copy pass, memory bound
-};
-
-// Predicted time of one collective: steps * alpha + bytes_on_critical_path * beta + local_bytes * gamma.
-struct Cost {
-  double alpha_terms = 0;  // number of sequential message latencies
-  double beta_bytes = 0;   // bytes on the critical path (sent by the busiest sender)
-  double local_bytes = 0;  // bytes passed over locally outside any transfer (a reduction after a receive)
-  double time(const LinkCost& l) const {
-    return alpha_terms * l.alpha_s + beta_bytes * l.beta_s_per_byte + local_bytes * l.gamma_s_per_byte;
-  }
-};
-
-// Hosts of a group: which rank runs where (from AlgoContext::host_of, or the process group's peers).
-struct HostLayout {
-  std::vector<int> host_of;               // rank -> host index
-  std::vector<std::vector<int>> members;  // host -> its ranks, ascending
-  static HostLayout from_hosts(std::vector<int> host_of);  // host indices need not be dense
-  static HostLayout of(const AlgoContext& ctx);
-  int hosts() const { return static_cast<int>(members.size()); }
-  int ranks() const { return static_cast<int>(host_of.size()); }
-  int local_index(int r) const;  // position of r among its host's ranks
-  int min_local() const;         // fewest ranks on a host
-  int max_local() const;
-  bool uniform() const { return min_local() == max_local(); }
-  std::string describe() const;  // "2 hosts x 2 ranks", "3 hosts (3+2+1 ranks)"
-};
-
-// Cost of a call split by link: the part on links inside a host and the part across hosts. Across hosts
-// the terms are per host (all of a host's ranks share its network link), so beta_bytes there is what the
-// busiest host sends.
-struct TopoCost {
-  Cost intra, inter;
-  double time(const LinkCost& intra_link, const LinkCost& inter_link) const {
-    return intra.time(intra_link) + inter.time(inter_link);
-  }
-};
+// The hosts of the context's group, from AlgoContext::host_of.
+HostLayout host_layout(const AlgoContext& ctx);
 
 // The `bytes` argument of cost() for a call, as nccl-tests counts a collective's size: count * element
 // size for broadcast, reduce and all_reduce; the whole gathered/scattered buffer (count * world * element
@@ -152,26 +113,24 @@ inline size_t block_offset(size_t count, int parts, int i) {
   return static_cast<size_t>(i) * (count / parts) + std::min<size_t>(i, count % parts);
 }
 
+// One algorithm: its pattern (run) and its row of the cost model (comm/cost/cost.h).
 struct AlgorithmInfo {
   OpKind op;
   Algo algo;
-  // Cost for `bytes` (the per-rank buffer size as nccl-tests counts it) at `world` ranks.
-  Cost (*cost)(size_t bytes, int world);
   void (*run)(AlgoContext& ctx, const CollArgs& args);
   // Optional: whether this algorithm can run this call (e.g. needs a power of two); nullptr = always.
   bool (*applicable)(const CollArgs& args, int world) = nullptr;
-  // Optional: cost on a layout of hosts (hierarchical algorithms). nullptr = `cost` on the slowest link
-  // the group uses (see predict_seconds).
-  TopoCost (*topo_cost)(size_t bytes, const HostLayout& layout) = nullptr;
+  // The (op, algo) row of cost_table(); algorithm_table() fills it and fails on a missing row.
+  const AlgoCost* model = nullptr;
+  // Flat cost for `bytes` (as cost_bytes counts them) at `world` ranks.
+  Cost cost(size_t bytes, int world) const { return model->cost(bytes, world); }
 };
 
-// Predicted seconds of `info` for `bytes` (as cost_bytes counts them) on `layout`: topo_cost when the
-// algorithm has one; otherwise its flat cost on the intra-host link (one host) or the inter-host link
-// (several hosts: a flat pattern's steps each wait for their slowest, cross-host, message; patterns whose
-// ranks of one host cross at once, direct and recursive doubling/halving, are charged that share of the
-// host's link).
-double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout, const LinkCost& intra,
-                       const LinkCost& inter);
+// Predicted seconds of `info` for `bytes` (as cost_bytes counts them) on `layout` (cost.h).
+inline double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout,
+                              const LinkCost& intra, const LinkCost& inter) {
+  return predict_seconds(*info.model, bytes, layout, intra, inter);
+}
 
 // Every algorithm, for selection, forcing by name, tests and benchmarks. Defined in registry.cc.
 const std::vector<AlgorithmInfo>& algorithm_table();

@@ -13,73 +13,60 @@ namespace trident {
 // ---- all_reduce
 // ring: reduce-scatter then all-gather around a ring, pipelined in chunks; bandwidth-optimal.
 struct AllReduceRing {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // rd: log2(n) full-buffer exchanges; latency-optimal for small messages; non-powers of two fold pairs first.
 struct AllReduceRecursiveDoubling {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // rh: recursive-halving reduce-scatter + recursive-doubling all-gather (same fold as rd).
 struct AllReduceRabenseifner {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: each rank reduces its own block from every peer, then sends it to every peer (one host).
 struct AllReduceDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // tree: pipelined binomial reduce to rank 0, then pipelined binomial broadcast.
 struct AllReduceTree {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- broadcast
 // tree: pipelined binomial tree from the root.
 struct BroadcastTree {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: the root sends to every rank.
 struct BroadcastDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // ring: pipelined chain from the root (bandwidth-optimal for large messages).
 struct BroadcastRing {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- reduce
 // tree: pipelined binomial reduce to the root; non-roots accumulate in scratch.
 struct ReduceTree {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: the root receives and reduces every rank's buffer.
 struct ReduceDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- all_gather
 // ring: n-1 steps around a ring, pipelined in chunks.
 struct AllGatherRing {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: every rank sends its block to every rank.
 struct AllGatherDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // rd: log2(n) doubling exchanges; powers of two only.
 struct AllGatherRecursiveDoubling {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
   static bool applicable(const CollArgs& a, int world);
 };
@@ -87,29 +74,24 @@ struct AllGatherRecursiveDoubling {
 // ---- all_gatherv
 // ring: like all_gather ring with per-rank counts (zero counts allowed).
 struct AllGatherVRing {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: every rank sends its block to every rank.
 struct AllGatherVDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- reduce_scatter
 // ring: n-1 steps, double-buffered in scratch, pipelined in chunks.
 struct ReduceScatterRing {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: every rank receives its block from every rank and reduces it.
 struct ReduceScatterDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // rh: log2(n) halving exchanges; powers of two only.
 struct ReduceScatterRecursiveHalving {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
   static bool applicable(const CollArgs& a, int world);
 };
@@ -117,43 +99,36 @@ struct ReduceScatterRecursiveHalving {
 // ---- gather
 // direct: every rank sends to the root.
 struct GatherDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // tree: binomial; each rank forwards its subtree's blocks.
 struct GatherTree {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- scatter
 // direct: the root sends every rank its block.
 struct ScatterDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // tree: binomial; each rank forwards its subtree's blocks.
 struct ScatterTree {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- all_to_all
 // pairwise: step k sends to (r+k)%n and receives from (r-k)%n.
 struct AllToAllPairwise {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 // direct: all sends and receives posted at once.
 struct AllToAllDirect {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 // ---- barrier
 // dissemination: ceil(log2 n) rounds of zero-byte messages to (r+2^k)%n.
 struct BarrierDissemination {
-  static Cost cost(size_t bytes, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 

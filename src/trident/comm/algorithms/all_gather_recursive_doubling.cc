@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost AllGatherRecursiveDoubling::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(algo::ceil_log2(n)), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 bool AllGatherRecursiveDoubling::applicable(const CollArgs&, int world) { return algo::is_pow2(world); }
 
 // Step k: exchange the 2^k blocks gathered so far with partner r ^ 2^k (contiguous ranges of recv).

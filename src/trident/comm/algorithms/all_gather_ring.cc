@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost AllGatherRing::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(n - 1), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // Step s: forward block r-s (own block first), receive block r-s-1; chunks pipeline as in all_reduce ring.
 void AllGatherRing::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();

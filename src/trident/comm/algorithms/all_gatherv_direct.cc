@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost AllGatherVDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 void AllGatherVDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   TRIDENT_CHECK(a.counts != nullptr && a.counts->size() == static_cast<size_t>(n), InvalidArgument,

@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost AllGatherVRing::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(n - 1), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // As all_gather ring with blocks of counts[b] elements at their prefix offsets; blocks are chunked with
 // one chunk size, so a small block simply has fewer (possibly zero) chunks.
 void AllGatherVRing::run(AlgoContext& ctx, const CollArgs& a) {

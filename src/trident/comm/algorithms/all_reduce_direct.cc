@@ -3,13 +3,6 @@
 
 namespace trident {
 
-// Two phases of n-1 concurrent messages of bytes/n each. The engine issues a phase's messages back to
-// back, so each extra message costs about half a latency rather than a full one (one host).
-Cost AllReduceDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {2.0 + (n - 2), 2.0 * (n - 1) / n * static_cast<double>(bytes)};
-}
-
 // Phase 1: send block p to rank p, reduce every peer's copy of block r into place (the context completes
 // receives one at a time, so concurrent irecv_reduce into one block is safe). Phase 2: send the reduced
 // block r to every peer, receive every other block.

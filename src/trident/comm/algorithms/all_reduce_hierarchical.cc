@@ -6,10 +6,6 @@ namespace trident {
 
 namespace {
 
-// Across hosts the shard of each same-local-index group is all-reduced by recursive doubling below this
-// size (one latency per doubling; inter-host latencies dominate small shards) and by the ring above.
-constexpr size_t kInterRingBytes = 64 << 10;
-
 // Half of the ring all-reduce on `ctx` over buf[count], in place: the reduce-scatter (rank r ends owning
 // block r+1 of the size() blocks) or the all-gather that follows it.
 void ring_half(AlgoContext& ctx, void* buf, size_t count, DType dtype, ReduceOp op, bool reduce_scatter) {
@@ -30,35 +26,12 @@ void ring_half(AlgoContext& ctx, void* buf, size_t count, DType dtype, ReduceOp 
   algo::ring_pipeline(ctx, n - 1, algo::ceil_div(biggest, chunk), es, dtype, op, plan);
 }
 
-bool inter_ring(size_t shard_bytes) { return shard_bytes >= kInterRingBytes; }
-
 }  // namespace
-
-Cost AllReduceHierarchical::cost(size_t bytes, int n) { return AllReduceRing::cost(bytes, n); }
-
-// Inside: ring reduce-scatter + all-gather over the L = min_local core ranks of a host, plus (uneven
-// hosts) one full-buffer hand-in and hand-out per extra rank served by a core rank. Across: the
-// all-reduce of a B/L shard over H hosts, by the L core ranks of a host at once, so a host's link
-// carries L times one rank's bytes.
-TopoCost AllReduceHierarchical::topo_cost(size_t bytes, const HostLayout& l) {
-  TopoCost t;
-  const int n = l.ranks(), H = l.hosts(), L = l.min_local();
-  if (n <= 1) return t;
-  t.intra = AllReduceRing::cost(bytes, L);
-  const int extras_per_core = (l.max_local() - L + L - 1) / L;
-  t.intra.alpha_terms += 2.0 * extras_per_core;
-  t.intra.beta_bytes += 2.0 * extras_per_core * static_cast<double>(bytes);
-  const size_t shard = bytes / L;
-  Cost inter = inter_ring(shard) ? AllReduceRing::cost(shard, H) : AllReduceRecursiveDoubling::cost(shard, H);
-  inter.beta_bytes *= L;
-  t.inter = inter;
-  return t;
-}
 
 void AllReduceHierarchical::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1 || a.count == 0) return;
-  const HostLayout lay = HostLayout::of(ctx);
+  const HostLayout lay = host_layout(ctx);
   const int H = lay.hosts(), L = lay.min_local(), li = lay.local_index(r);
   const std::vector<int>& mine = lay.members[lay.host_of[r]];
   const size_t es = dtype_size(a.dtype), bytes = a.count * es;
@@ -88,7 +61,7 @@ void AllReduceHierarchical::run(AlgoContext& ctx, const CollArgs& a) {
     shard.count = block_count(a.count, L, b);
     if (shard.count > 0) {
       algo::SubContext inter(ctx, peers, algo::kInterTags, 8);
-      if (inter_ring(shard.count * es)) AllReduceRing::run(inter, shard);
+      if (shard.count * es >= cost::kHierInterRingBytes) AllReduceRing::run(inter, shard);
       else AllReduceRecursiveDoubling::run(inter, shard);
     }
   }

@@ -3,15 +3,6 @@
 
 namespace trident {
 
-Cost AllReduceRabenseifner::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const int p = algo::floor_pow2(n);
-  const int k = algo::ceil_log2(p);
-  const bool fold = !algo::is_pow2(n);
-  return {2.0 * k + (fold ? 2.0 : 0.0),
-          (2.0 * (p - 1) / p + (fold ? 2.0 : 0.0)) * static_cast<double>(bytes)};
-}
-
 // In place, no scratch: the p survivors own block partition [0, p) of the buffer. Reduce-scatter by
 // recursive halving (mask p/2 .. 1): keep the half of the current block range selected by bit `mask` of
 // newrank, send the other half, reduce the partner's copy of the kept half into place. All-gather by

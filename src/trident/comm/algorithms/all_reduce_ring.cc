@@ -5,11 +5,6 @@
 
 namespace trident {
 
-Cost AllReduceRing::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {2.0 * (n - 1), 2.0 * (n - 1) / n * static_cast<double>(bytes)};
-}
-
 // Steps 0..n-2 reduce-scatter (send block r-s, reduce block r-s-1 into place), steps n-1..2n-3
 // all-gather (send the block completed last step, overwrite block r-t). Rank r ends the reduce-scatter
 // owning block r+1. Every block is split into the same number of chunks; chunk c of every step rides its

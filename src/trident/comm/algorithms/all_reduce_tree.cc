@@ -3,12 +3,6 @@
 
 namespace trident {
 
-Cost AllReduceTree::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const int k = algo::ceil_log2(n);
-  return {2.0 * k, 2.0 * k * static_cast<double>(bytes)};
-}
-
 void AllReduceTree::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1 || a.count == 0) return;

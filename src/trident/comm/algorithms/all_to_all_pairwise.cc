@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost AllToAllPairwise::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(n - 1), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // Step k: block (r+k)%n goes to rank (r+k)%n while block (r-k)%n arrives from rank (r-k)%n. Needs send
 // and recv not to overlap (the process group copies for the in-place form).
 void AllToAllPairwise::run(AlgoContext& ctx, const CollArgs& a) {

@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost BarrierDissemination::cost(size_t, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(algo::ceil_log2(n)), 0.0};
-}
-
 // Round k: a zero-byte message to (r + 2^k) % n and one from (r - 2^k) % n. After ceil(log2 n) rounds
 // every rank has transitively heard from every rank.
 void BarrierDissemination::run(AlgoContext& ctx, const CollArgs&) {

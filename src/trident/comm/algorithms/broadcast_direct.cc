@@ -3,12 +3,6 @@
 
 namespace trident {
 
-// n-1 messages issued back to back by the root (about half a latency each beyond the first).
-Cost BroadcastDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1) * static_cast<double>(bytes)};
-}
-
 void BroadcastDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size();
   if (n == 1 || a.count == 0) return;

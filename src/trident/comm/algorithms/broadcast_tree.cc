@@ -3,13 +3,6 @@
 
 namespace trident {
 
-// The root sends the whole buffer to each of its ceil(log2 n) children; chunks pipeline down the levels.
-Cost BroadcastTree::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const int k = algo::ceil_log2(n);
-  return {static_cast<double>(k), k * static_cast<double>(bytes)};
-}
-
 void BroadcastTree::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size();
   if (n == 1 || a.count == 0) return;

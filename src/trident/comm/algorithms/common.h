@@ -24,17 +24,9 @@ inline void copy_bytes(void* dst, const void* src, size_t n) {
   if (n != 0 && dst != src) std::memcpy(dst, src, n);
 }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
-inline int ceil_log2(int n) {
-  int k = 0;
-  while ((1 << k) < n) ++k;
-  return k;
-}
-inline int floor_pow2(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-inline bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+using cost::ceil_log2;
+using cost::floor_pow2;
+using cost::is_pow2;
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 // Elements per pipeline chunk when the largest piece moved in one step is `piece_bytes`: the context's

@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost GatherTree::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(algo::ceil_log2(n)), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // Relative rank v = r - root owns the subtree [v, v + size(v)); each rank gathers its subtree's blocks in
 // relative order (children's subtrees are contiguous after its own block) and sends them to its parent.
 // The root rotates relative order back to rank order (unless root == 0, where they coincide).

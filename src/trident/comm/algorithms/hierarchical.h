@@ -28,20 +28,14 @@
 namespace trident {
 
 struct AllReduceHierarchical {
-  static Cost cost(size_t bytes, int world);  // without a layout: the flat ring's
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct AllGatherHierarchical {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct ReduceScatterHierarchical {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 

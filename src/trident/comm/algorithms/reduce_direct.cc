@@ -3,12 +3,6 @@
 
 namespace trident {
 
-// The root receives n-1 full buffers.
-Cost ReduceDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1) * static_cast<double>(bytes)};
-}
-
 void ReduceDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   const size_t es = dtype_size(a.dtype);

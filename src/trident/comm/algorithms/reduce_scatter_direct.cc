@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost ReduceScatterDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // recv starts as this rank's block r; every peer's block r is reduced onto it as it arrives.
 void ReduceScatterDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();

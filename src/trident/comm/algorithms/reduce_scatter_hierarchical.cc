@@ -4,33 +4,10 @@
 
 namespace trident {
 
-namespace {
-bool hierarchical_layout(const HostLayout& l) { return l.hosts() > 1 && l.uniform() && l.min_local() > 1; }
-}  // namespace
-
-Cost ReduceScatterHierarchical::cost(size_t bytes, int n) { return ReduceScatterRing::cost(bytes, n); }
-
-// bytes = the whole send buffer (count * n * element size). Inside: a local pack pass, then L-1 ring
-// steps of H-block groups ((L-1)/L of bytes). Across: H-1 steps, a host's L ranks each sending H-1
-// blocks: (H-1)/H of bytes on the host's link.
-TopoCost ReduceScatterHierarchical::topo_cost(size_t bytes, const HostLayout& l) {
-  TopoCost t;
-  if (l.ranks() <= 1) return t;
-  if (!hierarchical_layout(l)) {
-    (l.hosts() > 1 ? t.inter : t.intra) = ReduceScatterRing::cost(bytes, l.ranks());
-    return t;
-  }
-  const int H = l.hosts(), L = l.min_local();
-  const double b = static_cast<double>(bytes);
-  t.intra = {static_cast<double>(L - 1), (L - 1.0) / L * b, b};
-  t.inter = {static_cast<double>(H - 1), (H - 1.0) / H * b, 0};
-  return t;
-}
-
 void ReduceScatterHierarchical::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
-  const HostLayout lay = HostLayout::of(ctx);
-  if (n == 1 || a.count == 0 || !hierarchical_layout(lay)) {
+  const HostLayout lay = host_layout(ctx);
+  if (n == 1 || a.count == 0 || !cost::hierarchical_layout(lay)) {
     ReduceScatterRing::run(ctx, a);
     return;
   }

@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost ReduceScatterRecursiveHalving::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(algo::ceil_log2(n)), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 bool ReduceScatterRecursiveHalving::applicable(const CollArgs&, int world) { return algo::is_pow2(world); }
 
 // Step mask = n/2 .. 1: keep the half of the current block range selected by bit `mask` of r, send the

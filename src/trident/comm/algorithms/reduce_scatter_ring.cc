@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost ReduceScatterRing::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(n - 1), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // Step s sends the partial of block r-s-1 and receives the partial of block r-s-2, ending with block r.
 // send is read-only, so partials live in two scratch slots used alternately by step parity: the slot
 // received into at step s is sent from at step s+1 and refilled at step s+2 (ring_pipeline orders this

@@ -3,12 +3,6 @@
 
 namespace trident {
 
-Cost ReduceTree::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const int k = algo::ceil_log2(n);
-  return {static_cast<double>(k), k * static_cast<double>(bytes)};
-}
-
 // The root accumulates in recv, inner ranks in scratch (send is read-only), leaves send straight from send.
 void ReduceTree::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();

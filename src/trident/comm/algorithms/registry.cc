@@ -5,61 +5,68 @@
 #include "trident/comm/algorithms/hierarchical.h"
 #include "trident/comm/algorithms/shm_fast_path.h"  // shared-memory fast path
 #include "trident/comm/algorithms/shm_cma.h"        // single-copy path (cross-memory attach)
+#include "trident/core/error.h"
 
 namespace trident {
+namespace {
+// Pairs each algorithm with its row of the cost model (comm/cost/cost.cc); an algorithm added without one
+// fails the first collective (and the algorithms tests), naming it.
+std::vector<AlgorithmInfo> with_costs(std::vector<AlgorithmInfo> table) {
+  for (auto& info : table) {
+    info.model = find_cost(info.op, info.algo);
+    TRIDENT_CHECK(info.model != nullptr, Unsupported, "algorithm {} of {} has no cost: add its row to comm/cost/cost.cc",
+                  algo_name(info.algo), op_name(info.op));
+  }
+  return table;
+}
+}  // namespace
 
 const std::vector<AlgorithmInfo>& algorithm_table() {
-  static const std::vector<AlgorithmInfo> table = {
-      {OpKind::kAllReduce, Algo::kRing, &AllReduceRing::cost, &AllReduceRing::run},
-      {OpKind::kAllReduce, Algo::kDirect, &AllReduceDirect::cost, &AllReduceDirect::run},
-      {OpKind::kAllReduce, Algo::kRecursiveHalving, &AllReduceRabenseifner::cost, &AllReduceRabenseifner::run},
-      {OpKind::kAllReduce, Algo::kRecursiveDoubling, &AllReduceRecursiveDoubling::cost, &AllReduceRecursiveDoubling::run},
-      {OpKind::kAllReduce, Algo::kTree, &AllReduceTree::cost, &AllReduceTree::run},
-      {OpKind::kAllReduce, Algo::kHierarchical, &AllReduceHierarchical::cost, &AllReduceHierarchical::run, nullptr,
-       &AllReduceHierarchical::topo_cost},
-      {OpKind::kAllReduce, Algo::kShm, &AllReduceShm::cost, &AllReduceShm::run, nullptr, &AllReduceShm::topo_cost},
-      {OpKind::kAllReduce, Algo::kCma, &AllReduceCma::cost, &AllReduceCma::run, nullptr, &AllReduceCma::topo_cost},
+  static const std::vector<AlgorithmInfo> table = with_costs({
+      {OpKind::kAllReduce, Algo::kRing, &AllReduceRing::run},
+      {OpKind::kAllReduce, Algo::kDirect, &AllReduceDirect::run},
+      {OpKind::kAllReduce, Algo::kRecursiveHalving, &AllReduceRabenseifner::run},
+      {OpKind::kAllReduce, Algo::kRecursiveDoubling, &AllReduceRecursiveDoubling::run},
+      {OpKind::kAllReduce, Algo::kTree, &AllReduceTree::run},
+      {OpKind::kAllReduce, Algo::kHierarchical, &AllReduceHierarchical::run},
+      {OpKind::kAllReduce, Algo::kShm, &AllReduceShm::run},
+      {OpKind::kAllReduce, Algo::kCma, &AllReduceCma::run},
 
-      {OpKind::kBroadcast, Algo::kRing, &BroadcastRing::cost, &BroadcastRing::run},
-      {OpKind::kBroadcast, Algo::kTree, &BroadcastTree::cost, &BroadcastTree::run},
-      {OpKind::kBroadcast, Algo::kDirect, &BroadcastDirect::cost, &BroadcastDirect::run},
-      {OpKind::kBroadcast, Algo::kShm, &BroadcastShm::cost, &BroadcastShm::run, nullptr, &BroadcastShm::topo_cost},
-      {OpKind::kBroadcast, Algo::kCma, &BroadcastCma::cost, &BroadcastCma::run, nullptr, &BroadcastCma::topo_cost},
+      {OpKind::kBroadcast, Algo::kRing, &BroadcastRing::run},
+      {OpKind::kBroadcast, Algo::kTree, &BroadcastTree::run},
+      {OpKind::kBroadcast, Algo::kDirect, &BroadcastDirect::run},
+      {OpKind::kBroadcast, Algo::kShm, &BroadcastShm::run},
+      {OpKind::kBroadcast, Algo::kCma, &BroadcastCma::run},
 
-      {OpKind::kReduce, Algo::kTree, &ReduceTree::cost, &ReduceTree::run},
-      {OpKind::kReduce, Algo::kDirect, &ReduceDirect::cost, &ReduceDirect::run},
+      {OpKind::kReduce, Algo::kTree, &ReduceTree::run},
+      {OpKind::kReduce, Algo::kDirect, &ReduceDirect::run},
 
-      {OpKind::kAllGather, Algo::kRing, &AllGatherRing::cost, &AllGatherRing::run},
-      {OpKind::kAllGather, Algo::kDirect, &AllGatherDirect::cost, &AllGatherDirect::run},
-      {OpKind::kAllGather, Algo::kRecursiveDoubling, &AllGatherRecursiveDoubling::cost,
-       &AllGatherRecursiveDoubling::run, &AllGatherRecursiveDoubling::applicable},
-      {OpKind::kAllGather, Algo::kHierarchical, &AllGatherHierarchical::cost, &AllGatherHierarchical::run, nullptr,
-       &AllGatherHierarchical::topo_cost},
-      {OpKind::kAllGather, Algo::kCma, &AllGatherCma::cost, &AllGatherCma::run, nullptr, &AllGatherCma::topo_cost},
+      {OpKind::kAllGather, Algo::kRing, &AllGatherRing::run},
+      {OpKind::kAllGather, Algo::kDirect, &AllGatherDirect::run},
+      {OpKind::kAllGather, Algo::kRecursiveDoubling, &AllGatherRecursiveDoubling::run, &AllGatherRecursiveDoubling::applicable},
+      {OpKind::kAllGather, Algo::kHierarchical, &AllGatherHierarchical::run},
+      {OpKind::kAllGather, Algo::kCma, &AllGatherCma::run},
 
-      {OpKind::kAllGatherV, Algo::kRing, &AllGatherVRing::cost, &AllGatherVRing::run},
-      {OpKind::kAllGatherV, Algo::kDirect, &AllGatherVDirect::cost, &AllGatherVDirect::run},
+      {OpKind::kAllGatherV, Algo::kRing, &AllGatherVRing::run},
+      {OpKind::kAllGatherV, Algo::kDirect, &AllGatherVDirect::run},
 
-      {OpKind::kReduceScatter, Algo::kRing, &ReduceScatterRing::cost, &ReduceScatterRing::run},
-      {OpKind::kReduceScatter, Algo::kDirect, &ReduceScatterDirect::cost, &ReduceScatterDirect::run},
-      {OpKind::kReduceScatter, Algo::kRecursiveHalving, &ReduceScatterRecursiveHalving::cost,
-       &ReduceScatterRecursiveHalving::run, &ReduceScatterRecursiveHalving::applicable},
-      {OpKind::kReduceScatter, Algo::kHierarchical, &ReduceScatterHierarchical::cost, &ReduceScatterHierarchical::run,
-       nullptr, &ReduceScatterHierarchical::topo_cost},
-      {OpKind::kReduceScatter, Algo::kCma, &ReduceScatterCma::cost, &ReduceScatterCma::run, nullptr,
-       &ReduceScatterCma::topo_cost},
+      {OpKind::kReduceScatter, Algo::kRing, &ReduceScatterRing::run},
+      {OpKind::kReduceScatter, Algo::kDirect, &ReduceScatterDirect::run},
+      {OpKind::kReduceScatter, Algo::kRecursiveHalving, &ReduceScatterRecursiveHalving::run, &ReduceScatterRecursiveHalving::applicable},
+      {OpKind::kReduceScatter, Algo::kHierarchical, &ReduceScatterHierarchical::run},
+      {OpKind::kReduceScatter, Algo::kCma, &ReduceScatterCma::run},
 
-      {OpKind::kGather, Algo::kDirect, &GatherDirect::cost, &GatherDirect::run},
-      {OpKind::kGather, Algo::kTree, &GatherTree::cost, &GatherTree::run},
+      {OpKind::kGather, Algo::kDirect, &GatherDirect::run},
+      {OpKind::kGather, Algo::kTree, &GatherTree::run},
 
-      {OpKind::kScatter, Algo::kDirect, &ScatterDirect::cost, &ScatterDirect::run},
-      {OpKind::kScatter, Algo::kTree, &ScatterTree::cost, &ScatterTree::run},
+      {OpKind::kScatter, Algo::kDirect, &ScatterDirect::run},
+      {OpKind::kScatter, Algo::kTree, &ScatterTree::run},
 
-      {OpKind::kAllToAll, Algo::kPairwise, &AllToAllPairwise::cost, &AllToAllPairwise::run},
-      {OpKind::kAllToAll, Algo::kDirect, &AllToAllDirect::cost, &AllToAllDirect::run},
+      {OpKind::kAllToAll, Algo::kPairwise, &AllToAllPairwise::run},
+      {OpKind::kAllToAll, Algo::kDirect, &AllToAllDirect::run},
 
-      {OpKind::kBarrier, Algo::kDissemination, &BarrierDissemination::cost, &BarrierDissemination::run},
-  };
+      {OpKind::kBarrier, Algo::kDissemination, &BarrierDissemination::run},
+  });
   return table;
 }
 

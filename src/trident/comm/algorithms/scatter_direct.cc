@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost ScatterDirect::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 void ScatterDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   const size_t es = dtype_size(a.dtype), bytes = a.count * es;

@@ -3,11 +3,6 @@
 
 namespace trident {
 
-Cost ScatterTree::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  return {static_cast<double>(algo::ceil_log2(n)), (n - 1.0) / n * static_cast<double>(bytes)};
-}
-
 // The mirror of gather tree: each rank receives its subtree's blocks (relative order) from its parent,
 // forwards each child's subtree, and keeps the first block.
 void ScatterTree::run(AlgoContext& ctx, const CollArgs& a) {

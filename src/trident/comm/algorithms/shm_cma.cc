@@ -25,26 +25,6 @@
 namespace trident {
 namespace {
 
-// In units of the shm link's alpha (1.5 us), fitted to 2 bound ranks on the development VM: a call's two
-// phases (addresses, done) cost about 1.8 us together (a phase here ends a spell of work, so the peer is
-// rarely already waiting), a process_vm_readv/writev call about 0.2 us before it copies (entry, the peer's
-// mm lookup), its page pinning is in beta below.
-constexpr double kPhaseAlpha = 0.6;
-constexpr double kSyscallAlpha = 0.15;
-// Bytes per byte moved, relative to the staged path's beta: one kernel copy instead of a copy into the
-// window and a copy out (measured: see docs/PERFORMANCE-LOG.md "Single-copy (CMA) path").
-constexpr double kBetaFactor = 0.5;
-constexpr size_t kDefaultChunk = size_t{256} << 10;
-
-TopoCost single_host_only(Cost c, const HostLayout& layout) {
-  TopoCost t;
-  t.intra = c;
-  if (layout.hosts() > 1) t.intra.alpha_terms = std::numeric_limits<double>::infinity();
-  return t;
-}
-
-double chunks_of(double bytes) { return std::max(1.0, bytes / static_cast<double>(kDefaultChunk)); }
-
 // What a rank publishes in its window slot for one call.
 struct Post {
   uint64_t token;       // this process's probe token ...
@@ -76,7 +56,7 @@ uint64_t process_token() {
 
 size_t chunk_bytes_of(const AlgoContext& ctx) {
   const size_t c = ctx.chunk_bytes();
-  return c != 0 ? c : kDefaultChunk;
+  return c != 0 ? c : cost::kCmaChunkBytes;
 }
 
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
@@ -225,17 +205,6 @@ class Session {
 
 // ---- all_reduce ----
 
-Cost AllReduceCma::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const double b = static_cast<double>(bytes);
-  const double calls = 2.0 * (n - 1) * chunks_of(b / n);
-  return {2 * kPhaseAlpha + kSyscallAlpha * calls, kBetaFactor * b * (n - 1) / n, 0.0};
-}
-
-TopoCost AllReduceCma::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
-
 void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
   if (args.count == 0) return;
   ShmWindow* w = ctx.size() > 1 ? ctx.shm_window() : nullptr;
@@ -311,17 +280,6 @@ void AllReduceCma::run(AlgoContext& ctx, const CollArgs& args) {
 
 // ---- reduce_scatter ----
 
-Cost ReduceScatterCma::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const double b = static_cast<double>(bytes);
-  const double calls = (n - 1) * chunks_of(b / n);
-  return {2 * kPhaseAlpha + kSyscallAlpha * calls, kBetaFactor * b * (n - 1) / n, 0.0};
-}
-
-TopoCost ReduceScatterCma::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
-
 void ReduceScatterCma::run(AlgoContext& ctx, const CollArgs& args) {
   const int n = ctx.size();
   const size_t es = dtype_size(args.dtype), cnt = args.count, bytes = cnt * es;
@@ -374,16 +332,6 @@ void ReduceScatterCma::run(AlgoContext& ctx, const CollArgs& args) {
 
 // ---- all_gather ----
 
-Cost AllGatherCma::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const double b = static_cast<double>(bytes);
-  return {2 * kPhaseAlpha + kSyscallAlpha * (n - 1), kBetaFactor * b * (n - 1) / n, 0.0};
-}
-
-TopoCost AllGatherCma::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
-
 void AllGatherCma::run(AlgoContext& ctx, const CollArgs& args) {
   const int n = ctx.size();
   const size_t es = dtype_size(args.dtype), bytes = args.count * es;
@@ -432,26 +380,15 @@ void AllGatherCma::run(AlgoContext& ctx, const CollArgs& args) {
 // Past 1 MiB the kernel's copy into the non-roots' buffers (pinned page by page, written without the
 // lines in cache) ran slower than the window's two cached copies: 2 ranks, 2 MiB 11.7-11.9 GB/s against
 // 13.0-13.3, 64 MiB 5.4-5.7 against 7.9-8.4 (1 MiB: 16.9-21.7 against 13.4-13.5, 256 KiB 26-30 against
-// 16-17: the cost below is half the staged path's bytes). So broadcast takes the staged shm path there
-// (cost and run alike).
-constexpr size_t kCmaBroadcastMaxBytes = size_t{1} << 20;
-
-Cost BroadcastCma::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  if (bytes > kCmaBroadcastMaxBytes) return BroadcastShm::cost(bytes, n);
-  return {2 * kPhaseAlpha + kSyscallAlpha, kBetaFactor * BroadcastShm::cost(bytes, n).beta_bytes, 0.0};
-}
-
-TopoCost BroadcastCma::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
+// 16-17: its cost in comm/cost/cost.cc is half the staged path's bytes). So broadcast takes the staged shm path there
+// (cost and run alike: cost::kCmaBroadcastMaxBytes).
 
 void BroadcastCma::run(AlgoContext& ctx, const CollArgs& a) {
   if (ctx.size() == 1 || a.count == 0) return;
   ShmWindow* w = ctx.shm_window();
   if (!w || w->cma_state < 0) return BroadcastTree::run(ctx, a);
   const size_t bytes = a.count * dtype_size(a.dtype);
-  if (bytes > kCmaBroadcastMaxBytes) return BroadcastShm::run(ctx, a);
+  if (bytes > cost::kCmaBroadcastMaxBytes) return BroadcastShm::run(ctx, a);
   Session s(*w, a.recv, bytes, a.recv, bytes);
   if (!s.ok()) {
     s.finish();

@@ -48,26 +48,18 @@
 namespace trident {
 
 struct AllReduceCma {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct ReduceScatterCma {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct AllGatherCma {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct BroadcastCma {
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 

@@ -36,16 +36,7 @@ void shm_stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
 
 namespace {
 
-// The window's phases cost a store and a load of a shared cache line, not a message: a fraction of a
-// shared-memory message latency. Groups across hosts cannot use the window at all.
-constexpr double kPhaseAlpha = 0.25;
-
-TopoCost single_host_only(Cost c, const HostLayout& layout) {
-  TopoCost t;
-  t.intra = c;
-  if (layout.hosts() > 1) t.intra.alpha_terms = std::numeric_limits<double>::infinity();
-  return t;
-}
+static_assert(cost::kShmSlotBytes == ShmWindow::kSlotBytes, "the cost model's slot size is the window's");
 
 uint8_t* at(void* p, size_t elems, size_t es) { return static_cast<uint8_t*>(p) + elems * es; }
 
@@ -133,18 +124,6 @@ void all_reduce_staged(ShmWindow& w, const AlgoContext& ctx, const CollArgs& a) 
 
 // ---- all_reduce ----
 
-Cost AllReduceShm::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  if (bytes <= ShmWindow::kSlotBytes) return {2 * kPhaseAlpha, 0.0, static_cast<double>(bytes) * (n - 1)};
-  const double rounds = static_cast<double>((bytes + (size_t{1} << 20) - 1) >> 20);
-  // Every byte crosses shared memory once into and once out of the staging area per rank.
-  return {3 * kPhaseAlpha * rounds, static_cast<double>(bytes) * (n - 1) / n, 0.0};
-}
-
-TopoCost AllReduceShm::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
-
 // Out of place, the process group leaves the copy of send into recv to this algorithm: the window paths
 // read send directly; everything else (no window, overlapping buffers, one rank) copies first.
 void AllReduceShm::run(AlgoContext& ctx, const CollArgs& args) {
@@ -171,19 +150,6 @@ void AllReduceShm::run(AlgoContext& ctx, const CollArgs& args) {
 }
 
 // ---- broadcast ----
-
-// Half a message's bytes per byte: the root's copy into the staging buffer and the peers' copies out of
-// it stay in cache, and measured about twice the message path's rate (2 ranks: 16 MiB 11.3-13.9 GB/s
-// against the tree's 6.2-6.4, 64 MiB 10.7-11.7 against 4.1-4.3; 1-4 MiB level with it).
-Cost BroadcastShm::cost(size_t bytes, int n) {
-  if (n <= 1) return {};
-  const double rounds = static_cast<double>((bytes + (size_t{1} << 20) - 1) >> 20);
-  return {2 * kPhaseAlpha * std::max(1.0, rounds), 0.5 * static_cast<double>(bytes), 0.0};
-}
-
-TopoCost BroadcastShm::topo_cost(size_t bytes, const HostLayout& layout) {
-  return single_host_only(cost(bytes, layout.ranks()), layout);
-}
 
 bool BroadcastShm::applicable(const CollArgs&, int) { return true; }
 

@@ -33,14 +33,10 @@
 namespace trident {
 
 struct AllReduceShm {  // fallback: ring
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };
 
 struct BroadcastShm {  // small payloads only; fallback: tree
-  static Cost cost(size_t bytes, int world);
-  static TopoCost topo_cost(size_t bytes, const HostLayout& layout);
   static bool applicable(const CollArgs& a, int world);
   static void run(AlgoContext& ctx, const CollArgs& a);
 };

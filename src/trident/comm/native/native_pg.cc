@@ -144,7 +144,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   const LinkCost shm_link{1.5e-6, 1.0 / 6e9, 1.0 / 10e9}, tcp_link{25e-6, 1.0 / 2e9, 1.0 / 10e9};
   intra_link_ = transport == "tcp" ? tcp_link : shm_link;
   inter_link_ = tcp_link;
-  layout_ = HostLayout::of(*engine_);
+  layout_ = host_layout(*engine_);
   // Measured choices, when TRIDENT_TUNING_FILE covers this group. The group's transport kind is derived
   // from what every rank knows (hosts and the requested transport), so every rank decides alike.
   if (const auto& table = tuning_table; table && size > 1) {

@@ -199,43 +199,19 @@ struct TCPStoreServer::State {
   }
 
   // ---- requests
-  bool read_keys(Reader& r, std::vector<std::string>& keys, Conn& c) {
-    uint32_t n = r.u32();
-    if (!r.ok) return false;
-    if (n > kMaxFrameBytes / 4) {
-      r.ok = false;
-      return false;
-    }
-    for (uint32_t i = 0; i < n && r.ok; ++i) {
-      keys.push_back(r.str());
-      if (keys.back().size() > kMaxKeyBytes) {
-        fatal(c, fmt::format("key of {} bytes exceeds the {} key limit", keys.back().size(),
-                             format_bytes(kMaxKeyBytes)));
-        return false;
-      }
-    }
-    return r.ok;
-  }
-  bool check_key(Conn& c, const std::string& key) {
-    if (key.size() <= kMaxKeyBytes) return true;
-    fatal(c, fmt::format("key of {} bytes exceeds the {} key limit", key.size(), format_bytes(kMaxKeyBytes)));
-    return false;
-  }
-
   void handle(Conn& c, std::string_view payload) {
-    Reader r{payload};
-    uint8_t cmd = r.u8();
-    auto malformed = [&] {
-      if (!c.closing) fatal(c, fmt::format("malformed request (command {}, {} bytes)", cmd, payload.size()));
-    };
+    if (!c.authed && (payload.empty() || static_cast<uint8_t>(payload[0]) != kAuth)) {
+      fatal(c, "the first message must authenticate (is this a trident store client of the same version?)");
+      return;
+    }
+    Request q;
+    std::string error;
+    if (!parse_request(payload, &q, &error)) {
+      fatal(c, error);
+      return;
+    }
     if (!c.authed) {
-      if (cmd != kAuth) {
-        fatal(c, "the first message must authenticate (is this a trident store client of the same version?)");
-        return;
-      }
-      std::string tok = r.str();
-      if (!r.done()) return malformed();
-      if (!token.empty() && !tokens_equal(tok, token)) {
+      if (!token.empty() && !tokens_equal(q.token, token)) {
         fatal(c, "wrong token");
         return;
       }
@@ -244,108 +220,82 @@ struct TCPStoreServer::State {
       reply_ok(c);
       return;
     }
-    switch (cmd) {
-      case kSet: {
-        std::string key = r.str();
-        std::string value = r.str();
-        if (!r.done()) return malformed();
-        if (!check_key(c, key)) return;
-        data[key] = Bytes(value.begin(), value.end());
-        reply_ok(c);
-        notify(key);
+    switch (q.cmd) {
+      case kAuth:
+        fatal(c, "a second authentication on an authenticated connection (is this a trident store client of the same "
+                 "version?)");
         return;
-      }
+      case kSet:
+        data[q.key] = Bytes(q.value.begin(), q.value.end());
+        reply_ok(c);
+        notify(q.key);
+        return;
       case kGet:
       case kWait: {
-        std::vector<std::string> keys;
-        if (cmd == kGet) {
-          keys.push_back(r.str());
-          if (r.ok && !check_key(c, keys.back())) return;
-        } else if (!read_keys(r, keys, c)) {
-          if (!c.closing) malformed();
-          return;
-        }
-        int64_t timeout_ms = std::clamp<int64_t>(r.i64(), 0, kMaxTimeoutMs);
-        if (!r.done()) return malformed();
+        const bool get = q.cmd == kGet;
+        std::vector<std::string> keys = get ? std::vector<std::string>{q.key} : std::move(q.keys);
         auto miss = missing(keys);
         if (miss.empty()) {
           std::string f;
-          if (cmd == kGet) put_bytes(f, data[keys.front()]);
+          if (get) put_bytes(f, data[keys.front()]);
           reply_ok(c, f);
-        } else if (timeout_ms == 0) {
+        } else if (q.number == 0) {
           reply_msg(c, kTimeoutStatus,
                     fmt::format("wait timed out after 0.0s; missing keys: {}", fmt::join(miss, ", ")));
         } else {
-          park(c, std::move(keys), cmd == kGet, timeout_ms);
+          park(c, std::move(keys), get, q.number);
         }
         return;
       }
       case kAdd: {
-        std::string key = r.str();
-        int64_t delta = r.i64();
-        if (!r.done()) return malformed();
-        if (!check_key(c, key)) return;
-        auto it = data.find(key);
+        auto it = data.find(q.key);
         int64_t v = 0;
         try {
-          v = it == data.end() ? 0 : store_parse_int(it->second, key);
+          v = it == data.end() ? 0 : store_parse_int(it->second, q.key);
         } catch (const Error& e) {
           reply_msg(c, kErrorStatus, e.what());
           return;
         }
-        v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(delta));  // wraps, never UB
-        data[key] = store_format_int(v);
+        v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(q.number));  // wraps, never UB
+        data[q.key] = store_format_int(v);
         std::string f;
         put_i64(f, v);
         reply_ok(c, f);
-        notify(key);
+        notify(q.key);
         return;
       }
       case kCompareSet: {
-        std::string key = r.str();
-        std::string expected = r.str();
-        std::string desired = r.str();
-        if (!r.done()) return malformed();
-        if (!check_key(c, key)) return;
-        auto it = data.find(key);
-        bool swap = it == data.end() ? expected.empty()
-                                     : (it->second.size() == expected.size() &&
-                                        std::equal(it->second.begin(), it->second.end(), expected.begin()));
+        auto it = data.find(q.key);
+        bool swap = it == data.end() ? q.expected.empty()
+                                     : (it->second.size() == q.expected.size() &&
+                                        std::equal(it->second.begin(), it->second.end(), q.expected.begin()));
         std::string f;
         if (swap) {
-          data[key] = Bytes(desired.begin(), desired.end());
-          put_str(f, desired);
+          data[q.key] = Bytes(q.value.begin(), q.value.end());
+          put_str(f, q.value);
         } else if (it == data.end()) {
           put_str(f, std::string());
         } else {
           put_bytes(f, it->second);
         }
         reply_ok(c, f);
-        if (swap) notify(key);
+        if (swap) notify(q.key);
         return;
       }
-      case kCheck: {
-        std::vector<std::string> keys;
-        if (!read_keys(r, keys, c) || !r.done()) return malformed();
-        reply_ok(c, std::string(1, missing(keys).empty() ? 1 : 0));
+      case kCheck:
+        reply_ok(c, std::string(1, missing(q.keys).empty() ? 1 : 0));
         return;
-      }
       case kDelete: {
-        std::string key = r.str();
-        if (!r.done()) return malformed();
-        bool existed = data.erase(key) > 0;
+        bool existed = data.erase(q.key) > 0;
         reply_ok(c, std::string(1, existed ? 1 : 0));
         return;
       }
       case kNumKeys: {
-        if (!r.done()) return malformed();
         std::string f;
         put_i64(f, static_cast<int64_t>(data.size()));
         reply_ok(c, f);
         return;
       }
-      default:
-        fatal(c, fmt::format("unknown command {} (is the client a trident store client of the same version?)", cmd));
     }
   }
 

@@ -16,8 +16,8 @@
 // FATAL means the server closes the connection after sending it (wrong token, malformed or oversized frame,
 // unknown command); ERROR leaves the connection usable.
 //
-// Internal to comm/store: included by the two .cc files only. Every function is pure or a local system call;
-// no ownership, no blocking, thread-safe.
+// Internal to comm/store: included by the two .cc files (and the request parser's fuzz target,
+// tests/fuzz/). Every function is pure or a local system call; no ownership, no blocking, thread-safe.
 #pragma once
 
 #include <netinet/in.h>
@@ -29,10 +29,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "trident/comm/store/store.h"
+#include "trident/comm/store/tcp_store.h"
 
 namespace trident::store_wire {
 
@@ -150,6 +152,82 @@ inline Clock::time_point deadline_after(Seconds t) {
   double s = std::min(t.count(), 1e9);
   if (!(s > 0)) s = 0;
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(s));
+}
+
+// One request, decoded (the fields its command carries; the others stay empty).
+struct Request {
+  Command cmd{};
+  std::string token;              // kAuth
+  std::string key;                // kSet, kGet, kAdd, kCompareSet, kDelete
+  std::string value;              // kSet: the value; kCompareSet: the desired value
+  std::string expected;           // kCompareSet
+  std::vector<std::string> keys;  // kWait, kCheck
+  int64_t number = 0;             // kGet, kWait: timeout in ms (clamped to [0, kMaxTimeoutMs]); kAdd: delta
+};
+
+// Decodes one request payload (the bytes after the frame length). Returns false with *error set to what is
+// wrong, for the client to read in the fatal reply: an unknown command, a field cut short or bytes left
+// over ("malformed request"), or a key over kMaxKeyBytes. Never reads outside `payload`.
+inline bool parse_request(std::string_view payload, Request* out, std::string* error) {
+  Reader r{payload};
+  Request q;
+  const uint8_t cmd = r.u8();
+  auto malformed = [&] {
+    *error = fmt::format("malformed request (command {}, {} bytes)", cmd, payload.size());
+    return false;
+  };
+  auto key_ok = [&](const std::string& key) {
+    if (key.size() <= kMaxKeyBytes) return true;
+    *error = fmt::format("key of {} bytes exceeds the {} key limit", key.size(), format_bytes(kMaxKeyBytes));
+    return false;
+  };
+  auto read_keys = [&] {
+    const uint32_t n = r.u32();
+    if (!r.ok || n > payload.size() / 4) return false;  // every key takes at least its 4-byte length
+    for (uint32_t i = 0; i < n && r.ok; ++i) q.keys.push_back(r.str());
+    return r.ok;
+  };
+  if (!r.ok) return malformed();
+  q.cmd = static_cast<Command>(cmd);
+  switch (cmd) {
+    case kAuth: q.token = r.str(); break;
+    case kSet:
+      q.key = r.str();
+      q.value = r.str();
+      break;
+    case kGet:
+      q.key = r.str();
+      q.number = r.i64();
+      break;
+    case kWait:
+      if (!read_keys()) return malformed();
+      q.number = r.i64();
+      break;
+    case kAdd:
+      q.key = r.str();
+      q.number = r.i64();
+      break;
+    case kCompareSet:
+      q.key = r.str();
+      q.expected = r.str();
+      q.value = r.str();
+      break;
+    case kCheck:
+      if (!read_keys()) return malformed();
+      break;
+    case kDelete: q.key = r.str(); break;
+    case kNumKeys: break;
+    default:
+      *error = fmt::format("unknown command {} (is the client a trident store client of the same version?)", cmd);
+      return false;
+  }
+  if (!r.done()) return malformed();
+  if (!key_ok(q.key)) return false;
+  for (const auto& k : q.keys)
+    if (!key_ok(k)) return false;
+  if (cmd == kGet || cmd == kWait) q.number = std::clamp<int64_t>(q.number, 0, kMaxTimeoutMs);
+  *out = std::move(q);
+  return true;
 }
 
 inline void set_nodelay(int fd) {
