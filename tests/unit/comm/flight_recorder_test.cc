@@ -4,6 +4,7 @@
 // mismatch, a missing dump, the slowest rank, and clear errors for missing folders and corrupt files.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -141,13 +142,21 @@ TEST(FlightRecorder, GroupRecordsEveryCallAndDumpsParseBack) {
 }
 
 TEST(FlightRecorder, DumpWithoutAFolderIsAClearError) {
-  if (!flight_recorder::dump_dir().empty()) GTEST_SKIP() << "TRIDENT_FLIGHT_RECORDER_DIR is set";
+  // No folder from the environment nor from the program, whatever this process had: restored after.
+  const char* env_dir = std::getenv("TRIDENT_FLIGHT_RECORDER_DIR");
+  const std::string saved_env = env_dir ? env_dir : "";
+  ::unsetenv("TRIDENT_FLIGHT_RECORDER_DIR");
+  const std::string saved_dir = flight_recorder::dump_dir();
+  flight_recorder::set_dump_dir("");
+  std::string what;
   try {
     flight_recorder::dump("x");
-    FAIL() << "no error";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("TRIDENT_FLIGHT_RECORDER_DIR"), std::string::npos) << e.what();
+    what = e.what();
   }
+  flight_recorder::set_dump_dir(saved_dir);
+  if (env_dir) ::setenv("TRIDENT_FLIGHT_RECORDER_DIR", saved_env.c_str(), 1);
+  EXPECT_NE(what.find("TRIDENT_FLIGHT_RECORDER_DIR"), std::string::npos) << "no clear error: '" << what << "'";
 }
 
 // ---- synthetic dumps: rank r's calls in group `world` of `size` ranks ----
