@@ -10,7 +10,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -27,6 +26,7 @@
 namespace {
 
 struct RawFlags {
+  std::vector<std::string> child_args;  // with --nproc: the ranks' command line after "bench comm"
   std::string op = "all_reduce";
   std::string minbytes = "8";
   std::string maxbytes = "64M";
@@ -112,28 +112,18 @@ trident::bench::CommBenchOptions to_options(const RawFlags& f) {
   return o;
 }
 
-// This process's arguments after "bench comm", without --nproc (for the copies --nproc starts).
-std::vector<std::string> child_arguments() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> argv;
-  std::string a;
-  while (std::getline(in, a, '\0')) argv.push_back(a);
-  size_t i = 1;
-  while (i < argv.size() && argv[i] != "bench") ++i;
-  while (i < argv.size() && argv[i] != "comm") ++i;
+// The options this process was given, as CLI11 parsed them, without --nproc and --bind: the command line of
+// the copies --nproc starts.
+std::vector<std::string> child_arguments(const CLI::App& comm) {
   std::vector<std::string> out;
-  for (++i; i < argv.size(); ++i) {
-    if (argv[i] == "--nproc") {
-      ++i;  // and its value
+  for (const CLI::Option* opt : comm.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name == "--nproc" || name == "--bind" || name == "--help") continue;
+    if (opt->get_expected_min() == 0) {  // a flag: once per occurrence
+      for (size_t k = 0; k < opt->count(); ++k) out.push_back(name);
       continue;
     }
-    if (argv[i].rfind("--nproc=", 0) == 0) continue;
-    if (argv[i] == "--bind") {
-      ++i;
-      continue;
-    }
-    if (argv[i].rfind("--bind=", 0) == 0) continue;
-    out.push_back(argv[i]);
+    for (const std::string& v : opt->results()) out.push_back(name + "=" + v);
   }
   return out;
 }
@@ -184,7 +174,7 @@ int run(const RawFlags& f) {
     lo.master_port = 0;
     lo.bind = bind;
     lo.command = {self_exe(), "bench", "comm"};
-    for (auto& a : child_arguments()) lo.command.push_back(a);
+    for (auto& a : f.child_args) lo.command.push_back(a);
     std::fflush(stdout);
     return trident::launch::launch(lo);
   }
@@ -271,6 +261,7 @@ void setup(CLI::App& app) {
     f->given_warmup = comm->count("--warmup") > 0;
     f->given_algo = comm->count("--algo") > 0;
     f->given_placement = comm->count("--inplace") > 0 || comm->count("--outofplace") > 0;
+    f->child_args = child_arguments(*comm);
     trident::cli::set_exit_code(run(*f));
   });
 }

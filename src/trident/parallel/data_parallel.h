@@ -1,100 +1,22 @@
 // Data parallelism: DDP and ZeRO stages 1, 2 and 3 as one mechanism over a model's flat buffers, on the
-// model's device (CPU or CUDA: every memory operation and elementwise kernel goes through
-// kernels::device_ops(model.device()), so there is one DataParallel for both).
+// model's device (every memory operation and elementwise kernel goes through kernels::device_ops(
+// model.device()), so there is one DataParallel for CPU and CUDA). It composes a BucketEngine
+// (dp_buckets.h: buckets, launch during backward, overlap accounting), one ShardingStrategy per stage
+// (dp_sharding.h: what a bucket's collective is, what each rank owns) and a StoragePolicy (dp_storage.h:
+// float32, or bfloat16 with a float32 master copy). docs/ARCHITECTURE.md ("Data parallelism") explains
+// buckets, shards, zero3's parameter units, registered gradients and bfloat16 rounding.
 //
-// DataParallel composes three parts along the axes the mechanism varies on:
-//   BucketEngine    (dp_buckets.h)  which ranges form gradient buckets, launching each bucket's collective
-//                                   the moment backward completes it, waiting, overlap accounting;
-//   ShardingStrategy (dp_sharding.h) one per stage: what a bucket's collective is, what each rank owns of
-//                                   the optimizer state and parameters, re-assembly after the step, and
-//                                   zero3's per-unit parameter gather;
-//   StoragePolicy   (dp_storage.h)  float32, or bfloat16 with a float32 master copy;
-// plus the block schedule (here) that materialises parameter units before a block runs (zero3 gathers,
-// bf16 widens) and releases them after the last block that reads them.
-//
-// Every rank computes gradients on its shard of the global batch. Gradients are grouped into buckets
-// (contiguous ranges of the flat gradient buffer, filled in reverse parameter order as backward produces
-// them; ddp/zero1: a small first bucket, DataParallelOptions::first_bucket_bytes, so the first collective
-// starts early); the moment a bucket's last gradient is written (the model's grad-ready hook), its
-// collective starts asynchronously on the process group, reading the gradient memory in place (no copy):
-//   ddp    all-reduce (avg) of every bucket; every rank runs AdamW on all parameters.
-//   zero1  same all-reduce; AdamW state (moments) kept only for this rank's shard of the flat buffer; each
-//          rank updates its shard, then the updated parameters are all-gathered.
-//   zero2  buckets are fixed-size chunks of the flat buffer (a multiple of N elements, counted from the
-//          top, so only the lowest chunk is padded: the shard is exactly padded/N elements), each ready
-//          once every parameter overlapping it is; reduce-scatter (avg) of every bucket into this rank's
-//          persistent gradient shard; the bucket's
-//          full-gradient pages are then handed back to the OS (madvise, they read back as zero, which is
-//          what zero_grad wants), so no rank keeps a full gradient; AdamW on the shard; all-gather params.
-//   zero3  as zero2, and parameters are sharded too: a bucket is a "unit" (the parameters one model block
-//          owns, Model::blocks()); each rank keeps only its piece of every unit (its master float32 copy)
-//          and the model's flat parameter buffer is a working buffer whose pages are released when not
-//          in use. The model's block hook gathers (all-gatherv) a block's units just before its forward,
-//          again before its backward (and its activation-checkpointing recompute), and releases each unit
-//          after the last block of the pass that reads it; the next block's gather is prefetched
-//          asynchronously while the current block computes. Per step: 2 all-gathers and 1 reduce-scatter
-//          of the (padded) parameter volume; gradient accumulation re-gathers parameters each micro-step
-//          but reduce-scatters gradients once (no_sync micro-steps accumulate the full local gradient).
-// Registered gradients (every stage, CPU models; DataParallelOptions::shared_gradients): where the group
-// offers registered memory (ProcessGroup::alloc_shared: the native backend, every rank on one host), the buffer the
-// buckets are reduced from lives there (the model adopts it as its gradient buffer; bf16 ddp/zero1: the bf16
-// gradients), so the peers read it with plain loads and stores instead of kernel copies. Released gradient
-// pages (zero2/zero3, bf16) go back with MADV_REMOVE and read back as zero, as private ones do.
-// Sharding (dp_sharding.h): zero1 one contiguous N-th of the padded buffer; zero2/zero3 one ceil(L/N)
-// piece of every bucket/unit. Any size works.
-// Gradient accumulation: set_require_sync(false) (or a NoSync scope) for all but the last micro-step;
-// only the last one communicates gradients. finish_gradient_sync() waits for every bucket before
-// clipping/stepping.
-// Memory (float32, Psi = flat parameter count, per rank, persistent between steps): ddp 16 Psi (params 4,
-// grads 4, moments 8), zero1 8 Psi + 8 Psi/N, zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N, plus per-unit
-// padding and the partial pages at unit edges (bfloat16 storage: see below). memory() reports held sizes, resident_memory() measures
-// the buffers' resident pages with mincore().
-// Overlap accounting (always on: a few clock reads per bucket, no allocation per step): per synced step,
-// the backward window (from the first grad-ready hook of the syncing micro-step to the call of
-// finish_gradient_sync()), each gradient bucket's collective as it really ran on the group's worker
-// (Work::started_ns/finished_ns), and the time finish_gradient_sync() blocked. Hidden fraction = the
-// collectives' time inside the window / their total time (0 when nothing overlapped, e.g. overlap=false).
-// bfloat16 storage (DataParallelOptions::storage_dtype = kBFloat16; PyTorch FSDP's MixedPrecision with
-// param_dtype = reduce_dtype = bfloat16, DeepSpeed's bf16 mode): persistent per rank are bfloat16
-// parameters (ddp/zero1/zero2: all of them; zero3: this rank's pieces), bfloat16 gradients (ddp/zero1:
-// all; zero2/zero3: the shard) and float32 master weights and AdamW moments (ddp: all; zero1/2/3: this
-// rank's shard), K = 12 bytes of optimizer state per parameter:
-//   ddp 16 Psi, zero1 4 Psi + 12 Psi/N, zero2 2 Psi + 14 Psi/N, zero3 16 Psi/N.
-// The model's float32 flat buffers become transient working buffers. Parameters are materialised
-// (bf16 -> fp32, exact) per "parameter unit" by the same block hooks zero3 uses: a unit is the run of
-// parameters one block owns; its source is the local bf16 copy (ddp/zero1/zero2) or the all-gathered
-// bf16 pieces (zero3: gathered into the upper half of the unit's float32 range and widened in place, so
-// no staging buffer); its pages are released after the last block of the pass that reads it. Models
-// without blocks keep the whole model materialised (one unit, refreshed after every step: +4 Psi).
-// Gradients: when a bucket is ready (syncing micro-step) its float32 gradients are rounded to bf16
-// (round to nearest even): ddp/zero1 into the persistent bf16 gradient buffer, then all-reduce (avg) in
-// bf16 in place; zero2/zero3 in place into the first half of the bucket's float32 range, then
-// reduce-scatter (avg) in bf16 into the bf16 shard. The float32 pages then go back to the OS. The
-// comm layer (comm/reduce.h) combines bf16 pairwise in float32 and rounds each partial result to bf16:
-// one rounding per combine, N-1 per element for N ranks (then the average's division, exact for N a
-// power of two), not one float32 accumulation over all ranks. At N = 2 that is a single rounding whatever
-// the algorithm, so all stages give bit-identical results (tested; the clip norm is summed in float64 in
-// different orders, which could only matter at a float rounding boundary of the coefficient); at N > 2
-// the order of the roundings follows the algorithm's chunking. Accumulation: no_sync micro-steps accumulate in the model's float32 gradient buffer
-// (exact, like the float32 mode; costs 4 Psi of transient gradient pages until the syncing micro-step)
-// rather than in bf16 (which would round every micro-step's sum and save those pages): accuracy first.
-// clip_grad_norm() computes the norm of the bf16 gradients and defers the scale to step(), which runs
-// AdamW on the float32 master with fp32(bf16 grad) x coef and then rounds: bf16 params = round(master);
-// zero1/zero2 all-gather the bf16 parameters, zero3 keeps its bf16 pieces. Communication is the float32
-// table with 2-byte elements. Checkpoints: gather_optimizer_state() writes the float32 MASTER weights
-// into the model's flat buffer (every strategy; the next forward re-materialises the bf16 values, so a
-// run that saves stays on the run that does not), gather_full_parameters() does the same and keeps them
-// materialised for forward-only passes (sampling; the first training forward after it reads the master
-// weights); broadcast_parameters() takes master and bf16 copies from the model's buffer, so a float32
-// checkpoint loads into a bf16 run and vice versa. Change param_data() only before
-// broadcast_parameters() (or the first forward): afterwards the master copy is the truth. Cost: every
-// materialisation faults the released pages back in (zeroed by the kernel): forward and backward each
-// re-fault the parameters, each step the gradients (about +10% CPU per step for nanoGPT on 2 ranks,
-// nearly all system time; docs/PERFORMANCE.md).
-// Checkpoints under zero3 (float32 storage): gather_optimizer_state() (the trainer's before_save path) also materialises the
-// full parameters in the model's buffer on every rank, so the existing save path writes the whole model;
-// they stay materialised (forward passes then gather nothing) until the next backward pass, which
-// releases them, or step().
+// Use: broadcast_parameters() once; for gradient accumulation set_require_sync(false) (or a NoSync scope)
+// on all but the last micro-step (only that one communicates); finish_gradient_sync() waits for every
+// bucket before clip_grad_norm() and step(). Change param_data() only before broadcast_parameters() (or the
+// first forward): afterwards the master copy is the truth.
+// Memory per rank, persistent between steps (Psi = flat parameter count; memory() reports held sizes,
+// resident_memory() measures resident pages with mincore()), plus padding per unit:
+//   float32   ddp 16 Psi, zero1 8 Psi + 8 Psi/N,  zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N
+//   bfloat16  ddp 16 Psi, zero1 4 Psi + 12 Psi/N, zero2 2 Psi + 14 Psi/N, zero3 16 Psi/N
+// Checkpoints: gather_optimizer_state() (collective) writes the float32 master weights into the model's flat
+// buffer (zero3: the full parameters, materialised until the next backward or step()); broadcast_parameters()
+// takes master and bfloat16 copies from it, so a float32 checkpoint loads into a bfloat16 run and back.
 //
 // Ownership: borrows the model (must outlive this) and shares the process group. Thread-safety: one thread
 // (the training loop) calls it and runs the model; collectives run on the group's worker. Blocking:

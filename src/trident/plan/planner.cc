@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "trident/core/error.h"
+#include "trident/plan/step_model.h"
 
 namespace trident::plan {
 namespace {
@@ -218,7 +219,7 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
     };
     // Gradient buckets (25 MB) are reduced while backward runs; the last bucket cannot be hidden.
     const double last_bucket = std::min(1.0, 25e6 / grad_bytes);
-    auto overlapped = [&](double t) { return std::max(t - t_b, t * last_bucket); };
+    auto overlapped = [&](double t) { return exposed_after_overlap(t, t_b, last_bucket); };
     if (l.zero == 0) {
       const double t = cost(OpKind::kAllReduce, grad_bytes);
       dp_exposed = overlapped(t);

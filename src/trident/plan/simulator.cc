@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "trident/core/error.h"
+#include "trident/parallel/schedule.h"
 
 namespace trident::plan {
 namespace {
@@ -255,29 +256,21 @@ using Action = PipelineAction;
 }  // namespace
 
 std::vector<PipelineAction> pipeline_schedule(Schedule s, int pp, int stage, int m, int v) {
-  std::vector<Action> a;
-  if (pp == 1 || s == Schedule::kGPipe) {
+  std::vector<PipelineAction> a;
+  if (pp == 1) {  // one stage: every forward, then every backward (no pipeline runs at pp = 1)
     for (int c = 0; c < v; ++c)
       for (int i = 0; i < m; ++i) a.push_back({true, i, c});
     for (int c = v - 1; c >= 0; --c)
       for (int i = 0; i < m; ++i) a.push_back({false, i, c});
     return a;
   }
-  if (s == Schedule::k1F1B) {
-    const int warm = std::min(pp - stage - 1, m);
-    for (int i = 0; i < warm; ++i) a.push_back({true, i, 0});
-    for (int i = 0; i < m - warm; ++i) a.push_back({true, warm + i, 0}), a.push_back({false, i, 0});
-    for (int i = m - warm; i < m; ++i) a.push_back({false, i, 0});
-    return a;
-  }
-  // Interleaved 1F1B (Narayanan et al. 2021; Megatron's get_model_chunk_id).
-  const int total = m * v;
-  const int warm = std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
-  auto fwd = [&](int k) { return Action{true, (k / (pp * v)) * pp + k % pp, (k / pp) % v}; };
-  auto bwd = [&](int k) { return Action{false, (k / (pp * v)) * pp + k % pp, v - 1 - (k / pp) % v}; };
-  for (int k = 0; k < warm; ++k) a.push_back(fwd(k));
-  for (int k = 0; k < total - warm; ++k) a.push_back(fwd(warm + k)), a.push_back(bwd(k));
-  for (int k = total - warm; k < total; ++k) a.push_back(bwd(k));
+  // The schedules the pipeline engine runs (parallel/schedule.h), so the simulator plays the same order.
+  const parallel::ScheduleKind kind = s == Schedule::kGPipe  ? parallel::ScheduleKind::kGPipe
+                                      : s == Schedule::k1F1B ? parallel::ScheduleKind::k1F1B
+                                                             : parallel::ScheduleKind::kInterleaved;
+  const parallel::Schedule sched = parallel::make_schedule(kind, pp, m, kind == parallel::ScheduleKind::kInterleaved ? v : 1);
+  for (const parallel::Action& x : sched.at(static_cast<size_t>(stage)))
+    a.push_back({x.type == parallel::Action::kForward, x.mb, x.chunk});
   return a;
 }
 

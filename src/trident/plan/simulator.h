@@ -40,9 +40,9 @@ struct PipelineAction {
   int mb;
   int chunk;
 };
-// The program of pipeline stage `stage` of `pp` for `m` microbatches: GPipe (all forwards, then all
-// backwards), 1F1B (P-stage-1 warm-up forwards, then one-forward-one-backward, then cool-down) or
-// interleaved 1F1B over `v` model chunks per stage (Megatron's order; needs m % pp == 0).
+// The program of pipeline stage `stage` of `pp` for `m` microbatches: the pipeline engine's own schedule
+// (parallel::make_schedule: GPipe, 1F1B, or interleaved 1F1B over `v` model chunks per stage, which needs
+// m % pp == 0); with one stage, every forward then every backward. Throws InvalidArgument as make_schedule.
 std::vector<PipelineAction> pipeline_schedule(Schedule s, int pp, int stage, int m, int v);
 
 struct SimOptions {

@@ -26,6 +26,23 @@
 namespace trident::train {
 namespace {
 
+using plan::Measured;
+using plan::MpPrediction;
+using plan::MpPredictionInput;
+using plan::Prediction;
+using plan::PredictionInput;
+
+// DataParallel's strategy as the step model counts it: the ZeRO stage (ddp = 0).
+int zero_stage(const std::string& parallel) {
+  switch (parallel::parse_strategy(parallel)) {
+    case parallel::Strategy::kDdp: return 0;
+    case parallel::Strategy::kZero1: return 1;
+    case parallel::Strategy::kZero2: return 2;
+    case parallel::Strategy::kZero3: return 3;
+  }
+  return 0;
+}
+
 // Closing the loop (train/prediction.h): calibrate on the real model (and group), print and record the
 // prediction before training; print and record the measured figures beside it after.
 struct Loop {
@@ -42,7 +59,7 @@ struct Loop {
     in.num_params = model.num_params();
     in.world = pg != nullptr ? pg->size() : 1;
     in.rank = pg != nullptr ? pg->rank() : 0;
-    in.strategy = parallel::parse_strategy(opts.parallel);
+    in.zero_stage = zero_stage(opts.parallel);
     in.overlap = opts.overlap;
     in.bucket_bytes = static_cast<size_t>(opts.bucket_mb * (1 << 20));
     in.batch = cfg.batch_size;
@@ -56,17 +73,8 @@ struct Loop {
     in.storage_bytes = cfg.param_dtype == "bfloat16" ? 2 : 4;
     const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
     in.cal = calibrate(model, cfg.batch_size, cfg.block_size, vocab, pg);
-    prediction = predict(in);
-    const auto& mb = prediction.memory_bytes;
-    prediction.peak_rss = rss0 + mb.at("activations") +
-                          (in.world > 1 ? mb.at("optimizer_state") + mb.at("comm_buffers") : 0.0);
-    const double padded = std::ceil(static_cast<double>(in.num_params) / in.world) * in.world;
-    const bool zero1_in_place = in.strategy == parallel::Strategy::kZero1 && padded == in.num_params;
-    if (in.world > 1 && in.strategy != parallel::Strategy::kDdp && !zero1_in_place) {
-      // ZeRO's step stages its shard and the gathered flat buffer (padded x (1 + 1/N) floats) each step
-      // (zero1 gathers in place when the flat buffer is a multiple of N long).
-      prediction.peak_rss += (padded + padded / in.world) * 4;
-    }
+    prediction = plan::predict(in);
+    prediction.peak_rss = rss0 + plan::rss_growth(in, prediction);
     nlohmann::json rec = prediction.to_json();
     rec["world"] = in.world;
     rec["parallel"] = in.world > 1 ? opts.parallel : "single";
@@ -87,9 +95,9 @@ struct Loop {
     m.memory_bytes = std::move(memory);
     m.peak_rss = peak_rss_bytes();
     m.comm_bytes = std::move(comm);
-    t.emit_record(measured_json(prediction, m));
+    t.emit_record(plan::measured_json(prediction, m));
     if (rank == 0 && !cfg.json) {
-      std::fprintf(out, "%s\n", measured_summary(prediction, m).c_str());
+      std::fprintf(out, "%s\n", plan::measured_summary(prediction, m).c_str());
       std::fflush(out);
     }
   }
@@ -97,7 +105,6 @@ struct Loop {
   // ---- model parallelism (train_model_parallel; collectives over the mesh's world: every rank calls) ----
   MpPredictionInput mp_in;
   MpPrediction mp;
-  double mp_dp_optimizer = 0;  // DataParallel's moments (not yet built when the resident size is read)
   double mp_cpu0 = 0, mp_wall0 = 0;  // process CPU and wall clock after the calibration (cores the run used)
 
   // Call in on_ready after the pipeline engine exists, before DataParallel hooks the model (calibration runs
@@ -126,7 +133,7 @@ struct Loop {
         in.tied_params = std::max(in.tied_params, numel);
       }
     }
-    in.strategy = parallel::parse_strategy(opts.parallel);
+    in.zero_stage = zero_stage(opts.parallel);
     in.batch = cfg.batch_size;
     in.block = cfg.block_size;
     in.accum = cfg.gradient_accumulation_steps;
@@ -138,9 +145,8 @@ struct Loop {
     const double rss0 = current_rss_bytes();  // model, data and the trainer's AdamW are resident by now
     in.cal = calibrate_model_parallel(pm, mesh, cfg.batch_size / in.microbatches, cfg.block_size,
                                       t.dataset().tokenizer().vocab_size(), 0, rehearse, in.microbatches);
-    mp = predict_model_parallel(in);
-    mp_dp_optimizer = in.dp > 1 ? mp.memory_bytes.at("optimizer_state") - 8.0 * static_cast<double>(in.num_params) : 0.0;
-    mp.peak_rss = rss0 + mp.memory_bytes.at("activations") + mp_dp_optimizer;
+    mp = plan::predict_model_parallel(in);
+    mp.peak_rss = rss0 + plan::rss_growth(in, mp);
     {
       // World rank 0 gathers the logical model and its moments for the final checkpoint: a full model
       // (values + gradients) and two moment vectors, 16 bytes per logical parameter.
@@ -204,7 +210,7 @@ struct Loop {
     const double wall = static_cast<double>(Timeline::now_ns()) * 1e-9 - mp_wall0;
     double cores_used = (process_cpu_seconds() - mp_cpu0) / std::max(1e-9, wall);
     world.all_reduce(&cores_used, 1, DType::kFloat64, ReduceOp::kSum);
-    const double at_used = mp.step_s + step_at_cores_used(mp_in, cores_used) - predict_model_parallel(mp_in).step_s;
+    const double at_used = mp.step_s + plan::step_at_cores_used(mp_in, cores_used) - plan::predict_model_parallel(mp_in).step_s;
     // The measured per-microbatch compute times replayed through the schedule (the bubble without p2p).
     double replayed_bubble = 0;
     if (P > 1) {
