@@ -1,18 +1,14 @@
-// Measured algorithm selection, for machines where the cost model's choice is not the fastest. `trident bench comm --tune FILE` measures every algorithm
-// of every collective on this machine and writes a tuning file; a process group whose (transport, world
-// size) the file covers picks, per call, the algorithm with the least measured time instead of the one
-// the alpha-beta cost model (algorithm.h: Cost, LinkCost) predicts.
+// Measured algorithm selection, for machines where the cost model's choice is not the fastest. `trident bench
+// comm --tune FILE` measures every algorithm of every collective on this machine and writes a tuning file; a
+// process group whose (transport, world size) the file covers picks, per call, the algorithm with the least
+// measured time instead of the one the alpha-beta cost model (comm/cost/cost.h) predicts.
 //
-// Design: a table of measurements, not a fitted model. For each (op, algorithm) the file records the
-// median (p50) latency of the blocking call at a few sizes (by default 8 B, 128 B, 2 KiB, 32 KiB,
-// 512 KiB, 8 MiB; size as nccl-tests counts it, see cost_bytes() in algorithm.h). A call of `bytes`
-// predicts each algorithm's time by interpolating between the two nearest measured sizes linearly in
-// log(bytes) and log(time); below the smallest size it takes the smallest size's time; above the largest
-// it scales the largest size's time in proportion to bytes (every algorithm is bandwidth-bound there, so
-// the ranking at the largest size holds). Why not fit alpha and beta: on shared memory the measured time
-// is not alpha*steps + beta*bytes (cache effects, the eager/rendezvous switch of the channel, spinning
-// versus sleeping), so a two-parameter fit misplaces crossovers that the measured table gets right by
-// construction; the p50 keeps it robust to a noisy neighbour.
+// For each (op, algorithm) the file records the median (p50) latency of the blocking call at a few sizes (by
+// default 8 B, 128 B, 2 KiB, 32 KiB, 512 KiB, 8 MiB; size as cost_bytes() in algorithms/algorithm.h counts
+// it). predict() interpolates between the two nearest measured sizes linearly in log(bytes) and log(time);
+// below the smallest size it takes the smallest size's time; above the largest it scales the largest size's
+// time in proportion to bytes. docs/ARCHITECTURE.md ("Where the numbers come from") says why a table and
+// not a fitted alpha and beta.
 //
 // File (JSON): {"version": 1, "host": ..., "date": ..., "transport": "shm"|"tcp"|"shm+tcp",
 //   "world_size": N, "dtype": "float32",

@@ -23,7 +23,7 @@ constexpr const char* kHost = "127.0.0.1";
 
 Bytes B(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
-// The wire format, written out independently of tcp_store.cc (see the protocol comment there).
+// The wire format, written out independently of tcp_store_wire.h (see the protocol comment there).
 std::string le32(uint32_t v) {
   std::string s(4, '\0');
   for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);

@@ -1,7 +1,7 @@
 // TCPStore: the Store of real runs (c10d's TCPStore): one TCPStoreServer (rank 0 or the launcher) holds the
 // keys; every rank talks to it through a TCPStore client.
 //
-// Protocol (tcp_store.cc has the details): length-prefixed binary frames over one TCP connection per client.
+// Protocol (tcp_store_wire.h has the details): length-prefixed binary frames over one TCP connection per client.
 // The first frame must authenticate with the shared token (compared in constant time; an empty server token
 // accepts any). Frames are bounded (kMaxFrameBytes; 64 KiB before authentication), keys by kMaxKeyBytes.
 // A wrong token, a malformed frame, an unknown command or an oversized frame is answered with an error (when
