@@ -6,23 +6,9 @@
 // Thread-safety: the group's executing thread only. When the context has no window (TCP, several
 // hosts, a subcontext), run() falls back to the message-based algorithm named in each struct.
 //
-// all_reduce:
-//   latency path (bytes <= ShmWindow::kSlotBytes): copy the input into this rank's slot, publish one
-//   phase, wait for every peer's phase, reduce all slots in rank order into the output (bitwise identical
-//   on every rank). One round trip, no "done reading" phase (a slot is rewritten two slot calls later,
-//   when every peer has necessarily read it), no syscalls unless a rank must sleep.
-//   bandwidth path: rounds of at most stage_bytes() (double-buffered, reused: no allocation, no page
-//   faults). Per round each rank copies the blocks it does not own into its staging buffer; the owner of
-//   block b reduces its own input block with every peer's staged copy of b into its staging block b and
-//   its output; every rank then copies the other reduced blocks from their owners' staging buffers.
-//   Bytes moved per rank per byte of buffer (n ranks): copy-in (n-1)/n read and written; reduce reads 1,
-//   writes 1/n to staging, then copies that 1/n (cache-hot) to the output; gather (n-1)/n read and written:
-//   3 - 2/n read from memory, 2 written (n = 2: 2 + 2). Without registered user buffers this is the
-//   minimum: peers cannot read private memory, so each rank must write what others reduce ((n-1)/n) and
-//   its reduced block (1/n) into shared memory, write its whole output (1), and read its input (1) and
-//   what the others staged for it and reduced for it.
-// broadcast: the root's payload through its slot (<= kSlotBytes) or, in rounds, its staging buffers;
-//   every other rank copies it out (one copy in, one copy out per receiver).
+// all_reduce leaves bitwise the same result on every rank; it takes the latency path up to
+// ShmWindow::kSlotBytes and the staged bandwidth path above, allocating nothing per call.
+// docs/ARCHITECTURE.md ("Shared-memory collectives") gives both paths and the bytes each moves.
 #pragma once
 
 #include <cstddef>
