@@ -24,8 +24,7 @@
 //         (allowed[i*n/p, (i+1)*n/p): one CPU each when p == n, so it equals core there, and a multi-threaded
 //         rank keeps its share when p < n; one rank keeps the whole set); round-robin as core when ranks >
 //         CPUs (measured faster than leaving oversubscribed ranks to the scheduler: launcher.cc).
-// Why: with ranks unbound, Linux may run two busy-polling ranks on one core for long stretches (the shm
-// all-reduce's timings then split into two modes). docs/PERFORMANCE-LOG.md "Shared-memory fast path" has the measurements.
+// Why binding is the default: docs/ARCHITECTURE.md ("The life of one training step", step 2).
 //
 // Restarts (--max-restarts N, torchrun's flag; single node): when a rank fails on its own (not when the
 // launcher itself is signalled), every rank is stopped as above and all of them are started again, up to N
