@@ -43,6 +43,11 @@ double Measured::memory_total() const { return sum_map(memory_bytes); }
 double Measured::comm_total() const { return sum_map(comm_bytes); }
 
 Prediction predict(const PredictionInput& in) {
+  TRIDENT_CHECK(in.zero_stage >= 0 && in.zero_stage <= 3, InvalidArgument,
+                "predict: zero_stage {} is not a data-parallel strategy (0 ddp, 1 zero1, 2 zero2, 3 zero3)",
+                in.zero_stage);
+  TRIDENT_CHECK(in.storage_bytes == 2 || in.storage_bytes == 4, InvalidArgument,
+                "predict: storage_bytes {} is neither 4 (float32) nor 2 (bfloat16)", in.storage_bytes);
   Prediction p;
   const double n = static_cast<double>(in.num_params);
   const int N = std::max(1, in.world);
@@ -414,6 +419,9 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
                 cal.forward_s.size(), cal.backward_s.size(), cal.activation_bytes.size(), P, v, S);
   TRIDENT_CHECK(in.pp_rank >= 0 && in.pp_rank < P, InvalidArgument, "predict_model_parallel: pp_rank {} not in [0, {})",
                 in.pp_rank, P);
+  TRIDENT_CHECK(in.zero_stage == 0 || in.zero_stage == 1, InvalidArgument,
+                "predict_model_parallel: zero_stage {} over the DP group; model parallelism runs ddp (0) or zero1 (1)",
+                in.zero_stage);
   MpPrediction p;
   p.cores = in.cores;
   const auto kind = P > 1 ? in.schedule : parallel::ScheduleKind::k1F1B;

@@ -5,8 +5,8 @@
 // comm_cost.h's bytes per rank). docs/ARCHITECTURE.md ("The model of step time") gives the reasoning.
 //
 // Ownership: plain values. Blocking: none. Thread-safety: pure functions. Timeouts: none. Errors:
-// predict_model_parallel, replay_shared_cores and schedule_peak_activation_bytes throw InvalidArgument
-// naming the input that does not fit.
+// predict, predict_model_parallel, replay_shared_cores and schedule_peak_activation_bytes throw
+// InvalidArgument naming the input that does not fit.
 #pragma once
 
 #include <cstddef>

@@ -22,6 +22,21 @@
 namespace trident::plan {
 namespace {
 
+TEST(StepModel, RefusesInputsItDoesNotModel) {
+  PredictionInput in;
+  in.zero_stage = 4;
+  EXPECT_THROW(predict(in), InvalidArgument);
+  in.zero_stage = 0;
+  in.storage_bytes = 8;
+  EXPECT_THROW(predict(in), InvalidArgument);
+  MpPredictionInput mp;
+  mp.cal.forward_s = mp.cal.backward_s = mp.cal.activation_bytes = {1.0};
+  mp.zero_stage = 2;
+  EXPECT_THROW(predict_model_parallel(mp), InvalidArgument);
+  mp.zero_stage = 1;
+  EXPECT_NO_THROW(predict_model_parallel(mp));
+}
+
 TEST(StepModel, ExposedAfterOverlap) {
   // 30 ms of communication, 20 ms of backward to hide it under, a quarter of it in the last bucket.
   EXPECT_NEAR(exposed_after_overlap(0.03, 0.02, 0.25), 0.01, 1e-15);
