@@ -19,6 +19,37 @@ namespace trident::train {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// AdamW + squared norm per parameter, timed on a slice of at most 128K elements of scratch memory (2 MB,
+// small beside the model; not the model's own buffers: its state must not change). One warm-up, then the
+// mean of two; `group` (optional): a barrier before timing, so every rank times it at the same moment.
+double adamw_seconds_per_param(size_t num_params, ProcessGroup* group) {
+  const size_t slice = std::min<size_t>(std::max<size_t>(num_params, 1), size_t{1} << 17);
+  std::vector<float> p(slice, 0.01f), g(slice, 0.001f), m(slice, 0.0f), v(slice, 0.0f);
+  kernels::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 1);
+  if (group != nullptr) group->barrier();
+  const auto t0 = Clock::now();
+  for (int k = 0; k < 2; ++k) {
+    kernels::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 2 + k);
+    volatile double sq = kernels::cpu::sum_squares(g.data(), slice);
+    (void)sq;
+  }
+  return since(t0) / 2 / static_cast<double>(slice);
+}
+// Bus rate of an in-place all-reduce (avg) of `n` float32 gradients over `group` (collective): the faster of
+// two, each after a barrier; every rank agrees on the slowest rank's view. Bytes per rank under nccl-tests'
+// convention (plan/comm_cost.h) over the time. The gradients are averaged in place (callers zero them).
+double allreduce_bus_Bps(ProcessGroup& group, float* grads, size_t n) {
+  double best = 1e30;
+  for (int k = 0; k < 2; ++k) {
+    group.barrier();
+    const auto t0 = Clock::now();
+    group.all_reduce(grads, n, DType::kFloat32, ReduceOp::kAvg);
+    best = std::min(best, since(t0));
+  }
+  group.all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
+  return plan::bytes_per_rank(OpKind::kAllReduce, static_cast<double>(n) * 4, group.size()) / best;
+}
 }  // namespace
 
 plan::Calibration calibrate(nn::Model& model, int batch, int block, int vocab, ProcessGroup* pg) {
@@ -36,32 +67,10 @@ plan::Calibration calibrate(nn::Model& model, int batch, int block, int vocab, P
   c.forward_backward_s = since(t0) / 2;
   model.zero_grad();
 
-  // AdamW + squared norm on a 128K-element slice of scratch memory (2 MB, small beside the model; not the
-  // model's own buffers: its state must not change).
-  const size_t slice = std::min<size_t>(model.num_params(), size_t{1} << 17);
-  std::vector<float> pp(slice, 0.01f), g(slice, 0.001f), m(slice, 0.0f), v(slice, 0.0f);
-  kernels::cpu::adamw_update(pp.data(), g.data(), m.data(), v.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 1);
-  t0 = Clock::now();
-  for (int k = 0; k < 2; ++k) {
-    kernels::cpu::adamw_update(pp.data(), g.data(), m.data(), v.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 2 + k);
-    volatile double sq = kernels::cpu::sum_squares(g.data(), slice);
-    (void)sq;
-  }
-  c.optimizer_s_per_param = since(t0) / 2 / static_cast<double>(slice);
+  c.optimizer_s_per_param = adamw_seconds_per_param(model.num_params(), nullptr);
 
   if (pg != nullptr && pg->size() > 1) {
-    const int N = pg->size();
-    const size_t n = model.num_params();
-    double best = 1e30;
-    for (int k = 0; k < 2; ++k) {
-      pg->barrier();
-      t0 = Clock::now();
-      pg->all_reduce(model.grad_data(), n, DType::kFloat32, ReduceOp::kAvg);
-      best = std::min(best, since(t0));
-    }
-    // Every rank agrees on the rate (the slowest rank's view).
-    pg->all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
-    c.allreduce_bus_Bps = plan::bytes_per_rank(OpKind::kAllReduce, static_cast<double>(n) * 4, N) / best;
+    c.allreduce_bus_Bps = allreduce_bus_Bps(*pg, model.grad_data(), model.num_params());
     model.zero_grad();
   }
   return c;
@@ -182,18 +191,7 @@ plan::StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, con
     std::sort(got.begin(), got.end());
     c.cores_received = got[1];
   }
-  // AdamW rate on scratch memory (as calibrate()).
-  const size_t slice = std::min<size_t>(std::max<size_t>(pm.num_params(), 1), size_t{1} << 17);
-  std::vector<float> pp(slice, 0.01f), g(slice, 0.001f), mm(slice, 0.0f), vv(slice, 0.0f);
-  kernels::cpu::adamw_update(pp.data(), g.data(), mm.data(), vv.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 1);
-  world.barrier();
-  auto t0 = Clock::now();
-  for (int k = 0; k < 2; ++k) {
-    kernels::cpu::adamw_update(pp.data(), g.data(), mm.data(), vv.data(), slice, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, 2 + k);
-    volatile double sq = kernels::cpu::sum_squares(g.data(), slice);
-    (void)sq;
-  }
-  c.optimizer_s_per_param = since(t0) / 2 / static_cast<double>(slice);
+  c.optimizer_s_per_param = adamw_seconds_per_param(pm.num_params(), &world);
 
   // Pipeline hand-off: pipeline ranks pair up (2k, 2k+1; all pairs at once) and ping-pong one activation;
   // a hand-off is half the round trip. Latency from a 1-float ping-pong. (One group carries both directions
@@ -285,18 +283,7 @@ plan::StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, con
     pm.zero_grad();
   }
   if (mesh.dp_size() > 1) {
-    auto dg = mesh.dp_group();
-    const int D = dg->size();
-    const size_t n = pm.num_params();
-    double best = 1e30;
-    for (int k = 0; k < 2; ++k) {
-      dg->barrier();
-      t0 = Clock::now();
-      dg->all_reduce(pm.grad_data(), n, DType::kFloat32, ReduceOp::kAvg);
-      best = std::min(best, since(t0));
-    }
-    dg->all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
-    c.dp_allreduce_bus_Bps = plan::bytes_per_rank(OpKind::kAllReduce, static_cast<double>(n) * 4, D) / best;
+    c.dp_allreduce_bus_Bps = allreduce_bus_Bps(*mesh.dp_group(), pm.grad_data(), pm.num_params());
   }
   pm.zero_grad();
   for (int ch = 0; ch < v; ++ch) pm.chunk(ch).reset_peak();
