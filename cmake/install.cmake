@@ -37,8 +37,9 @@ file(WRITE ${PROJECT_BINARY_DIR}/trident_public_headers.txt "${lines}\n")
 
 # One shared library from the layers' (position-independent) static archives: users link one thing.
 add_library(trident_shared SHARED ${PROJECT_SOURCE_DIR}/cmake/trident_version.cc)
-set(layers trident_train trident_parallel trident_nn trident_kernels trident_plan trident_launch trident_comm
-           trident_algorithms trident_transport trident_backends trident_comm_api trident_store trident_core)
+set(layers trident_train trident_parallel trident_nn trident_kernels trident_plan trident_schedule trident_launch
+           trident_comm trident_algorithms trident_transport trident_backends trident_cost trident_comm_api
+           trident_comm_types trident_store trident_core)
 set(whole)
 foreach(l ${layers})
   list(APPEND whole $<TARGET_FILE:${l}>)
