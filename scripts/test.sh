@@ -26,10 +26,25 @@ lap "deps"
 # Ninja where installed: it schedules the files of every target asked for together, where make builds the
 # targets of one command one after another. A build folder keeps the generator it was first configured with.
 gen() { [[ -f "$1/CMakeCache.txt" ]] || ! command -v ninja >/dev/null || echo "-GNinja"; }
+# Every build here compiles each target's files in batches of 8, one translation unit per batch
+# (-DCMAKE_UNITY_BUILD=ON): the headers are parsed once per batch, not once per file (about 2.5x less CPU
+# for the algorithm layer). Files whose file-local names collide with another file's stay out of the
+# batches (the root CMakeLists.txt's unity skip list); should a new collision break a batch, the folder is
+# rebuilt file by file and the log says so: CI gets slower, not red. Developers' builds compile file by
+# file, so a .cc that misses an include of its own still fails there.
+unity_build() {  # DIR BUILD_ARGS...   (DIR configured with -DCMAKE_UNITY_BUILD=ON)
+  local dir=$1
+  shift
+  cmake --build "$dir" -j"$jobs" "$@" && return 0
+  echo "== $dir: the batched (unity) build failed; building file by file. If it then passes, two files of one" \
+       "target define the same file-local name: add one to the root CMakeLists.txt's unity skip list."
+  cmake -S . -B "$dir" -DCMAKE_UNITY_BUILD=OFF >/dev/null
+  cmake --build "$dir" -j"$jobs" "$@"
+}
 
 # Microbenchmarks (TRIDENT_BUILD_BENCH) are left out: no test runs them. The sanitizer builds skip CUDA.
-cmake -S . -B build $(gen build) -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=OFF >/dev/null
-cmake --build build -j"$jobs"
+cmake -S . -B build $(gen build) -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
+unity_build build
 lap "release build"
 
 # The sanitizer builds (-O1: several times faster to run than -O0, and what the sanitizers' authors advise)
@@ -38,11 +53,7 @@ lap "release build"
 # setsid starts a new one, and where the kernel schedules sessions as groups (autogroup, on by default in
 # most distributions) a nice value counts only inside its own session: two busy loops at nice 19 in a
 # session of their own took half of the 2 cores from two at nice 0.
-# The sanitizer builds compile each target's files in batches (CMAKE_UNITY_BUILD: the headers are parsed
-# once per batch, about 2.5x less CPU for the algorithms layer under ASan) with line tables only (-g1: the
-# file:line of every frame of a report, about 20% less CPU than -g). Files whose file-local names collide
-# with another file's stay out of the batches (SKIP_UNITY_BUILD_INCLUSION, the root CMakeLists.txt); should
-# a new collision break a batch, the build is redone file by file and the log says so.
+# They keep line tables only (-g1: the file:line of every frame of a report, about 20% less CPU than -g).
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
 tsan_tests=(test_unit_comm test_unit_store test_unit_launch)
 # The store's request decoder: the fuzz target whose build needs only core and store (docs/TESTING.md).
@@ -53,13 +64,9 @@ san_build() {  # DIR FLAG TARGETS...
   shift 2
   cmake -S . -B "$dir" $(gen "$dir") -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -D"$flag"=ON \
     -DTRIDENT_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER=NOTFOUND -DCMAKE_UNITY_BUILD=ON >/dev/null
-  cmake --build "$dir" -j"$jobs" --target "$@" && return 0
-  echo "== $dir: the batched (unity) build failed; building file by file. If it then passes, two files of one" \
-       "target define the same file-local name: add one to the root CMakeLists.txt's unity skip list."
-  cmake -S . -B "$dir" -DCMAKE_UNITY_BUILD=OFF >/dev/null
-  cmake --build "$dir" -j"$jobs" --target "$@"
+  unity_build "$dir" --target "$@"
 }
-export -f gen
+export -f gen unity_build
 export jobs
 export -f san_build
 # Its own process group (setsid), so a failed ctest stops the whole build at once. The ASan build's exit
