@@ -4,11 +4,12 @@
 # default corpus; main: the same; peers: also the systems trident is compared with)
 set -euo pipefail
 what=${1:-build}
-pkgs=(cmake g++ make pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+pkgs=(cmake g++ make ninja-build pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
       libtorch-dev pybind11-dev python3-torch python3-dev python3-numpy libpcre2-dev libsentencepiece-dev nodejs
       fortunes clang-16 libclang-rt-16-dev)  # fortunes: the main job's corpus; torch/numpy: the tests'
-      # independent references; clang-16 + its runtime: the libFuzzer targets (scripts/fuzz.sh)
+      # independent references; clang-16 + its runtime: the libFuzzer targets (scripts/fuzz.sh); ninja-build:
+      # scripts/test.sh builds with it where installed (make otherwise)
 case "$what" in
   peers) pkgs+=(libgloo-dev python3-matplotlib) ;;
 esac
