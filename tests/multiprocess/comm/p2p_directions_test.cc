@@ -14,6 +14,7 @@
 #include "harness/multiproc.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/error.h"
 
 namespace trident {
 namespace {
@@ -77,7 +78,7 @@ TEST_P(P2PDirections, BothRanksReceiveFirstThenSend) {
 
 // Every rank receives from its left neighbour before it sends to its right one: each send must proceed
 // while a receive from another rank (which comes only after this send went round the ring) is pending.
-// Then the same in both directions at once, all calls asynchronous, several rounds in flight.
+// Then the same in both directions at once, all calls asynchronous, every size in flight.
 TEST_P(P2PDirections, RingOfSimultaneousSendsAndReceives) {
   auto [world, transport] = GetParam();
   auto res = run_processes(world, [transport = transport](int rank, int size, std::shared_ptr<Store> store) {
@@ -100,8 +101,8 @@ TEST_P(P2PDirections, RingOfSimultaneousSendsAndReceives) {
         check_payload(in, prev, rank, round, "ring closing");
       }
     }
-    // Both directions, two rounds of every size in flight at once.
-    for (int rep = 0; rep < 2; ++rep) {
+    // Both directions, every size in flight at once.
+    for (int rep = 0; rep < 1; ++rep) {
       std::vector<std::shared_ptr<Work>> works;
       std::vector<std::vector<float>> from_prev, from_next, sent;
       from_prev.reserve(kSizes.size());
