@@ -1,8 +1,14 @@
 // ProcessGroup: a set of ranks that run collectives together (c10d's ProcessGroup / Backend).
 //
 // Ownership: shared (std::shared_ptr); a rank may hold many groups at once (a 3-D mesh holds 3).
-// Thread-safety: every method may be called from any thread; calls on one group are ordered by the order
-// in which they are issued (each gets the group's next sequence number) and complete in that order.
+// Thread-safety: every method may be called from any thread. Ordering: collectives on one group run in
+// the order in which they are issued (each gets the group's next sequence number) and complete in that
+// order. Sends and receives (no sequence number) start in issue order but never wait behind each other or
+// behind collectives: a receive whose message has not arrived holds back nothing but itself, so a rank may
+// post a receive and then a send on one group while its peer does the same. Messages from one rank to
+// another with one tag are received in the order they were sent (MPI's non-overtaking rule); receives with
+// different tags match by tag whatever the order. (Backends: native and mpi as stated; nccl runs sends and
+// receives in issue order on one stream, see backends/nccl_pg.h.)
 // Blocking: each collective has a blocking form and an `_async` form returning a Work; async collectives
 // run on the group's worker thread and overlap with the caller's computation. Buffers must stay valid and
 // untouched until the Work completes.

@@ -42,25 +42,8 @@ PipelineEngine::PipelineEngine(std::vector<Stage*> chunks, std::shared_ptr<Proce
                   "pipeline rank {} chunk {} is virtual stage {} of {}, but its Stage says is_last() = {}", p_, c, s, S,
                   chunks_[c]->is_last());
   }
-  check_fifo_order(schedule_, P_, v);
-  if (P_ > 1) {
-    // Same order of creation on every rank. Activation link q: rank q -> (q+1)%P, used when some stage of
-    // rank q feeds another stage; gradient link q: rank q -> (q-1+P)%P.
-    for (int q = 0; q < P_; ++q) {
-      if (q == P_ - 1 && v == 1) continue;
-      const int to = (q + 1) % P_;
-      auto g = pp_->new_group({q, to}, fmt::format("pp_act{}", q));
-      if (p_ == q) act_out_ = g;
-      if (p_ == to) act_in_ = g;
-    }
-    for (int q = 0; q < P_; ++q) {
-      if (q == 0 && v == 1) continue;
-      const int to = (q - 1 + P_) % P_;
-      auto g = pp_->new_group({q, to}, fmt::format("pp_grad{}", q));
-      if (p_ == q) grad_out_ = g;
-      if (p_ == to) grad_in_ = g;
-    }
-  }
+  next_ = (p_ + 1) % P_;
+  prev_ = (p_ - 1 + P_) % P_;
 }
 
 PipelineEngine::~PipelineEngine() {
@@ -89,13 +72,6 @@ void PipelineEngine::release(std::vector<float>&& buf) {
 
 void PipelineEngine::fail_all(const std::string& reason) {
   failed_ = true;
-  for (auto* g : {&act_out_, &act_in_, &grad_out_, &grad_in_})
-    if (*g) {
-      try {
-        (*g)->abort(reason);
-      } catch (...) {
-      }
-    }
   if (pp_ && P_ > 1) {
     try {
       pp_->abort(reason);
@@ -169,11 +145,11 @@ double PipelineEngine::run(const int32_t* tokens, const int32_t* targets, int B,
       if (n.kind == kAct) {
         p->name = "recv_act";
         t = tag(kAct, s - 1, n.mb);
-        p->work = act_in_->recv_async(p->buf.data(), count, DType::kFloat32, 0, t);
+        p->work = pp_->recv_async(p->buf.data(), count, DType::kFloat32, prev_, t);
       } else {
         p->name = "recv_grad";
         t = tag(kGrad, s + 1, n.mb);
-        p->work = grad_in_->recv_async(p->buf.data(), count, DType::kFloat32, 0, t);
+        p->work = pp_->recv_async(p->buf.data(), count, DType::kFloat32, next_, t);
       }
       recvs_[t] = std::move(p);
     }
@@ -230,8 +206,7 @@ double PipelineEngine::run(const int32_t* tokens, const int32_t* targets, int B,
     p->mb = mb;
     p->chunk = chunk;
     p->name = kind == kAct ? "send_act" : "send_grad";
-    auto& g = kind == kAct ? act_out_ : grad_out_;
-    p->work = g->send_async(p->buf.data(), p->buf.size(), DType::kFloat32, 1, t);
+    p->work = pp_->send_async(p->buf.data(), p->buf.size(), DType::kFloat32, kind == kAct ? next_ : prev_, t);
     ++stats_.sends;
     stats_.bytes_sent += p->bytes;
     sends_.push_back(std::move(p));

@@ -6,10 +6,10 @@
 // Layout: P = pp_group->size() ranks, v = virtual_stages chunks per rank; chunks[c] of pipeline rank p is
 // virtual stage c*P + p. Virtual stage s sends its activation to s+1 (rank (p+1) % P; under interleaving the
 // last chunk of rank P-1 feeds chunk c+1 of rank 0) and its input gradient back to s-1.
-// Communication: the constructor derives one two-rank subgroup per direction and neighbour pair
-// (activations p -> p+1, gradients p+1 -> p; all ranks of pp_group must construct engines together, like
-// any collective). Every subgroup then carries one kind of message one way, in the same order on both ends
-// (the schedules guarantee it, the constructor checks it), so its FIFO worker can never deadlock.
+// Communication: every transfer is a tagged send or receive on pp_group itself, to rank p+1 (activations)
+// or p-1 (gradients). A group's sends and receives run independently of each other (ProcessGroup), so a
+// stage may wait to receive from one neighbour while its sends to either neighbour proceed: no per-direction
+// subgroups are needed, and tags match each receive with its send whatever order the two ranks post them.
 // Receives are posted ahead of need (for the next kRecvLookahead actions) and waited on when the data is
 // needed; sends are asynchronous, polled after every action (their buffers then recycled) and waited on
 // only at the end of the step. Tags: (kind, sending virtual stage, mb), distinct within a step.
@@ -24,8 +24,8 @@
 // this rank's part of the step is done and the loss is broadcast. Thread-safety: one thread calls run().
 // Timeouts and errors: every wait has the pipeline group's timeout; a peer's failure (dead rank, abort,
 // timeout) surfaces as the group's NetworkError/PeerDiedError/TimeoutError. When a step fails on this rank
-// (including an exception from a Stage), the engine aborts its subgroups and pp_group so that every other
-// rank fails promptly instead of waiting; the engine is then unusable.
+// (including an exception from a Stage), the engine aborts pp_group so that every other rank fails promptly
+// instead of waiting; the engine is then unusable.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +56,8 @@ class PipelineEngine {
   static constexpr int kRecvLookahead = 2;  // actions ahead of the current one whose receives are posted
 
   // `chunks` has virtual_stages entries (chunk c = virtual stage c*P + rank). Validates the options
-  // (schedule arguments, chunk count, first/last stage flags) and builds the subgroups (collective over
-  // pp_group). pp_group may be null for a single-rank pipeline.
+  // (schedule arguments, chunk count, first/last stage flags); local (no communication). pp_group may be
+  // null for a single-rank pipeline.
   PipelineEngine(std::vector<Stage*> chunks, std::shared_ptr<ProcessGroup> pp_group, PipelineOptions options);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
@@ -91,9 +91,8 @@ class PipelineEngine {
   PipelineOptions opt_;
   int P_ = 1, p_ = 0;
   Schedule schedule_;
-  // act_out_: this rank sends activations to rank (p+1)%P; act_in_: receives them from (p-1+P)%P.
-  // grad_out_: sends input gradients to (p-1+P)%P; grad_in_: receives output gradients from (p+1)%P.
-  std::shared_ptr<ProcessGroup> act_out_, act_in_, grad_out_, grad_in_;
+  // Activations go to next_ = (p+1)%P and come from prev_ = (p-1+P)%P; gradients the other way.
+  int next_ = 0, prev_ = 0;
   std::vector<std::vector<float>> pool_;
   std::vector<std::unique_ptr<Pending>> sends_;
   std::map<uint32_t, std::unique_ptr<Pending>> recvs_;  // by tag

@@ -8,8 +8,9 @@
 // (s-1, mb); backward of (s, mb) needs backward of (s+1, mb) and forward of (s, mb).
 //
 // Every generator emits forwards in the same global order on every rank, and backwards likewise (only the
-// interleaving of forwards with backwards differs per rank): the engine relies on this to match sends and
-// receives on FIFO channels, and checks it (check_fifo_order).
+// interleaving of forwards with backwards differs per rank), so every link between neighbouring virtual
+// stages carries its messages in one order on both ends (check_fifo_order; the pipeline engine itself
+// matches sends with receives by tag and does not depend on it).
 //
 // Ownership: plain values. Blocking: none. Thread-safety: pure functions. Timeouts: none. Errors: bad
 // arguments throw InvalidArgument naming the argument and what would work; replay() of a schedule that

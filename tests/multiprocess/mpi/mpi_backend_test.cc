@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -196,6 +197,31 @@ void check_subgroups(ProcessGroup& pg) {
   pg.barrier();
 }
 
+// A send's Work does not wait for an earlier receive whose message has not arrived: rank 0 receives from
+// rank 1 (which sends only after rank 0's second send), then sends twice; if the first send's completion
+// waited for the receive, the second send would never be posted.
+void check_directions(ProcessGroup& pg) {
+  const int rank = pg.rank();
+  if (pg.size() < 2 || rank > 1) return;
+  std::vector<int32_t> a(5, 0), b(5, 0), c(5, 0);
+  if (rank == 0) {
+    auto r = pg.recv_async(a.data(), a.size(), DType::kInt32, 1, 1);
+    std::fill(b.begin(), b.end(), 2);
+    std::fill(c.begin(), c.end(), 3);
+    pg.send(b.data(), b.size(), DType::kInt32, 1, 2);
+    pg.send(c.data(), c.size(), DType::kInt32, 1, 3);
+    r->wait();
+    for (int32_t v : a) WORKER_CHECK(v == 1, "rank 0 received {} with tag 1", v);
+  } else {
+    pg.recv(c.data(), c.size(), DType::kInt32, 0, 3);
+    std::fill(a.begin(), a.end(), 1);
+    pg.send(a.data(), a.size(), DType::kInt32, 0, 1);
+    pg.recv(b.data(), b.size(), DType::kInt32, 0, 2);
+    for (size_t i = 0; i < b.size(); ++i)
+      WORKER_CHECK(b[i] == 2 && c[i] == 3, "rank 1 received {} (tag 2) and {} (tag 3)", b[i], c[i]);
+  }
+}
+
 TEST(MpiWorker, DISABLED_Sweep) {
   if (!is_worker()) GTEST_SKIP() << "runs only as a rank under mpirun (TRIDENT_MPI_WORKER=1); see MpiBackend.*";
   GroupOptions o;
@@ -208,6 +234,7 @@ TEST(MpiWorker, DISABLED_Sweep) {
     testing::run_collective_sweep(*pg, testing::SweepOptions{.all_algorithms = false});
     check_in_place(*pg);
     check_async(*pg);
+    check_directions(*pg);
     check_subgroups(*pg);
     // new_process_group with backend mpi: rank and size must be MPI's; then it is an MPI group too.
     bool refused = false;

@@ -654,8 +654,9 @@ class MpiProcessGroup final : public ProcessGroup {
     for (auto& w : works) w->finish(failed_);
   }
 
-  // Polls the FIFO with MPI_Test and completes Works in issue order, until `until` has finished (or, with
-  // null, until nothing is pending). The caller holds the driver role (driving_).
+  // Polls the pending requests with MPI_Test and completes their Works (collectives in issue order, sends
+  // and receives when finished), until `until` has finished (or, with null, until nothing is pending).
+  // The caller holds the driver role (driving_).
   void drive(const Work* until) {
     std::vector<Op*> ops;
     auto last_progress = Clock::now();
@@ -690,15 +691,25 @@ class MpiProcessGroup final : public ProcessGroup {
         }
         if (flag) op->mpi_done = progressed = true;
       }
-      // Complete the finished prefix in issue order.
+      // Complete what MPI finished: collectives in issue order (one waits for every earlier collective),
+      // sends and receives as soon as they finished (a send's Work does not wait for an earlier receive
+      // whose message has not arrived; MPI progresses every posted request meanwhile).
       bool reached = false;
       for (;;) {
         std::unique_ptr<Op> head;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          if (pending_.empty() || !pending_.front()->mpi_done) break;
-          head = std::move(pending_.front());
-          pending_.pop_front();
+          bool earlier_collective = false;  // an earlier collective is still running
+          for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+            const bool p2p = (*it)->args.op == OpKind::kSend || (*it)->args.op == OpKind::kRecv;
+            if ((*it)->mpi_done && (p2p || !earlier_collective)) {
+              head = std::move(*it);
+              pending_.erase(it);
+              break;
+            }
+            if (!(*it)->mpi_done && !p2p) earlier_collective = true;
+          }
+          if (!head) break;
         }
         std::exception_ptr err;
         try {

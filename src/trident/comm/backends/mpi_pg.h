@@ -7,9 +7,11 @@
 // MPI_THREAD_MULTIPLE; with less, or with TRIDENT_MPI_SERIALIZE=1, every MPI call is serialized through one
 // mutex; TRIDENT_DEBUG=comm logs which) and finalized at exit only when trident initialised it.
 // Blocking: every collective is posted at once as a non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...)
-// in issue order, which MPI preserves per communicator; a FIFO of pending requests is polled with MPI_Test
-// by the blocking caller or, for async calls, by the group's worker thread, and Works complete in issue
-// order. new_group and split are collective over this group (a barrier with a deadline, then the blocking
+// in issue order, which MPI preserves per communicator; the pending requests are polled with MPI_Test
+// by the blocking caller or, for async calls, by the group's worker thread. Collectives' Works complete in
+// issue order; a send's or receive's as soon as MPI finished it, so sends and receives never wait behind
+// each other (MPI progresses every posted request; its non-overtaking rule keeps one peer's messages with
+// one tag in order). new_group and split are collective over this group (a barrier with a deadline, then the blocking
 // MPI call).
 // Thread-safety: as ProcessGroup: any method from any thread.
 // Timeouts: each call's deadline (CallOptions::timeout, else the group's) bounds its MPI_Test loop; on

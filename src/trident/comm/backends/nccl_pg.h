@@ -23,7 +23,10 @@
 // and last error. abort() aborts the communicator on this rank.
 // Differences from the native backend: no collective fingerprints (NCCL does not detect ranks that issue
 // different collectives; they hang and then time out); send/recv tags are ignored (NCCL matches sends and
-// receives between two ranks in issue order); CallOptions::algo other than auto is ignored (NCCL chooses;
+// receives between two ranks in issue order); sends and receives run in issue order on the group's one
+// stream, so a receive waits for its message before a later send starts (two ranks that each receive
+// first and then send deadlock, unlike the native and MPI backends; NCCL lifts this only inside
+// ncclGroupStart/End, which this API does not expose: order them, or use a group per direction); CallOptions::algo other than auto is ignored (NCCL chooses;
 // NCCL_ALGO/NCCL_PROTO steer it); gather, scatter, all_gatherv and all_to_all are grouped send/recv or
 // broadcasts (ncclGroupStart/End).
 #pragma once

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -121,6 +122,7 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   reqs_.reserve(64);
   chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
   counters_ = std::make_unique<Counters[]>(static_cast<size_t>(size_));
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);  // -1: idle_wait's poll is woken by its 50 ms cap only
 }
 
 GroupTraffic Engine::traffic() const {
@@ -149,7 +151,9 @@ GroupTraffic Engine::traffic() const {
   return t;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
 
 int Engine::peer_count(bool shm) const {
   int n = 0;
@@ -314,7 +318,8 @@ void Engine::check_size(const Req& r, const MsgHeader& h, int peer) {
   fail_group(record(AbortRecord::Kind::kMismatch, msg, peer));
 }
 
-Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes) {
+Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes,
+                          int slot) {
   if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
     TRIDENT_THROW(InvalidArgument, "internal: send to rank {} which has no channel from rank {} in group '{}'", peer,
                   rank_, name_);
@@ -329,21 +334,28 @@ Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, c
   r.nbytes = nbytes;
   MsgHeader& h = r.hdr;
   std::memset(&h, 0, sizeof h);
+  const CollArgs& a = slot >= 0 ? p2p_calls_[slot].args : args_;
   h.magic = kMsgMagic;
   h.kind = kind;
-  h.op = static_cast<uint8_t>(args_.op);
-  h.dtype = static_cast<uint8_t>(args_.dtype);
-  h.redop = static_cast<uint8_t>(args_.redop);
-  h.algo = static_cast<uint8_t>(algo_);
-  h.root = args_.root;
+  h.op = static_cast<uint8_t>(a.op);
+  h.dtype = static_cast<uint8_t>(a.dtype);
+  h.redop = static_cast<uint8_t>(a.redop);
+  h.algo = static_cast<uint8_t>(slot >= 0 ? Algo::kAuto : algo_);
+  h.root = a.root;
   h.step = step;
   h.tag = tag;
   h.src = rank_;
   h.seq = kind == kKindColl ? seq_ : 0;
-  h.count = fp_count_;
+  h.count = slot >= 0 ? a.count : fp_count_;
   h.nbytes = nbytes;
-  int id = static_cast<int>(reqs_.size());
-  reqs_.push_back(r);
+  int id;
+  if (slot >= 0) {
+    p2p_[slot] = r;
+    id = kP2PBit | slot;
+  } else {
+    id = static_cast<int>(reqs_.size());
+    reqs_.push_back(r);
+  }
   peer_state_[peer]->sendq.push_back(id);
   progress_peer(peer, true, false);
   return Request{id};
@@ -356,7 +368,7 @@ bool Engine::matches(const Req& r, const MsgHeader& h) const {
 }
 
 Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
-                          DType dtype, ReduceOp op, const void* own) {
+                          DType dtype, ReduceOp op, const void* own, int slot) {
   if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
     TRIDENT_THROW(InvalidArgument, "internal: recv from rank {} which has no channel to rank {} in group '{}'", peer,
                   rank_, name_);
@@ -373,21 +385,27 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   r.own = static_cast<const uint8_t*>(own);
   r.dtype = dtype;
   r.op = op;
-  int id = static_cast<int>(reqs_.size());
-  reqs_.push_back(r);
+  int id;
+  if (slot >= 0) {
+    p2p_[slot] = r;
+    id = kP2PBit | slot;
+  } else {
+    id = static_cast<int>(reqs_.size());
+    reqs_.push_back(r);
+  }
   Peer& ps = *peer_state_[peer];
   // An early arrival? Match in order.
   for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {
     Unexpected& u = **it;
-    if (!matches(reqs_[id], u.hdr)) continue;
+    if (!matches(req(id), u.hdr)) continue;
     if (!u.complete) break;  // still arriving: it will be delivered from the unexpected buffer when done
-    deliver_unexpected(reqs_[id], u);
+    deliver_unexpected(req(id), u);
     ps.unexpected.erase(it);
     return Request{id};
   }
   if (nbytes >= PeerTraffic::kTimedBytes) {
-    reqs_[id].posted_ns = coarse_ns();
-    reqs_[id].empty_mark = ps.empty_reads;
+    req(id).posted_ns = coarse_ns();
+    req(id).empty_mark = ps.empty_reads;
   }
   ps.posted.push_back(id);
   return Request{id};
@@ -430,7 +448,7 @@ bool Engine::start_early_payload(int peer) {
     if (same_key(e->hdr, h)) first = false;
   }
   for (size_t i = 0; first && i < ps.posted.size(); ++i) {
-    Req& r = reqs_[ps.posted[i]];
+    Req& r = req(ps.posted[i]);
     if (!matches(r, h)) continue;
     check_size(r, h, peer);
     ps.cur_req = ps.posted[i];
@@ -485,12 +503,125 @@ Request Engine::irecv_reduce(int peer, uint32_t step, void* dst, size_t count, D
                              const void* own) {
   return post_recv(peer, kKindColl, step, 0, dst, count * dtype_size(dtype), true, dtype, op, own);
 }
-Request Engine::isend_tagged(int peer, uint32_t tag, const void* data, size_t nbytes) {
-  return post_send(peer, kKindP2P, 0, tag, data, nbytes);
+
+// ---- point-to-point calls (start_p2p): slots of p2p_ that outlive collectives ----
+Engine::Req& Engine::req(int id) { return (id & kP2PBit) ? p2p_[id & ~kP2PBit] : reqs_[id]; }
+
+bool Engine::p2p_done(int handle) const { return p2p_[handle & ~kP2PBit].done; }
+
+int Engine::start_p2p(const CollArgs& a, Clock::time_point deadline) {
+  if (auto f = failure()) std::rethrow_exception(f);
+  if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
+  int slot;
+  if (!p2p_free_.empty()) {
+    slot = p2p_free_.back();
+    p2p_free_.pop_back();
+  } else {
+    slot = static_cast<int>(p2p_.size());
+    p2p_.emplace_back();
+    p2p_calls_.emplace_back();
+  }
+  P2PCall& c = p2p_calls_[slot];
+  c.args = a;
+  c.args.counts = nullptr;
+  c.deadline = deadline;
+  c.used = true;
+  ++p2p_pending_;
+  const size_t nbytes = a.count * dtype_size(a.dtype);
+  // (A throw below leaves the slot in use: the group has failed, and the slot may sit in a peer's queue.)
+  Request r = a.op == OpKind::kSend
+                  ? post_send(a.peer, kKindP2P, 0, a.tag, a.send, nbytes, slot)
+                  : post_recv(a.peer, kKindP2P, 0, a.tag, a.recv, nbytes, false, DType::kUInt8, ReduceOp::kSum,
+                              nullptr, slot);
+  return r.id;
 }
-Request Engine::irecv_tagged(int peer, uint32_t tag, void* data, size_t nbytes) {
-  return post_recv(peer, kKindP2P, 0, tag, data, nbytes, false, DType::kUInt8, ReduceOp::kSum);
+
+void Engine::release_p2p(int handle) {
+  const int slot = handle & ~kP2PBit;
+  if (!p2p_calls_[slot].used) return;
+  p2p_calls_[slot].used = false;
+  --p2p_pending_;
+  p2p_free_.push_back(slot);
 }
+
+void Engine::check_p2p_deadlines() {
+  if (p2p_pending_ == 0) return;
+  const auto now = Clock::now();
+  for (size_t s = 0; s < p2p_.size(); ++s)
+    if (p2p_calls_[s].used && !p2p_[s].done && now >= p2p_calls_[s].deadline) raise_p2p_timeout(static_cast<int>(s));
+}
+
+[[noreturn]] void Engine::raise_p2p_timeout(int slot) {
+  const P2PCall& c = p2p_calls_[slot];
+  const Req& r = p2p_[slot];
+  std::string detail = r.is_send ? fmt::format("rank {} did not drain what was sent to it", r.peer)
+                                 : fmt::format("not heard from: rank(s) {}", r.peer);
+  std::string msg = fmt::format("{} in group '{}' timed out on rank {}; {}", describe(c.args), name_, rank_, detail);
+  AbortRecord rec = record(AbortRecord::Kind::kTimeout, msg, -1, r.is_send ? std::vector<int>{} : std::vector<int>{r.peer});
+  rec.op = op_name(c.args.op);
+  fail_group(rec);
+}
+
+std::string Engine::activity(int peer) const {
+  if (in_collective_) return fmt::format("{} (sequence number {})", describe(args_), seq_);
+  for (size_t s = 0; s < p2p_.size(); ++s)
+    if (p2p_calls_[s].used && !p2p_[s].done && p2p_[s].peer == peer) return describe(p2p_calls_[s].args);
+  return "point-to-point traffic";
+}
+
+void Engine::wake() {
+  wake_.store(true, std::memory_order_seq_cst);
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
+  }
+  if (shm_ && local_index_[rank_] >= 0) shm_->ring(local_index_[rank_]);
+}
+
+void Engine::idle_wait() {
+  if (auto f = failure()) std::rethrow_exception(f);
+  if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
+  auto done = [&] {
+    wake_.store(false, std::memory_order_relaxed);
+    if (wake_fd_ >= 0) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &v, sizeof v);
+    }
+  };
+  for (int spin = 0; spin < spin_limit_; ++spin) {
+    if (wake_.load(std::memory_order_acquire) || progress_all()) return done();
+    cpu_relax();
+  }
+  check_p2p_deadlines();
+  // Sleep on what the pending calls need (as wait() does), at most until the earliest deadline.
+  auto now = Clock::now();
+  Clock::time_point until = now + std::chrono::milliseconds(50);
+  wait_kinds_ = 0;
+  for (size_t s = 0; s < p2p_.size(); ++s) {
+    if (!p2p_calls_[s].used || p2p_[s].done) continue;
+    const int peer = p2p_[s].peer;
+    if (peer >= 0 && channels_[peer]) wait_kinds_ |= channels_[peer]->is_shm() ? 2 : 1;
+    until = std::min(until, p2p_calls_[s].deadline);
+  }
+  idle_ = true;
+  try {
+    block_once(until);
+  } catch (...) {
+    idle_ = false;
+    throw;
+  }
+  idle_ = false;
+  now = Clock::now();
+  if (idle_check_ == Clock::time_point::max()) {
+    idle_check_ = now + std::chrono::milliseconds(200);
+  } else if (now >= idle_check_) {
+    idle_check_ = now + std::chrono::milliseconds(250);
+    periodic_checks();
+  }
+  check_p2p_deadlines();
+  done();
+}
+// ---- end point-to-point calls ----
 
 void* Engine::scratch(size_t nbytes, int slot) {
   if (slot < 0) slot = 0;
@@ -510,7 +641,7 @@ bool Engine::progress_tx(int peer) {
   Channel& ch = *channels_[peer];
   bool moved = false;
   while (!ps.sendq.empty()) {
-    Req& r = reqs_[ps.sendq.front()];
+    Req& r = req(ps.sendq.front());
     const size_t full = r.nbytes & ~static_cast<size_t>(63);
     const size_t frame = 64 + round64(r.nbytes);
     while (r.off < frame) {
@@ -573,7 +704,7 @@ void Engine::on_header(int peer) {
   ps.cur_req = -1;
   ps.cur_unexp = nullptr;
   for (size_t i = 0; i < ps.posted.size(); ++i) {
-    Req& r = reqs_[ps.posted[i]];
+    Req& r = req(ps.posted[i]);
     if (!matches(r, h)) continue;
     check_size(r, h, peer);
     ps.cur_req = ps.posted[i];
@@ -619,7 +750,7 @@ bool Engine::progress_rx(int peer) {
       while (ps.got < n) {
         size_t k = 0;
         if (ps.cur_req >= 0) {
-          Req& r = reqs_[ps.cur_req];
+          Req& r = req(ps.cur_req);
           if (r.reduce) {
             auto span = ch.peek();
             const size_t es = dtype_size(r.dtype);
@@ -659,13 +790,13 @@ bool Engine::progress_rx(int peer) {
         ps.rx_t0_ns = 0;
       }
       if (ps.cur_req >= 0) {
-        reqs_[ps.cur_req].done = true;
+        req(ps.cur_req).done = true;
       } else {
         ps.cur_unexp->complete = true;
         // A receive posted while this message was still arriving is waiting in `posted`? No: posting
         // skips incomplete unexpected messages only by breaking, so the request is in `posted`; match it now.
         for (size_t i = 0; i < ps.posted.size(); ++i) {
-          Req& r = reqs_[ps.posted[i]];
+          Req& r = req(ps.posted[i]);
           const MsgHeader& h = ps.cur_unexp->hdr;
           if (!matches(r, h)) continue;
           // Only the first unexpected message with this key may be delivered (order per key).
@@ -703,6 +834,7 @@ std::vector<pollfd>& Engine::tcp_pollfds() {
     if (!peer_state_[p]->sendq.empty()) ev |= POLLOUT;
     pollfds_.push_back({fd, ev, 0});
   }
+  if (idle_ && wake_fd_ >= 0) pollfds_.push_back({wake_fd_, POLLIN, 0});
   return pollfds_;
 }
 
@@ -757,14 +889,12 @@ bool Engine::waiting_on(int p) const {
     for (int i = 0; i < 20 && process_alive(p.pid, p.starttime); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (!process_alive(p.pid, p.starttime)) {
-      std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(peer),
-                                    in_collective_ ? describe(args_) : describe(args_), seq_, name_);
+      std::string msg = fmt::format("{} died during {} in group '{}'", who(peer), activity(peer), name_);
       fail_group(record(AbortRecord::Kind::kPeerDied, msg, peer));
     }
   }
   if (auto r = stored_abort(1.0)) raise_recorded(std::move(*r));
-  std::string msg = fmt::format("{} in group '{}' during {} (sequence number {}): {}", who(rank_), name_,
-                                describe(args_), seq_, channel_error);
+  std::string msg = fmt::format("{} in group '{}' during {}: {}", who(rank_), name_, activity(peer), channel_error);
   fail_group(record(AbortRecord::Kind::kPeerDied, msg, peer));
 }
 
@@ -793,8 +923,7 @@ void Engine::periodic_checks() {
     int moved = 1;
     while (moved > 0 && waiting_on(p)) moved = progress_peer(p, !peer_state_[p]->sendq.empty(), true);
     if (moved >= 0 && waiting_on(p)) {
-      std::string msg = fmt::format("{} died during {} (sequence number {}) in group '{}'", who(p), describe(args_),
-                                    seq_, name_);
+      std::string msg = fmt::format("{} died during {} in group '{}'", who(p), activity(p), name_);
       fail_group(record(AbortRecord::Kind::kPeerDied, msg, p));
     }
   }
@@ -828,7 +957,7 @@ ShmWindow* Engine::shm_window() {
 [[noreturn]] void Engine::raise_timeout(std::span<const Request> reqs) {
   std::vector<int> missing, stuck;
   for (auto& q : reqs) {
-    const Req& r = reqs_[q.id];
+    const Req& r = req(q.id);
     if (r.done) continue;
     auto& v = r.is_send ? stuck : missing;
     if (std::find(v.begin(), v.end(), r.peer) == v.end()) v.push_back(r.peer);
@@ -862,7 +991,7 @@ void Engine::block_once(Clock::time_point deadline) {
     uint32_t seen = shm_->bell(me).load(std::memory_order_acquire);
     shm_->sleeping(me).store(1, std::memory_order_seq_cst);
     bool moved = progress_all();
-    if (!moved && !(shm_->aborted())) {
+    if (!moved && !(shm_->aborted()) && !(idle_ && wake_.load(std::memory_order_seq_cst))) {
       const long us = need_tcp ? kMixedSleepUs : static_cast<long>(ms) * 1000;
       timespec ts{us / 1000000, (us % 1000000) * 1000L};
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(&shm_->bell(me)), FUTEX_WAIT, seen, &ts, nullptr, 0);
@@ -880,7 +1009,8 @@ void Engine::block_once(Clock::time_point deadline) {
     uint32_t seen = shm_->bell(me).load(std::memory_order_acquire);
     shm_->sleeping(me).store(1, std::memory_order_seq_cst);
     bool moved = progress_all();
-    if (!moved && !(shm_->aborted())) shm_->sleep_on_bell(seen, ms);
+    if (!moved && !(shm_->aborted()) && !(idle_ && wake_.load(std::memory_order_seq_cst)))
+      shm_->sleep_on_bell(seen, ms);
     shm_->sleeping(me).store(0, std::memory_order_relaxed);
     return;
   }
@@ -890,7 +1020,7 @@ void Engine::block_once(Clock::time_point deadline) {
 void Engine::wait(std::span<const Request> reqs) {
   auto all_done = [&] {
     for (auto& q : reqs)
-      if (!reqs_[q.id].done) return false;
+      if (!req(q.id).done) return false;
     return true;
   };
   int idle = 0;
@@ -906,7 +1036,7 @@ void Engine::wait(std::span<const Request> reqs) {
     }
     wait_kinds_ = 0;
     for (auto& q : reqs) {
-      const Req& rq = reqs_[q.id];
+      const Req& rq = req(q.id);
       if (!rq.done && rq.peer >= 0 && channels_[rq.peer]) wait_kinds_ |= channels_[rq.peer]->is_shm() ? 2 : 1;
     }
     block_once(deadline_);

@@ -3,8 +3,9 @@
 // checks, waiting (spin, then sleep on the doorbell or poll), deadlines, peer liveness and abort.
 //
 // It implements AlgoContext, so algorithms run on it unchanged. Ownership: owned by one process group.
-// Thread-safety: used by one thread at a time (the group's executing thread); abort() may be called from
-// any thread. Every wait has the current collective's deadline.
+// Thread-safety: used by one thread at a time (the group's executing thread); abort() and wake() may be
+// called from any thread. Every wait has the current collective's deadline; point-to-point calls run
+// alongside collectives and each other, each with its own deadline (start_p2p).
 #pragma once
 
 #include <poll.h>
@@ -89,9 +90,26 @@ class Engine final : public AlgoContext {
   ShmWindow* shm_window() override;  // shared-memory fast path (transport/shm.h), defined in engine.cc
   using AlgoContext::wait;
 
-  // Point-to-point with user tags (outside the collective sequence).
-  Request isend_tagged(int peer, uint32_t tag, const void* data, size_t nbytes);
-  Request irecv_tagged(int peer, uint32_t tag, void* data, size_t nbytes);
+  // ---- point-to-point calls (user tags, outside the collective sequence), independent of each other ----
+  // A send or receive is started here (a send's bytes begin to move at once) and then progressed by every
+  // later progress of this engine: a collective's waits and idle_wait(). So a receive whose message has not
+  // arrived holds back nothing but itself: a send started after it, to any peer, proceeds, and collectives
+  // run while it is pending. Order: sends to one peer leave in start order (one stream per peer, shared
+  // with collective messages); receives from one peer with one tag match that peer's sends with that tag in
+  // order (MPI's non-overtaking rule). Each call has its own deadline. Returns a handle for p2p_done().
+  // Throws the group's failure (the call is then not started).
+  int start_p2p(const CollArgs& a, Clock::time_point deadline);
+  bool p2p_done(int handle) const;
+  void release_p2p(int handle);  // a done call, or one abandoned after the group failed
+  int p2p_pending() const { return p2p_pending_; }
+  // With no collective running: progresses every peer and, when nothing moves, sleeps until a message
+  // arrives, a peer makes room, wake() is called or 50 ms pass. Raises a failure (dead peer, mismatch) and
+  // the expiry of a pending call's deadline (the group is then aborted, as for a collective).
+  void idle_wait();
+  // Raises the expiry of a pending point-to-point call whose deadline passed.
+  void check_p2p_deadlines();
+  // Makes a current or the next idle_wait() return (any thread).
+  void wake();
 
   bool uses_tcp() const { return has_tcp_; }
   // The group has a shared-memory window (every rank on this host, no TCP peer): what the shm and cma
@@ -107,9 +125,19 @@ class Engine final : public AlgoContext {
   struct Req;
   struct Peer;
   struct Unexpected;
-  Request post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes);
+  // `slot` >= 0: the point-to-point call in that slot of p2p_ (its header from p2p_calls_[slot].args);
+  // else a request of the current collective (in reqs_).
+  Request post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, const void* data, size_t nbytes,
+                    int slot = -1);
   Request post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
-                    DType dtype, ReduceOp op, const void* own = nullptr);
+                    DType dtype, ReduceOp op, const void* own = nullptr, int slot = -1);
+  // Request ids: a collective's index in reqs_ (cleared by every begin()), or kP2PBit | its slot in p2p_
+  // (point-to-point calls outlive collectives).
+  static constexpr int kP2PBit = 1 << 30;
+  Req& req(int id);
+  // What this rank was doing with `peer` (for errors): the collective, else its pending point-to-point call.
+  std::string activity(int peer) const;
+  [[noreturn]] void raise_p2p_timeout(int slot);
   bool progress_all();
   std::vector<pollfd>& tcp_pollfds();
   std::vector<pollfd> pollfds_;
@@ -163,6 +191,21 @@ class Engine final : public AlgoContext {
 
   std::vector<std::unique_ptr<Peer>> peer_state_;
   std::vector<Req> reqs_;
+  // ---- point-to-point calls: slots reused through p2p_free_ ----
+  struct P2PCall {
+    CollArgs args;
+    Clock::time_point deadline;
+    bool used = false;
+  };
+  std::vector<Req> p2p_;
+  std::vector<P2PCall> p2p_calls_;
+  std::vector<int> p2p_free_;
+  int p2p_pending_ = 0;                       // slots in use
+  int wake_fd_ = -1;                          // eventfd: wake() interrupts idle_wait's poll
+  std::atomic<bool> wake_{false};             // wake() was called since idle_wait last returned
+  bool idle_ = false;                         // in idle_wait (block_once polls wake_fd_, checks wake_)
+  Clock::time_point idle_check_ = Clock::time_point::max();  // idle_wait's next periodic check
+  // ---- end point-to-point calls ----
   CollArgs args_;
   Algo algo_ = Algo::kAuto;
   uint64_t fp_count_ = 0;

@@ -166,10 +166,13 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
 }
 
 NativeProcessGroup::~NativeProcessGroup() {
+  bool poke;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    poke = idle_;
   }
+  if (poke) engine_->wake();
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
@@ -310,32 +313,38 @@ std::shared_ptr<Work> NativeProcessGroup::post(const CollArgs& args, const CallO
   auto work = item->work;
   const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
   item->seq = collective ? next_seq_++ : 0;
-  if (blocking && queue_.empty() && !busy_) {
+  queue_.push_back(std::move(item));
+  if (blocking && !busy_) {
+    // Nothing else drives the group: this thread does, until its own call finished (it also takes calls
+    // queued meanwhile by other threads, and progresses pending sends and receives).
     busy_ = true;
-    lock.unlock();
-    execute(*item);
-    lock.lock();
+    Work* w = work.get();
+    drive(lock, [w] { return w->completed(); });
     busy_ = false;
-    const bool wake = !queue_.empty();
+    const bool more = !queue_.empty() || p2p_count_ > 0;
+    if (more && !worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     lock.unlock();
-    if (wake) cv_.notify_all();
+    if (more) cv_.notify_all();
     return work;
   }
-  queue_.push_back(std::move(item));
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  const bool poke = idle_;  // the driver sleeps on pending sends and receives: wake it for this call
   lock.unlock();
+  if (poke) engine_->wake();
   cv_.notify_all();
   return work;
 }
 
-// The synchronous fast path: with nothing queued or running on the group, a blocking call runs here, on
-// the caller's thread, in issue order (it takes its sequence number under mu_ like post, and the worker
-// does not start another item while busy_), with the same deadline, fingerprints and failure handling as
-// a Work, but no Work: no heap allocation, no condition variable, no string.
+// The synchronous fast path: with nothing queued, running or pending on the group, a blocking collective
+// runs here, on the caller's thread, in issue order (it takes its sequence number under mu_ like post, and
+// the worker does not start another item while busy_), with the same deadline, fingerprints and failure
+// handling as a Work, but no Work: no heap allocation, no condition variable, no string. Sends and
+// receives take post()'s path (they may finish after later calls: they need a Work).
 void NativeProcessGroup::run_blocking(const CollArgs& args, const CallOptions& opts) {
   const auto deadline = call_deadline(opts.timeout.value_or(timeout()));
   std::unique_lock<std::mutex> lock(mu_);
-  if (!queue_.empty() || busy_ || debug_comm_) {
+  const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
+  if (!collective || !queue_.empty() || busy_ || p2p_count_ > 0 || debug_comm_) {
     lock.unlock();
     post(args, opts, true)->wait();
     return;
@@ -343,8 +352,7 @@ void NativeProcessGroup::run_blocking(const CollArgs& args, const CallOptions& o
   Algo algo;
   const char* source = nullptr;
   const AlgorithmInfo* info = choose_memoized(args, opts.algo, &algo, &source, nullptr);
-  const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
-  const uint64_t seq = collective ? next_seq_++ : 0;
+  const uint64_t seq = next_seq_++;
   busy_ = true;
   lock.unlock();
   std::exception_ptr error = run_call(args, info, algo, seq, deadline);
@@ -356,21 +364,89 @@ void NativeProcessGroup::run_blocking(const CollArgs& args, const CallOptions& o
   if (error) std::rethrow_exception(error);
 }
 
+template <class Done>
+void NativeProcessGroup::drive(std::unique_lock<std::mutex>& lock, Done done) {
+  for (;;) {
+    if (done()) return;
+    if (!queue_.empty()) {
+      std::unique_ptr<Item> item = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      if (item->args.op == OpKind::kSend || item->args.op == OpKind::kRecv) start_p2p(*item);
+      else execute(*item);
+      reap_p2p();
+      lock.lock();
+      p2p_count_ = p2p_.size();
+      continue;
+    }
+    if (p2p_.empty()) return;  // nothing left to drive (a caller's call is then finished)
+    idle_ = true;
+    lock.unlock();
+    try {
+      engine_->idle_wait();
+    } catch (const NetworkError&) {
+      engine_->fail(std::current_exception());
+    } catch (const std::exception& e) {
+      engine_->abort(engine_->record(AbortRecord::Kind::kOther,
+                                     fmt::format("rank {} of group '{}' failed: {}", rank(), name(), e.what())));
+      engine_->fail(std::current_exception());
+    }
+    reap_p2p();
+    lock.lock();
+    idle_ = false;
+    p2p_count_ = p2p_.size();
+  }
+}
+
 void NativeProcessGroup::worker_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
-    if (queue_.empty() && stop_) return;
-    if (queue_.empty() || busy_) continue;
-    auto item = std::move(queue_.front());
-    queue_.pop_front();
+    cv_.wait(lock, [&] { return !busy_ && (stop_ || !queue_.empty() || p2p_count_ > 0); });
+    if (queue_.empty() && p2p_count_ == 0) return;  // stop_, with nothing left to run
     busy_ = true;
-    lock.unlock();
-    execute(*item);
-    lock.lock();
+    drive(lock, [&] { return queue_.empty() && p2p_.empty(); });
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+void NativeProcessGroup::start_p2p(Item& it) {
+  it.work->mark_started();
+  record_started(it.args, 0, Algo::kAuto);  // the flight recorder's start time
+  try {
+    p2p_.push_back({engine_->start_p2p(it.args, it.deadline), it.work});
+  } catch (const NetworkError&) {
+    it.work->finish(engine_->fail(std::current_exception()));
+  } catch (const std::exception& e) {
+    engine_->abort(engine_->record(AbortRecord::Kind::kOther, fmt::format("rank {} of group '{}' failed in {}: {}",
+                                                                          rank(), name(), describe(it.args), e.what())));
+    it.work->finish(engine_->fail(std::current_exception()));
+  }
+}
+
+void NativeProcessGroup::reap_p2p() {
+  if (p2p_.empty()) return;
+  std::exception_ptr failed = engine_->failure();
+  if (!failed) {
+    try {
+      engine_->check_p2p_deadlines();
+    } catch (...) {
+      failed = engine_->fail(std::current_exception());
+    }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < p2p_.size(); ++i) {
+    PendingP2P& p = p2p_[i];
+    const bool done = engine_->p2p_done(p.handle);
+    if (!done && !failed) {
+      if (kept != i) p2p_[kept] = std::move(p);
+      ++kept;
+      continue;
+    }
+    engine_->release_p2p(p.handle);
+    p.work->finish(done ? nullptr : failed);
+  }
+  p2p_.resize(kept);
 }
 
 void NativeProcessGroup::execute(Item& it) {
@@ -384,11 +460,7 @@ std::exception_ptr NativeProcessGroup::run_call(const CollArgs& a, const Algorit
   try {
     engine_->begin(a, algo, seq, deadline);
     const size_t es = dtype_size(a.dtype);
-    if (a.op == OpKind::kSend) {
-      engine_->wait({engine_->isend_tagged(a.peer, a.tag, a.send, a.count * es)});
-    } else if (a.op == OpKind::kRecv) {
-      engine_->wait({engine_->irecv_tagged(a.peer, a.tag, a.recv, a.count * es)});
-    } else {
+    {  // (sends and receives are not run here: start_p2p)
       CollArgs run = a;
       // (The shared-memory fast path, the single-copy path and the ring read `send` themselves: one copy
       // fewer out of place.)
@@ -431,6 +503,7 @@ void NativeProcessGroup::abort(const std::string& reason) {
   engine_->abort(r);
   engine_->fail(std::make_exception_ptr(NetworkError(fmt::format("group '{}' aborted on this rank: {}", name(), reason),
                                                      rank())));
+  engine_->wake();  // a driver sleeping on pending sends and receives fails them now
 }
 
 TransportInfo NativeProcessGroup::transport_info() const { return transport_info_; }

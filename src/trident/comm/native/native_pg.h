@@ -2,8 +2,13 @@
 // ranks on a host and TCP between hosts (comm/transport), driven by an Engine.
 //
 // Each group has its own channels, shared-memory segment, sequence numbers and (created on first async
-// use) one worker thread, so a rank can use many groups at once. Async calls run on the worker in issue
-// order; a blocking call with nothing queued or running runs on the caller's thread (no hand-off latency)
+// use) one worker thread, so a rank can use many groups at once. Calls are taken in issue order by one
+// driving thread at a time (the worker, or a blocking caller that found the group idle). A collective runs
+// to completion before the next call is taken (collectives complete in sequence-number order); a send or
+// receive is only started (Engine::start_p2p) and then progressed alongside everything after it, so sends
+// and receives never wait in one queue behind each other: a rank may post a receive and then a send on
+// one group while its peer does the same (a pipeline stage's two directions need no subgroups). A blocking
+// collective with nothing queued, running or pending runs on the caller's thread (no hand-off latency)
 // and, through run_blocking, without a Work, a heap allocation or a condition variable: one lock of the
 // group's mutex before (sequence number, memoized algorithm) and one after, one clock read (its deadline).
 #pragma once
@@ -56,6 +61,15 @@ class NativeProcessGroup : public ProcessGroup {
     std::shared_ptr<Work> work;
   };
   void execute(Item& item);
+  // A send or receive: started on the engine, then pending in p2p_ until reap_p2p() finishes its Work.
+  void start_p2p(Item& item);
+  // Finishes the Works of the point-to-point calls that completed; after a failure of the group, fails
+  // every pending one with it. Driving thread only.
+  void reap_p2p();
+  // Runs on the driving thread (busy_ is held; `lock` holds mu_ on entry and exit): takes queued calls
+  // in order and progresses pending point-to-point calls until `done()` (checked under mu_) holds.
+  template <class Done>
+  void drive(std::unique_lock<std::mutex>& lock, Done done);
   // Runs one call on this thread (the group's executing thread while busy_); returns its error, if any.
   std::exception_ptr run_call(const CollArgs& a, const AlgorithmInfo* info, Algo algo, uint64_t seq,
                               Engine::Clock::time_point deadline);
@@ -81,7 +95,15 @@ class NativeProcessGroup : public ProcessGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Item>> queue_;
-  bool busy_ = false;  // an item is executing (worker or inline)
+  bool busy_ = false;  // a thread drives the engine (worker or inline)
+  bool idle_ = false;  // the driver sleeps in Engine::idle_wait: post() wakes it for a new call
+  // Started point-to-point calls not yet finished (engine handle, Work); only the driving thread touches it.
+  struct PendingP2P {
+    int handle;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<PendingP2P> p2p_;
+  size_t p2p_count_ = 0;  // p2p_.size(), readable under mu_ (the worker's wait predicate)
   bool stop_ = false;
   uint64_t next_seq_ = 1;
   std::thread worker_;
