@@ -363,6 +363,44 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                    });
   }
 
+  // all_gather_coalesced: outputs[r][i] receives rank r's inputs[i]. One all_gather of every input's bytes
+  // packed together (so tensors of different dtypes travel in one call), then unpacked; every rank must pass
+  // the same sizes, as with gloo (trident's fingerprint check names the rank whose total differs).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    const int n = getSize();
+    TORCH_CHECK(!inputs.empty(), "trident backend: all_gather_coalesced needs at least one input tensor");
+    TORCH_CHECK(static_cast<int>(outputs.size()) == n, "trident backend: all_gather_coalesced needs ", n,
+                " output lists (one per rank), got ", outputs.size());
+    for (auto& t : inputs) check_cpu(t, "all_gather_coalesced");
+    for (int r = 0; r < n; ++r) {
+      TORCH_CHECK(outputs[r].size() == inputs.size(), "trident backend: all_gather_coalesced output list ", r,
+                  " holds ", outputs[r].size(), " tensors; it needs one per input (", inputs.size(), ")");
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const at::Tensor& o = outputs[r][i];
+        check_cpu(o, "all_gather_coalesced");
+        TORCH_CHECK(o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
+                    "trident backend: all_gather_coalesced output [", r, "][", i, "] must have ", inputs[i].numel(),
+                    " elements of ", inputs[i].scalar_type(), " like input ", i, ", got ", o.numel(), " of ",
+                    o.scalar_type());
+      }
+    }
+    std::vector<at::Tensor> ins = inputs, outs;
+    for (auto& l : outputs) outs.insert(outs.end(), l.begin(), l.end());
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", opts.timeout, outs,
+                   [=, this](const trident::CallOptions& co) {
+                     at::Tensor flat = pack_bytes(ins);
+                     at::Tensor all = at::empty({flat.numel() * n}, flat.options());
+                     pg_->all_gather(flat.data_ptr(), all.data_ptr(), flat.numel(), DType::kUInt8, co);
+                     std::vector<at::Tensor> one(ins.size());
+                     for (int r = 0; r < n; ++r) {
+                       for (size_t i = 0; i < ins.size(); ++i) one[i] = outs[r * ins.size() + i];
+                       unpack_bytes(all.narrow(0, r * flat.numel(), flat.numel()), one);
+                     }
+                   });
+  }
+
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
     at::Tensor in = single(inputs, "gather");
@@ -591,6 +629,24 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     std::vector<at::Tensor> flat;
     for (auto& t : ts) flat.push_back(t.reshape({-1}));
     return at::cat(flat);
+  }
+  // Tensors of any dtypes as one flat uint8 tensor of their bytes, and back.
+  static at::Tensor pack_bytes(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> flat;
+    for (auto& t : ts) flat.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+    return at::cat(flat);
+  }
+  static void unpack_bytes(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+    int64_t off = 0;
+    for (auto& t : ts) {
+      int64_t nb = t.numel() * static_cast<int64_t>(t.element_size());
+      // Bytes into a contiguous tensor viewed as bytes (a view of the flat bytes as t's dtype could be
+      // misaligned when dtypes are mixed).
+      at::Tensor c = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
+      c.reshape({-1}).view(at::kByte).copy_(flat.narrow(0, off, nb));
+      copy_back(t, c);
+      off += nb;
+    }
   }
   static void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
     int64_t off = 0;
