@@ -4,7 +4,8 @@
 //
 // Ownership: torch holds the ProcessGroupTrident (c10::intrusive_ptr); it owns its trident group and one
 // worker thread, which runs the group's calls in issue order (so every rank issues trident collectives in
-// the order the user issued them) and ends when the group is destroyed.
+// the order the user issued them) and ends when the group is destroyed. With TRIDENT_TORCH_INLINE=1 a
+// collective issued while the group is idle runs on its caller's thread instead (no hand-off, no overlap).
 // Thread-safety: every method may be called from any thread (calls are queued under a mutex).
 // Blocking: each collective returns a Work at once; its wait() blocks until the call finished and rethrows its
 // error; getFuture() completes (value: the output tensors, as DDP's comm hooks expect) or fails with it.
@@ -24,11 +25,13 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/rendezvous.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 
 namespace trident_torch {
@@ -699,13 +702,43 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                                                  std::string(what) + " on group '" + pg_->name() + "'");
     Task task{work, std::move(outputs), {}, what, std::move(body)};
     if (timeout != c10d::kUnsetTimeout) task.options.timeout = std::chrono::duration_cast<Seconds>(timeout);
+    // Inline (TRIDENT_TORCH_INLINE=1): a collective issued while nothing is queued or running runs here, on
+    // the caller's thread, and returns completed; point-to-point calls always go to the worker (an isend
+    // must not block the recv its caller issues next).
+    const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
       ++calls_;
+      if (!inline_ || p2p || busy_ || !queue_.empty()) {
+        queue_.push_back(std::move(task));
+        cv_.notify_one();
+        return work;
+      }
+      busy_ = true;
     }
-    cv_.notify_one();
+    {
+      std::optional<pybind11::gil_scoped_release> no_gil;
+      if (PyGILState_Check()) no_gil.emplace();
+      run(task);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+    if (!queue_.empty()) cv_.notify_one();
     return work;
+  }
+
+  // Runs one call and completes its Work (never throws: the error goes to the Work and its future).
+  void run(Task& task) {
+    std::exception_ptr error;
+    try {
+      task.body(task.options);
+    } catch (const std::exception& e) {
+      // One message with the backend, the rank and the call, whatever threw (trident's errors name the
+      // group, the sequence number and the peer; torch's checks name the argument).
+      error = std::make_exception_ptr(std::runtime_error(
+          fmt::format("trident backend, rank {} of {}: {} failed: {}", getRank(), getSize(), task.what, e.what())));
+    }
+    task.work->complete(error ? std::vector<at::Tensor>{} : std::move(task.outputs), error);
   }
 
   void run_worker() {
@@ -713,21 +746,15 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
-      std::exception_ptr error;
-      try {
-        task.body(task.options);
-      } catch (const std::exception& e) {
-        // One message with the backend, the rank and the call, whatever threw (trident's errors name the
-        // group, the sequence number and the peer; torch's checks name the argument).
-        error = std::make_exception_ptr(std::runtime_error(
-            fmt::format("trident backend, rank {} of {}: {} failed: {}", getRank(), getSize(), task.what, e.what())));
-      }
-      task.work->complete(error ? std::vector<at::Tensor>{} : std::move(task.outputs), error);
+      run(task);
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
     }
   }
 
@@ -736,6 +763,8 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a call runs (on the worker, or inline on its caller)
+  const bool inline_ = trident::env::param_bool("TRIDENT_TORCH_INLINE");
   uint64_t calls_ = 0;
   std::thread worker_;
 };
