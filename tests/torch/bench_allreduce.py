@@ -28,15 +28,19 @@ def measure(rank, world, nbytes, seconds):
     per_op = []
     deadline = time.perf_counter() + seconds
     iters = 1
-    while time.perf_counter() < deadline or len(per_op) < 3:
+    while True:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t)
-        dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        per_op.append(dt.item())
-        if dt.item() * iters < 0.01:
+        # The slowest rank's time, and whether any rank's time is up: every rank leaves the loop together.
+        dt = torch.tensor([(time.perf_counter() - t0) / iters, float(time.perf_counter() >= deadline)],
+                          dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        per_op.append(dt[0].item())
+        if dt[1].item() > 0 and len(per_op) >= 3:
+            break
+        if dt[0].item() * iters < 0.01:
             iters *= 2
     return statistics.median(per_op)
 
