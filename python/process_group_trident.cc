@@ -4,7 +4,8 @@
 //
 // Ownership: torch holds the ProcessGroupTrident (c10::intrusive_ptr); it owns its trident group and one
 // worker thread, which runs the group's calls in issue order (so every rank issues trident collectives in
-// the order the user issued them) and ends when the group is destroyed.
+// the order the user issued them) and ends when the group is destroyed. With TRIDENT_TORCH_INLINE=1 a
+// collective issued while the group is idle runs on its caller's thread instead (no hand-off, no overlap).
 // Thread-safety: every method may be called from any thread (calls are queued under a mutex).
 // Blocking: each collective returns a Work at once; its wait() blocks until the call finished and rethrows its
 // error; getFuture() completes (value: the output tensors, as DDP's comm hooks expect) or fails with it.
@@ -24,11 +25,13 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/rendezvous.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 
 namespace trident_torch {
@@ -363,6 +366,44 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                    });
   }
 
+  // all_gather_coalesced: outputs[r][i] receives rank r's inputs[i]. One all_gather of every input's bytes
+  // packed together (so tensors of different dtypes travel in one call), then unpacked; every rank must pass
+  // the same sizes, as with gloo (trident's fingerprint check names the rank whose total differs).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    const int n = getSize();
+    TORCH_CHECK(!inputs.empty(), "trident backend: all_gather_coalesced needs at least one input tensor");
+    TORCH_CHECK(static_cast<int>(outputs.size()) == n, "trident backend: all_gather_coalesced needs ", n,
+                " output lists (one per rank), got ", outputs.size());
+    for (auto& t : inputs) check_cpu(t, "all_gather_coalesced");
+    for (int r = 0; r < n; ++r) {
+      TORCH_CHECK(outputs[r].size() == inputs.size(), "trident backend: all_gather_coalesced output list ", r,
+                  " holds ", outputs[r].size(), " tensors; it needs one per input (", inputs.size(), ")");
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const at::Tensor& o = outputs[r][i];
+        check_cpu(o, "all_gather_coalesced");
+        TORCH_CHECK(o.numel() == inputs[i].numel() && o.scalar_type() == inputs[i].scalar_type(),
+                    "trident backend: all_gather_coalesced output [", r, "][", i, "] must have ", inputs[i].numel(),
+                    " elements of ", inputs[i].scalar_type(), " like input ", i, ", got ", o.numel(), " of ",
+                    o.scalar_type());
+      }
+    }
+    std::vector<at::Tensor> ins = inputs, outs;
+    for (auto& l : outputs) outs.insert(outs.end(), l.begin(), l.end());
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", opts.timeout, outs,
+                   [=, this](const trident::CallOptions& co) {
+                     at::Tensor flat = pack_bytes(ins);
+                     at::Tensor all = at::empty({flat.numel() * n}, flat.options());
+                     pg_->all_gather(flat.data_ptr(), all.data_ptr(), flat.numel(), DType::kUInt8, co);
+                     std::vector<at::Tensor> one(ins.size());
+                     for (int r = 0; r < n; ++r) {
+                       for (size_t i = 0; i < ins.size(); ++i) one[i] = outs[r * ins.size() + i];
+                       unpack_bytes(all.narrow(0, r * flat.numel(), flat.numel()), one);
+                     }
+                   });
+  }
+
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
     at::Tensor in = single(inputs, "gather");
@@ -592,6 +633,24 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     for (auto& t : ts) flat.push_back(t.reshape({-1}));
     return at::cat(flat);
   }
+  // Tensors of any dtypes as one flat uint8 tensor of their bytes, and back.
+  static at::Tensor pack_bytes(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> flat;
+    for (auto& t : ts) flat.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+    return at::cat(flat);
+  }
+  static void unpack_bytes(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+    int64_t off = 0;
+    for (auto& t : ts) {
+      int64_t nb = t.numel() * static_cast<int64_t>(t.element_size());
+      // Bytes into a contiguous tensor viewed as bytes (a view of the flat bytes as t's dtype could be
+      // misaligned when dtypes are mixed).
+      at::Tensor c = t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous);
+      c.reshape({-1}).view(at::kByte).copy_(flat.narrow(0, off, nb));
+      copy_back(t, c);
+      off += nb;
+    }
+  }
   static void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
     int64_t off = 0;
     for (auto& t : ts) {
@@ -643,13 +702,43 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
                                                  std::string(what) + " on group '" + pg_->name() + "'");
     Task task{work, std::move(outputs), {}, what, std::move(body)};
     if (timeout != c10d::kUnsetTimeout) task.options.timeout = std::chrono::duration_cast<Seconds>(timeout);
+    // Inline (TRIDENT_TORCH_INLINE=1): a collective issued while nothing is queued or running runs here, on
+    // the caller's thread, and returns completed; point-to-point calls always go to the worker (an isend
+    // must not block the recv its caller issues next).
+    const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
       ++calls_;
+      if (!inline_ || p2p || busy_ || !queue_.empty()) {
+        queue_.push_back(std::move(task));
+        cv_.notify_one();
+        return work;
+      }
+      busy_ = true;
     }
-    cv_.notify_one();
+    {
+      std::optional<pybind11::gil_scoped_release> no_gil;
+      if (PyGILState_Check()) no_gil.emplace();
+      run(task);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+    if (!queue_.empty()) cv_.notify_one();
     return work;
+  }
+
+  // Runs one call and completes its Work (never throws: the error goes to the Work and its future).
+  void run(Task& task) {
+    std::exception_ptr error;
+    try {
+      task.body(task.options);
+    } catch (const std::exception& e) {
+      // One message with the backend, the rank and the call, whatever threw (trident's errors name the
+      // group, the sequence number and the peer; torch's checks name the argument).
+      error = std::make_exception_ptr(std::runtime_error(
+          fmt::format("trident backend, rank {} of {}: {} failed: {}", getRank(), getSize(), task.what, e.what())));
+    }
+    task.work->complete(error ? std::vector<at::Tensor>{} : std::move(task.outputs), error);
   }
 
   void run_worker() {
@@ -657,21 +746,15 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
-      std::exception_ptr error;
-      try {
-        task.body(task.options);
-      } catch (const std::exception& e) {
-        // One message with the backend, the rank and the call, whatever threw (trident's errors name the
-        // group, the sequence number and the peer; torch's checks name the argument).
-        error = std::make_exception_ptr(std::runtime_error(
-            fmt::format("trident backend, rank {} of {}: {} failed: {}", getRank(), getSize(), task.what, e.what())));
-      }
-      task.work->complete(error ? std::vector<at::Tensor>{} : std::move(task.outputs), error);
+      run(task);
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
     }
   }
 
@@ -680,6 +763,8 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a call runs (on the worker, or inline on its caller)
+  const bool inline_ = trident::env::param_bool("TRIDENT_TORCH_INLINE");
   uint64_t calls_ = 0;
   std::thread worker_;
 };

@@ -39,6 +39,9 @@ def _child(fn, rank, world, backend, port, args, q, init_timeout):
         q.put((rank, "ok", result))
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
+        # os._exit skips the queue's feeder thread: flush the report first, or the parent waits its timeout.
+        q.close()
+        q.join_thread()
         sys.stderr.flush()
         os._exit(1)
 

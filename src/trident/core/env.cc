@@ -27,6 +27,10 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_CACHE_BYTES", "0",
        "bytes of last-level cache a collective's buffers may assume (0: a quarter of the L3); beyond it cma "
        "all_reduce streams its output"},
+      {"TRIDENT_SPIN", "auto",
+       "how long a waiting call polls before it sleeps: long (about 200 us), short (64 polls) or auto (long "
+       "unless the host has more local ranks than cores); short suits ranks that share their core with compute "
+       "threads"},
       {"TRIDENT_CHUNK_BYTES", "0", "pipelining chunk of the bandwidth algorithms (0 = chosen by size)"},
       {"TRIDENT_TUNING_FILE", "",
        "measured algorithm choices written by `trident bench comm --tune FILE` (\"\" = cost model)"},
@@ -60,6 +64,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_HEALTH_BASELINE", "10", "health: measured steps after the warm-up whose median is each link's and rank's baseline"},
       {"TRIDENT_HEALTH_MIN_BYTES", "64K", "health: a link's step is measured when it received at least this much in large messages"},
       {"TRIDENT_HEALTH_LINKS", "tcp", "health: links checked for bandwidth, tcp (between hosts) | all (also shared memory)"},
+      {"TRIDENT_TORCH_INLINE", "0",
+       "torch backend (trident_torch): 1 = a collective issued while none is queued runs on the caller's thread "
+       "instead of the group's worker thread (no hand-off; no overlap with the caller's compute)"},
       {"TRIDENT_MPI_WORKER", "0", "tests only: 1 = the MPI backend's test binary runs as one rank under mpirun"},
       {"TRIDENT_LAUNCH_TEST_CHILD", "", "tests only: the launcher test binary runs as the named child role"},
       {"TRIDENT_TEST_KEEP", "0", "tests only: 1 = keep the temporary folders of the model-parallel tests"},
@@ -203,6 +210,13 @@ int restart_count() { return static_cast<int>(param_size("TRIDENT_RESTART_COUNT"
 int max_restarts() { return static_cast<int>(param_size("TRIDENT_MAX_RESTARTS")); }
 int64_t shm_ring_bytes() { return param_size("TRIDENT_SHM_RING_BYTES"); }
 int64_t chunk_bytes() { return param_size("TRIDENT_CHUNK_BYTES"); }
+bool short_spin(bool oversubscribed) {
+  std::string v = param_string("TRIDENT_SPIN");
+  if (v == "auto") return oversubscribed;
+  if (v == "short") return true;
+  if (v == "long") return false;
+  TRIDENT_THROW(InvalidArgument, "TRIDENT_SPIN='{}': use auto, short or long", v);
+}
 int64_t tcp_sockbuf() { return param_size("TRIDENT_TCP_SOCKBUF"); }
 int64_t tcp_max_io() { return param_size("TRIDENT_TCP_MAX_IO"); }
 int64_t shm_window_bytes() { return param_size("TRIDENT_SHM_WINDOW_BYTES"); }

@@ -51,6 +51,9 @@ int restart_count();              // TRIDENT_RESTART_COUNT: the launcher's resta
 int max_restarts();               // TRIDENT_MAX_RESTARTS: the job's --max-restarts (0: none)
 int64_t shm_ring_bytes();         // TRIDENT_SHM_RING_BYTES (0: by local ranks)
 int64_t chunk_bytes();            // TRIDENT_CHUNK_BYTES
+// TRIDENT_SPIN: whether waits poll briefly (64 polls) instead of about 200 us before sleeping; `oversubscribed`
+// (more local ranks than cores) is what auto follows.
+bool short_spin(bool oversubscribed);
 int64_t tcp_sockbuf();            // TRIDENT_TCP_SOCKBUF: SO_SNDBUF/SO_RCVBUF of TCP connections (0: kernel maximum)
 int64_t tcp_max_io();             // TRIDENT_TCP_MAX_IO: cap on bytes per TCP send/recv call (0: none; tests)
 int64_t shm_window_bytes();       // TRIDENT_SHM_WINDOW_BYTES (0: by local ranks; shm fast path staging)

@@ -55,6 +55,29 @@ TEST(Env, ASetValueWinsAndIsParsed) {
   EXPECT_THROW(mpi_check(), InvalidArgument);
 }
 
+TEST(Env, SpinFollowsOversubscriptionUnlessForced) {
+  {
+    ScopedEnv unset("TRIDENT_SPIN", nullptr);
+    EXPECT_FALSE(short_spin(false));
+    EXPECT_TRUE(short_spin(true));
+  }
+  {
+    ScopedEnv s("TRIDENT_SPIN", "short");
+    EXPECT_TRUE(short_spin(false));
+  }
+  {
+    ScopedEnv l("TRIDENT_SPIN", "long");
+    EXPECT_FALSE(short_spin(true));
+  }
+  ScopedEnv bad("TRIDENT_SPIN", "sometimes");
+  try {
+    short_spin(false);
+    FAIL() << "TRIDENT_SPIN=sometimes was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TRIDENT_SPIN"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Env, AnUndeclaredNameIsRefused) {
   EXPECT_THROW(param_string("TRIDENT_NOT_DECLARED_ANYWHERE"), InvalidArgument);
   EXPECT_THROW(param_bool("TRIDENT_NOT_DECLARED_ANYWHERE"), InvalidArgument);

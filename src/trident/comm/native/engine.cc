@@ -118,7 +118,7 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
   for (auto& p : peers_) local += p.same_host ? 1 : 0;
   // Emulated hosts (TRIDENT_HOST_ID: namespaces or fake hosts) are one machine: every rank shares its cores.
   if (!env::host_id().empty()) local = size_;
-  spin_limit_ = static_cast<unsigned>(local) > cores ? 64 : 4000;
+  spin_limit_ = env::short_spin(static_cast<unsigned>(local) > cores) ? 64 : 4000;
   reqs_.reserve(64);
   chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
   counters_ = std::make_unique<Counters[]>(static_cast<size_t>(size_));

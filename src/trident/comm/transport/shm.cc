@@ -384,7 +384,7 @@ bool process_alive(int32_t pid, uint64_t starttime) {
 ShmWindow::ShmWindow(ShmSegment* seg, uint8_t* base, size_t stage_bytes)
     : seg_(seg), base_(base), me_(seg->local_rank()), n_(seg->local_size()), stage_bytes_(stage_bytes) {
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  spin_limit_ = static_cast<unsigned>(n_) > cores ? 64 : 4000;
+  spin_limit_ = env::short_spin(static_cast<unsigned>(n_) > cores) ? 64 : 4000;
 }
 
 ShmWindow::Ctl* ShmWindow::ctl(int r) const { return reinterpret_cast<Ctl*>(base_) + r; }
