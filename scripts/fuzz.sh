@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-15}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_store_request fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
+((${#targets[@]})) || targets=(fuzz_store_request fuzz_frame_header fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIDENT_FUZZ=ON -DCMAKE_C_COMPILER=clang-16 \
       -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"

@@ -41,6 +41,9 @@ void setup(CLI::App& app) {
   sub->add_option("--max-restarts,--max_restarts", opts->max_restarts,
                   "restart every rank up to N times after a rank fails (single node)")
       ->capture_default_str();
+  sub->add_option("--flight-recorder-dir", opts->flight_recorder_dir,
+                  "the job's folder of flight-recorder dumps: every rank gets TRIDENT_FLIGHT_RECORDER_DIR=DIR "
+                  "(created), so a hang or failure leaves all ranks' dumps there for `trident inspect DIR`");
   sub->add_option("--grace-period", opts->grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
   // The command is everything after "--", or everything from the first argument that is not an option.

@@ -129,6 +129,10 @@ void setup_train(CLI::App& app) {
         lo.nproc_per_node = pf->nproc;
         lo.max_restarts = pf->max_restarts;
         lo.master_port = 0;
+        // Every rank's flight-recorder dump in one folder (an explicit TRIDENT_FLIGHT_RECORDER_DIR wins).
+        lo.flight_recorder_dir = env::param_string("TRIDENT_FLIGHT_RECORDER_DIR");
+        if (lo.flight_recorder_dir.empty())
+          lo.flight_recorder_dir = (std::filesystem::path(cfg.out_dir) / "flight_recorder").string();
         if (!pf->bind.empty()) lo.bind = launch::parse_bind(pf->bind);
         lo.command = {self_exe(), "train"};
         for (auto& a : sub->remaining()) lo.command.push_back(a);

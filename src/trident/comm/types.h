@@ -100,6 +100,12 @@ struct PeerTraffic {
   uint64_t rx_timed_bytes = 0;
   uint64_t rx_busy_ns = 0;
   uint64_t rx_wait_ns = 0;       // time the receives of those messages waited for their header
+  // TCP only, from the kernel (TCP_INFO of the connection): bytes the peer acknowledged, and the time the
+  // connection had unacknowledged or unsent data, less the time the peer's receive window was full. Their
+  // ratio is the bandwidth the link gave while it was busy, whenever either process ran: data that queues
+  // in the kernel while a rank is descheduled or computing counts at the pace the network carried it.
+  uint64_t tx_acked_bytes = 0;
+  uint64_t tx_busy_ns = 0;
   static constexpr uint64_t kTimedBytes = 16 << 10;  // smaller messages measure latency, not bandwidth
 };
 struct GroupTraffic {

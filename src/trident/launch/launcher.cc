@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
 
@@ -201,7 +202,7 @@ void validate(const LaunchOptions& o) {
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local_rank, int port,
                                                                   const std::string& token, int restart) {
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
-  return {
+  std::vector<std::pair<std::string, std::string>> env = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -217,6 +218,8 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
+  if (!o.flight_recorder_dir.empty()) env.emplace_back("TRIDENT_FLIGHT_RECORDER_DIR", o.flight_recorder_dir);
+  return env;
 }
 
 std::string random_token() {
@@ -246,6 +249,28 @@ int launch(const LaunchOptions& o) {
     token = random_token();
   }
   const double timeout = env::timeout_seconds();
+  if (!o.flight_recorder_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.flight_recorder_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.flight_recorder_dir))
+      TRIDENT_THROW(IoError, "--flight-recorder-dir '{}': cannot create the folder ({}); pass a writable folder",
+                    o.flight_recorder_dir, ec ? ec.message() : "a file of that name exists");
+  }
+  // Where the ranks write their flight-recorder dumps, when a failure report should point at them.
+  const std::string dump_dir =
+      o.flight_recorder_dir.empty() ? env::param_string("TRIDENT_FLIGHT_RECORDER_DIR") : o.flight_recorder_dir;
+  auto dumps_note = [&]() -> std::string {
+    if (dump_dir.empty()) return {};
+    std::error_code ec;
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dump_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      n += name.starts_with("rank_") && name.ends_with(".json") ? 1 : 0;
+    }
+    if (n == 0) return {};
+    return fmt::format("; {} {} flight-recorder dumps are in {} (trident inspect {} says where each stopped)", n,
+                       n == 1 ? "rank's" : "ranks'", dump_dir, dump_dir);
+  };
 
   // Node 0 hosts the rendezvous store for the whole job.
   std::unique_ptr<TCPStoreServer> server;
@@ -417,7 +442,7 @@ int launch(const LaunchOptions& o) {
       line += fmt::format("; no restart left (--max-restarts {}: restarted {} time{})", o.max_restarts, restart,
                           restart == 1 ? "" : "s");
     }
-    print_error_line(line + output_tail(result));
+    print_error_line(line + dumps_note() + output_tail(result));
     if (c.exited) return c.exit_code != 0 ? c.exit_code : 1;
     if (c.term_signal != 0) return 128 + c.term_signal;
     return 1;

@@ -14,7 +14,9 @@
 //   TRIDENT_STORE_TOKEN (inherited when set; otherwise a fresh random 128-bit hex token; required in the
 //   environment when nnodes > 1, since every node must present the same one),
 //   TRIDENT_STORE_HOSTED=1 on every node (the store is served by the node-0 launcher: ranks connect to it,
-//   rank 0 does not host one).
+//   rank 0 does not host one),
+//   TRIDENT_FLIGHT_RECORDER_DIR = --flight-recorder-dir when given (`trident train --nproc`: its
+//   <out_dir>/flight_recorder); the failure report then says where the dumps are.
 //
 // CPU binding (--bind, default TRIDENT_BIND, else auto): each local rank is bound (sched_setaffinity, before
 // exec, so every thread it starts inherits it) to CPUs of the launcher's own allowed set (sched_getaffinity):
@@ -82,6 +84,10 @@ struct LaunchOptions {
   double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
   std::optional<Bind> bind;    // CPU binding of local ranks; unset: TRIDENT_BIND (default auto)
   int max_restarts = 0;        // restart every rank up to this many times after a rank fails (single node)
+  // The job's folder of flight-recorder dumps: every rank gets TRIDENT_FLIGHT_RECORDER_DIR = it (created by
+  // launch()), so a hang or a failure leaves every rank's dump in one place for `trident inspect DIR`.
+  // "" = the ranks inherit the launcher's TRIDENT_FLIGHT_RECORDER_DIR, if any.
+  std::string flight_recorder_dir;
   std::vector<std::string> command;  // program and arguments, run once per local rank
 };
 

@@ -208,8 +208,6 @@ HealthMonitor::HealthMonitor(std::shared_ptr<ProcessGroup> group, std::vector<st
   for (auto& g : counters_) has |= g == group_;
   if (!has) counters_.insert(counters_.begin(), group_);
   counters_.erase(std::remove(counters_.begin(), counters_.end(), nullptr), counters_.end());
-  last_bytes_.assign(group_->size(), 0);
-  last_ns_.assign(group_->size(), 0);
 }
 
 std::vector<HealthEvent> HealthMonitor::check(int64_t step) {
@@ -217,21 +215,30 @@ std::vector<HealthEvent> HealthMonitor::check(int64_t step) {
   const int n = group_->size();
   const int k = GroupTraffic::kRecent;
   const GroupTraffic own = group_->traffic();
-  // This rank's incoming links, summed over the groups (keyed by the peer's global rank).
+  // This rank's links, summed over the groups (keyed by the peer's global rank). TCP links are measured by
+  // the sending side's kernel (bytes acknowledged over the time the connection was busy: neither rank's
+  // scheduling moves it, so an oversubscribed or computing rank does not look like a slow link);
+  // shared-memory links (TRIDENT_HEALTH_LINKS=all) by the receiver's timing of the messages it waited for.
   std::map<int, int> of_global;
   for (int i = 0; i < n; ++i) of_global[group_->global_rank(i)] = i;
-  std::vector<uint64_t> bytes(n, 0), ns(n, 0);
+  std::vector<uint64_t> counts(4 * static_cast<size_t>(n), 0);  // per peer: out bytes, out ns, in bytes, in ns
   for (auto& g : counters_) {
     const GroupTraffic t = g.get() == group_.get() ? own : g->traffic();
     for (const PeerTraffic& p : t.peers) {
       auto it = of_global.find(p.global_rank);
-      if (it == of_global.end() || (!p.tcp && !o_.shm_links)) continue;
-      bytes[it->second] += p.rx_timed_bytes;
-      ns[it->second] += p.rx_busy_ns;
+      if (it == of_global.end()) continue;
+      uint64_t* c = counts.data() + 4 * it->second;
+      if (p.tcp) {
+        c[0] += p.tx_acked_bytes;
+        c[1] += p.tx_busy_ns;
+      } else if (o_.shm_links) {
+        c[2] += p.rx_timed_bytes;
+        c[3] += p.rx_busy_ns;
+      }
     }
   }
-  // Row: [collectives, (seq, seconds) x k, (bytes, ns) x n] -- the step's deltas.
-  const size_t row = 1 + 2 * static_cast<size_t>(k) + 2 * static_cast<size_t>(n);
+  // Row: [collectives, (seq, seconds) x k, (out bytes, out ns, in bytes, in ns) x n] -- the step's deltas.
+  const size_t row = 1 + 2 * static_cast<size_t>(k) + 4 * static_cast<size_t>(n);
   std::vector<double> mine(row, 0), all(row * n, 0);
   std::vector<GroupTraffic::Collective> fresh;
   for (const auto& c : own.recent)
@@ -243,12 +250,10 @@ std::vector<HealthEvent> HealthMonitor::check(int64_t step) {
     mine[2 + 2 * i] = static_cast<double>(fresh[i].ns) * 1e-9;
     last_seq_ = std::max(last_seq_, fresh[i].seq);
   }
-  for (int p = 0; p < n; ++p) {
-    mine[1 + 2 * k + 2 * p] = static_cast<double>(bytes[p] - last_bytes_[p]);
-    mine[2 + 2 * k + 2 * p] = static_cast<double>(ns[p] - last_ns_[p]);
-  }
-  last_bytes_ = bytes;
-  last_ns_ = ns;
+  if (last_counts_.size() != counts.size()) last_counts_.assign(counts.size(), 0);
+  for (size_t i = 0; i < counts.size(); ++i)  // a counter that went back (a reconnected socket) starts over
+    mine[1 + 2 * k + i] = counts[i] >= last_counts_[i] ? static_cast<double>(counts[i] - last_counts_[i]) : 0;
+  last_counts_ = counts;
   group_->all_gather(mine.data(), all.data(), row, DType::kFloat64);
   if (group_->rank() != 0) return {};
 
@@ -263,12 +268,13 @@ std::vector<HealthEvent> HealthMonitor::check(int64_t step) {
   }
   HealthSample s;
   s.step = step;
-  for (int dst = 0; dst < n; ++dst) {
-    const double* r = all.data() + row * dst;
-    for (int src = 0; src < n; ++src) {
-      if (src == dst) continue;
-      const double b = r[1 + 2 * k + 2 * src], t = r[2 + 2 * k + 2 * src];
-      if (b > 0 && t > 0) s.links.push_back({src, dst, static_cast<uint64_t>(b), static_cast<uint64_t>(t)});
+  for (int me = 0; me < n; ++me) {
+    const double* r = all.data() + row * me + 1 + 2 * k;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const double* c = r + 4 * peer;
+      if (c[0] > 0 && c[1] > 0) s.links.push_back({me, peer, static_cast<uint64_t>(c[0]), static_cast<uint64_t>(c[1])});
+      if (c[2] > 0 && c[3] > 0) s.links.push_back({peer, me, static_cast<uint64_t>(c[2]), static_cast<uint64_t>(c[3])});
     }
   }
   // The collectives every rank reported, in sequence order.

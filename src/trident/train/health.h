@@ -1,8 +1,10 @@
 // Live health of a multi-rank job: slow links and stragglers, named while it trains.
 //
-// Every step each rank reads its groups' transfer counters (ProcessGroup::traffic: per peer, the bytes of
-// large messages received and the time they took; per collective, the time this rank spent inside it) and
-// the ranks gather them on one group (one small all_gather). Rank 0 compares each link's bandwidth and each
+// Every step each rank reads its groups' transfer counters (ProcessGroup::traffic: per TCP peer, the bytes
+// the kernel saw acknowledged and the time the connection was busy, so neither rank's scheduling shows up as
+// a slow link; per shared-memory peer, the bytes of large messages received and the time they took; per
+// collective, the time this rank spent inside it) and the ranks gather them on one group (one small
+// all_gather). Rank 0 compares each link's bandwidth and each
 // rank's lateness with its own baseline (the median of the first steps after a warm-up) and warns when one
 // is off for most of the recent steps:
 //   link host1/rank 3 -> host2/rank 4 at 0.45x its bandwidth since step 1200
@@ -119,7 +121,7 @@ class HealthMonitor {
   std::shared_ptr<ProcessGroup> group_;
   std::vector<std::shared_ptr<ProcessGroup>> counters_;
   HealthOptions o_;
-  std::vector<uint64_t> last_bytes_, last_ns_;  // per group rank: counters at the previous check
+  std::vector<uint64_t> last_counts_;           // per group rank: link counters at the previous check
   uint64_t last_seq_ = 0;                        // collectives up to this one were sent already
   std::unique_ptr<HealthDetector> detector_;     // rank 0
 };

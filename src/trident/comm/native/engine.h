@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/native/frame.h"
 #include "trident/comm/transport/channel.h"
 #include "trident/comm/transport/shm.h"
 
@@ -36,24 +37,6 @@ struct PeerInfo {
   int global_rank = 0;
   bool same_host = false;
 };
-
-// Wire header of every message: 64 bytes.
-struct MsgHeader {
-  uint32_t magic;
-  uint8_t kind;  // 1 collective, 2 point-to-point
-  uint8_t op, dtype, redop;
-  uint8_t algo;
-  uint8_t pad0[3];
-  int32_t root;
-  uint32_t step;
-  uint32_t tag;
-  int32_t src;
-  uint64_t seq;
-  uint64_t count;
-  uint64_t nbytes;
-  uint8_t pad1[8];
-};
-static_assert(sizeof(MsgHeader) == 64);
 
 class Engine final : public AlgoContext {
  public:
