@@ -2,9 +2,12 @@
 // memory through cudaMalloc. register_device.cc registers it with the kernels layer.
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "trident/cuda/check.h"
 #include "trident/cuda/device.h"
 #include "trident/cuda/ops.h"
+#include "trident/cuda/tp_launch.h"
 #include "trident/kernels/device.h"
 
 namespace trident::cuda {
@@ -34,6 +37,89 @@ void dev_memset_zero(void* p, size_t bytes) {
   if (bytes) TRIDENT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
 }
 void dev_synchronize() { TRIDENT_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void dev_copy_2d(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols) {
+  if (rows == 0 || cols == 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpy2DAsync(dst, ldd * sizeof(float), src, lds * sizeof(float), cols * sizeof(float), rows,
+                                       cudaMemcpyDeviceToDevice, nullptr));
+}
+
+void dev_add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
+                size_t cols) {
+  launch::add_2d(out, ldo, a, lda, b, ldb, rows, cols, nullptr);
+  TRIDENT_CUDA_CHECK_LAUNCH("add_2d");
+}
+
+// A device allocation of n T for one call (these entries block anyway: they read a flag or the losses back).
+template <class T>
+struct Temp {
+  explicit Temp(size_t n) { TRIDENT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T))); }
+  ~Temp() { cudaFree(p); }
+  T* p = nullptr;
+};
+
+// Runs `launch_fn(flag)` and returns the flag (0: fine, else 1 + a bad row) after the device is done.
+template <class F>
+int with_flag(const char* what, F&& launch_fn) {
+  Temp<int> flag(1);
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(flag.p, 0, sizeof(int), nullptr));
+  launch_fn(flag.p);
+  TRIDENT_CUDA_CHECK_LAUNCH(what);
+  int host = 0;
+  TRIDENT_CUDA_CHECK(cudaMemcpy(&host, flag.p, sizeof(int), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+void dev_embedding_shard_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0, int64_t vl,
+                                 int64_t V, int N, int C) {
+  const int bad = with_flag("embedding_shard_forward", [&](int* flag) {
+    launch::embedding_shard_forward(out, tokens, wte_shard, v0, vl, V, N, C, flag, nullptr);
+  });
+  if (bad) {
+    int32_t tok = 0;
+    TRIDENT_CUDA_CHECK(cudaMemcpy(&tok, tokens + (bad - 1), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TRIDENT_THROW(InvalidArgument,
+                  "embedding: token {} at position {} is outside the vocabulary [0, {}); check the data and "
+                  "vocab_size",
+                  tok, bad - 1, V);
+  }
+}
+
+void dev_embedding_shard_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0, int64_t vl,
+                                  int N, int C) {
+  launch::embedding_shard_backward(dwte_shard, dout, tokens, v0, vl, N, C, nullptr);
+  TRIDENT_CUDA_CHECK_LAUNCH("embedding_shard_backward");
+}
+
+void dev_ce_shard_max(float* mx, const float* logits, const int32_t* targets, int N, int64_t vl, int64_t V) {
+  const int bad =
+      with_flag("ce_shard_max", [&](int* flag) { launch::ce_shard_max(mx, logits, targets, N, vl, V, flag, nullptr); });
+  if (bad) {
+    int32_t t = 0;
+    TRIDENT_CUDA_CHECK(cudaMemcpy(&t, targets + (bad - 1), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    TRIDENT_THROW(InvalidArgument, "cross-entropy: target {} at position {} is outside the vocabulary [0, {})", t,
+                  bad - 1, V);
+  }
+}
+
+void dev_ce_shard_sumexp(float* st, float* dlogits, const float* logits, const float* mx, const int32_t* targets,
+                         int N, int64_t vl, int64_t v0) {
+  launch::ce_shard_sumexp(st, dlogits, logits, mx, targets, N, vl, v0, nullptr);
+  TRIDENT_CUDA_CHECK_LAUNCH("ce_shard_sumexp");
+}
+
+double dev_ce_shard_finish(float* dlogits, const float* st, const float* mx, const int32_t* targets, int N, int64_t vl,
+                           int64_t v0, float dscale) {
+  if (N <= 0) return 0.0;
+  Temp<double> losses(static_cast<size_t>(N));
+  launch::ce_shard_finish(losses.p, dlogits, st, mx, targets, N, vl, v0, dscale, nullptr);
+  TRIDENT_CUDA_CHECK_LAUNCH("ce_shard_finish");
+  std::vector<double> host(static_cast<size_t>(N));
+  TRIDENT_CUDA_CHECK(cudaMemcpy(host.data(), losses.p, host.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  double total = 0;
+  for (double x : host) total += x;  // row order, as the CPU reference
+  return total;
+}
 
 const k::DeviceOps kCudaOps = {
     k::Device::kCuda,
@@ -88,6 +174,13 @@ const k::DeviceOps kCudaOps = {
     [](float* x, float a, size_t n) { cuda::scale_inplace(x, a, n); },
     [](uint16_t* out, const float* in, size_t n) { cuda::to_bf16(out, in, n); },
     [](float* out, const uint16_t* in, size_t n) { cuda::from_bf16(out, in, n); },
+    dev_copy_2d,
+    dev_add_2d,
+    dev_embedding_shard_forward,
+    dev_embedding_shard_backward,
+    dev_ce_shard_max,
+    dev_ce_shard_sumexp,
+    dev_ce_shard_finish,
 };
 
 }  // namespace

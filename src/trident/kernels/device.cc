@@ -1,5 +1,7 @@
 #include "trident/kernels/device.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -34,6 +36,90 @@ void cpu_memset_zero(void* p, size_t bytes) {
   if (bytes) std::memset(p, 0, bytes);
 }
 void cpu_synchronize() {}
+
+void cpu_copy_2d(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols) {
+  if (cols == 0) return;
+  for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * lds, sizeof(float) * cols);
+}
+
+void cpu_add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
+                size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* o = out + r * ldo;
+    const float* x = a + r * lda;
+    const float* y = b + r * ldb;
+    for (size_t c = 0; c < cols; ++c) o[c] = x[c] + y[c];
+  }
+}
+
+void cpu_embedding_shard_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0, int64_t vl,
+                                 int64_t V, int N, int C) {
+  for (int i = 0; i < N; ++i) {
+    const int64_t tok = tokens[i];
+    TRIDENT_CHECK(tok >= 0 && tok < V, InvalidArgument,
+                  "embedding: token {} at position {} is outside the vocabulary [0, {}); check the data and "
+                  "vocab_size",
+                  tok, i, V);
+    float* o = out + static_cast<size_t>(i) * C;
+    if (tok >= v0 && tok < v0 + vl) std::memcpy(o, wte_shard + static_cast<size_t>(tok - v0) * C, sizeof(float) * C);
+    else std::memset(o, 0, sizeof(float) * C);
+  }
+}
+
+void cpu_embedding_shard_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
+                                  int64_t vl, int N, int C) {
+  for (int i = 0; i < N; ++i) {
+    const int64_t tok = tokens[i];
+    if (tok < v0 || tok >= v0 + vl) continue;
+    float* d = dwte_shard + static_cast<size_t>(tok - v0) * C;
+    const float* g = dout + static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) d[j] += g[j];
+  }
+}
+
+void cpu_ce_shard_max(float* mx, const float* logits, const int32_t* targets, int N, int64_t vl, int64_t V) {
+  for (int i = 0; i < N; ++i) {
+    TRIDENT_CHECK(targets[i] >= 0 && targets[i] < V, InvalidArgument,
+                  "cross-entropy: target {} at position {} is outside the vocabulary [0, {})", targets[i], i, V);
+    const float* row = logits + static_cast<size_t>(i) * vl;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < vl; ++j) m = std::max(m, row[j]);
+    mx[i] = m;
+  }
+}
+
+void cpu_ce_shard_sumexp(float* st, float* dlogits, const float* logits, const float* mx, const int32_t* targets,
+                         int N, int64_t vl, int64_t v0) {
+  for (int i = 0; i < N; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * vl;
+    const int64_t t = targets[i] - v0;
+    st[N + i] = (t >= 0 && t < vl) ? row[t] : 0.0f;  // read before dlogits (which may alias) overwrites it
+    float* ex = dlogits != nullptr ? dlogits + static_cast<size_t>(i) * vl : nullptr;
+    double s = 0;
+    for (int64_t j = 0; j < vl; ++j) {
+      const float v = std::exp(row[j] - mx[i]);
+      if (ex != nullptr) ex[j] = v;
+      s += v;
+    }
+    st[i] = static_cast<float>(s);
+  }
+}
+
+double cpu_ce_shard_finish(float* dlogits, const float* st, const float* mx, const int32_t* targets, int N,
+                           int64_t vl, int64_t v0, float dscale) {
+  double total = 0;
+  for (int i = 0; i < N; ++i) {
+    total += std::log(static_cast<double>(st[i])) + mx[i] - st[N + i];
+    if (dlogits != nullptr) {
+      float* d = dlogits + static_cast<size_t>(i) * vl;
+      const float k = static_cast<float>(dscale / static_cast<double>(st[i]));
+      for (int64_t j = 0; j < vl; ++j) d[j] *= k;
+      const int64_t t = targets[i] - v0;
+      if (t >= 0 && t < vl) d[t] -= dscale;
+    }
+  }
+  return total;
+}
 
 // Lambdas drop the defaulted arguments of the CPU kernels, so every entry has the table's exact type.
 const DeviceOps kCpuOps = {
@@ -73,6 +159,13 @@ const DeviceOps kCpuOps = {
     cpu::scale_inplace,
     cpu::to_bf16,
     cpu::from_bf16,
+    cpu_copy_2d,
+    cpu_add_2d,
+    cpu_embedding_shard_forward,
+    cpu_embedding_shard_backward,
+    cpu_ce_shard_max,
+    cpu_ce_shard_sumexp,
+    cpu_ce_shard_finish,
 };
 
 struct Entry {

@@ -86,6 +86,31 @@ struct DeviceOps {
   void (*scale_inplace)(float* x, float a, size_t n);
   void (*to_bf16)(uint16_t* out, const float* in, size_t n);
   void (*from_bf16)(float* out, const uint16_t* in, size_t n);
+
+  // ---- strided copies and the tensor-parallel layers' steps (kernels/device.cc has the CPU reference) ----
+  // dst[r * ldd + c] = src[r * lds + c] for r < rows, c < cols (both in the device).
+  void (*copy_2d)(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols);
+  // out[r * ldo + c] = a[r * lda + c] + b[r * ldb + c]; ldb 0 broadcasts one row of b; out may alias a.
+  void (*add_2d)(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
+                 size_t cols);
+  // Vocab-parallel embedding over the rows [v0, v0 + vl) of a [V, C] table: out[i] = wte_shard[tokens[i] - v0]
+  // for tokens in the shard, else 0 (the caller all-reduces). Tokens outside [0, V) throw InvalidArgument.
+  void (*embedding_shard_forward)(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0, int64_t vl,
+                                  int64_t V, int N, int C);
+  // dwte_shard[tokens[i] - v0] += dout[i] for the tokens in the shard (in position order on the CPU).
+  void (*embedding_shard_backward)(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
+                                   int64_t vl, int N, int C);
+  // Vocab-parallel softmax cross-entropy over logits[N, vl] (columns [v0, v0 + vl) of [N, V]), in three
+  // passes around the caller's two all-reduces:
+  // 1. mx[N] = local row maxima (all-reduce max follows). Targets outside [0, V) throw InvalidArgument.
+  void (*ce_shard_max)(float* mx, const float* logits, const int32_t* targets, int N, int64_t vl, int64_t V);
+  // 2. st[0, N) = local sums of exp(logit - mx), st[N, 2N) = the target's logit when in the shard, else 0
+  //    (all-reduce sum follows); dlogits (nullable, may alias logits) = the exps.
+  void (*ce_shard_sumexp)(float* st, float* dlogits, const float* logits, const float* mx, const int32_t* targets,
+                          int N, int64_t vl, int64_t v0);
+  // 3. Returns the sum over rows of -log softmax[target]; dlogits (nullable) = (softmax - onehot) * dscale.
+  double (*ce_shard_finish)(float* dlogits, const float* st, const float* mx, const int32_t* targets, int N,
+                            int64_t vl, int64_t v0, float dscale);
 };
 
 // The op table of `d`. Throws DeviceUnavailable when this build has no such device or none is visible.

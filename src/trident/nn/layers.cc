@@ -48,7 +48,7 @@ void Linear::forward(const LayerEnv& e, float* out, const float* inp, int N, int
     // Partial sums over this rank's input columns, all-reduced, then the (replicated) bias once.
     e.ops.linear_forward(out, inp, e.P(w), nullptr, N, C, OC, e.precision);
     e.all_reduce_sum(out, static_cast<size_t>(N) * OC);
-    add_bias(out, e.P(b), N, OC);
+    if (b >= 0) e.ops.add_2d(out, OC, out, OC, e.P(b), 0, N, OC);
     return;
   }
   e.ops.linear_forward(out, inp, e.P(w), e.P(b), N, C, OC, e.precision);
@@ -175,22 +175,19 @@ void MlpLayers::forward(const LayerEnv& e, const float* x, LayerActs& a, float* 
   e.ops.gelu_forward_and_grad(g, h, h, static_cast<size_t>(N) * Cl, e.gelu);
   float* z = e.scratch(5, 2 * NC);
   float* z1 = pair ? z + NC : z;  // layer i's GELU output scattered into its columns
-  std::memset(z1, 0, sizeof(float) * NC);
-  for (int i = 0; i < N; ++i)
-    std::memcpy(z1 + static_cast<size_t>(i) * C + c0, g + static_cast<size_t>(i) * Cl, sizeof(float) * Cl);
+  e.ops.memset_zero(z1, sizeof(float) * NC);
+  e.ops.copy_2d(z1 + c0, C, g, Cl, N, Cl);
   if (!pair) {
     e.all_reduce_sum(z1, NC);
     e.ops.add(out, z1, x, NC);
     return;
   }
   float* y = a[kY];
-  for (int i = 0; i < N; ++i)
-    for (int j = 0; j < Cl; ++j)
-      y[static_cast<size_t>(i) * Cl + j] = g[static_cast<size_t>(i) * Cl + j] + x[static_cast<size_t>(i) * C + c0 + j];
+  e.ops.add_2d(y, Cl, g, Cl, x + c0, C, N, Cl);
   // Layer i+1's partial output and layer i's scattered output in one all-reduce.
   e.ops.linear_forward(z, y, e.P(l_[1].w), nullptr, N, Cl, C, e.precision);
   e.all_reduce_sum(z, 2 * NC);
-  add_bias(z, e.P(l_[1].b), N, C);
+  if (l_[1].b >= 0) e.ops.add_2d(z, C, z, C, e.P(l_[1].b), 0, N, C);
   e.ops.add_inplace(z1, x, NC);  // x_{i+1} = gelu(h_i) + x_i
   e.ops.gelu_forward_and_grad(out, a[kG2Grad], z, NC, e.gelu);
   e.ops.add_inplace(out, z1, NC);  // x_{i+2} = gelu(h_{i+1}) + x_{i+1}
@@ -213,8 +210,7 @@ void MlpLayers::backward(const LayerEnv& e, float* dres, const float* x, LayerAc
   const bool pair = l_.size() == 2;
   float* dg = e.scratch(0, NCl);
   float* dy = e.scratch(1, NCl);
-  for (int i = 0; i < N; ++i)
-    std::memcpy(dg + static_cast<size_t>(i) * Cl, dres + static_cast<size_t>(i) * C + c0, sizeof(float) * Cl);
+  e.ops.copy_2d(dg, Cl, dres + c0, C, N, Cl);
   if (pair) {
     float* dh2 = e.scratch(2, NC);
     e.ops.mul(dh2, dres, a[kG2Grad], NC);
@@ -226,9 +222,7 @@ void MlpLayers::backward(const LayerEnv& e, float* dres, const float* x, LayerAc
   e.ops.mul(dg, dg, a[kH], NCl);  // d h_i (local columns)
   float* dxp = e.scratch(3, NC);
   e.ops.linear_backward(dxp, e.G(l_[0].w), e.G(l_[0].b), dg, x, e.P(l_[0].w), N, C, Cl, 0.0f, e.precision);
-  if (pair)
-    for (int i = 0; i < N; ++i)
-      e.ops.add_inplace(dxp + static_cast<size_t>(i) * C + c0, dy + static_cast<size_t>(i) * Cl, Cl);
+  if (pair) e.ops.add_2d(dxp + c0, C, dxp + c0, C, dy, Cl, N, Cl);
   e.all_reduce_sum(dxp, NC);
   e.ops.add_inplace(dres, dxp, NC);
   e.fire(l_[0].b);
@@ -244,29 +238,22 @@ void Embedding::forward(const LayerEnv& e, float* out, const int32_t* tokens, in
     return;
   }
   const int N = B * T;
-  vocab_parallel_embedding_forward(out, tokens, e.P(wte), v0, vl, V, N, C);
+  e.ops.embedding_shard_forward(out, tokens, e.P(wte), v0, vl, V, N, C);
   e.all_reduce_sum(out, static_cast<size_t>(N) * C);
-  const float* p = e.P(wpe);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      float* o = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* w = p + static_cast<size_t>(t) * C;
-      for (int j = 0; j < C; ++j) o[j] += w[j];
-    }
+  // + wpe[position], one batch row at a time.
+  for (int b = 0; b < B; ++b) {
+    float* o = out + static_cast<size_t>(b) * T * C;
+    e.ops.add_2d(o, C, o, C, e.P(wpe), C, T, C);
+  }
 }
 
 void Embedding::backward(const LayerEnv& e, const float* dout, const int32_t* tokens, int B, int T, int C) const {
   if (!e.parallel()) {
     e.ops.embedding_backward(e.G(wte), e.G(wpe), dout, tokens, B, T, C);
   } else {
-    vocab_parallel_embedding_backward(e.G(wte), dout, tokens, v0, vl, B * T, C);
+    e.ops.embedding_shard_backward(e.G(wte), dout, tokens, v0, vl, B * T, C);
     float* dwpe = e.G(wpe);
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t) {
-        const float* g = dout + (static_cast<size_t>(b) * T + t) * C;
-        float* d = dwpe + static_cast<size_t>(t) * C;
-        for (int j = 0; j < C; ++j) d[j] += g[j];
-      }
+    for (int b = 0; b < B; ++b) e.ops.add_2d(dwpe, C, dwpe, C, dout + static_cast<size_t>(b) * T * C, C, T, C);
   }
   e.fire(wpe);
   e.fire(wte);
@@ -282,7 +269,14 @@ double LmHead::loss(const LayerEnv& e, float* dlogits, const float* logits, cons
                     float dscale) const {
   if (!e.parallel())
     return e.ops.cross_entropy_forward_backward(dlogits, logits, targets, N, static_cast<int>(V), dscale);
-  return vocab_parallel_cross_entropy(dlogits, logits, targets, N, vl, v0, V, dscale, *e.tp, e.microbatch, e.chunk);
+  // Two all-reduces of per-row statistics; the logits themselves are never gathered.
+  float* mx = e.scratch(kCeSlot0, static_cast<size_t>(N));
+  float* st = e.scratch(kCeSlot1, 2 * static_cast<size_t>(N));  // [sum of exp | target logit]
+  e.ops.ce_shard_max(mx, logits, targets, N, vl, V);
+  e.tp->all_reduce_max(mx, static_cast<size_t>(N), e.microbatch, e.chunk);
+  e.ops.ce_shard_sumexp(st, dlogits, logits, mx, targets, N, vl, v0);
+  e.tp->all_reduce_sum(st, 2 * static_cast<size_t>(N), e.microbatch, e.chunk);
+  return e.ops.ce_shard_finish(dlogits, st, mx, targets, N, vl, v0, dscale);
 }
 
 void LmHead::backward(const LayerEnv& e, float* dx, float* dlnf, const float* dlogits, const float* lnf_out,
@@ -301,92 +295,14 @@ void LmHead::gather_logits(const LayerEnv& e, float* full, const float* logits, 
     e.ops.to_host(full, logits, sizeof(float) * static_cast<size_t>(N) * V);
     return;
   }
+  // Every rank's [N, vl] block, then its columns placed into [N, V] on the device, then one copy out.
   const int TP = e.tp->size();
   const size_t local = static_cast<size_t>(N) * vl;
-  kernels::AlignedFloats all(local * TP);
-  e.tp->all_gather(logits, all.data(), local, e.microbatch, e.chunk);
-  for (int r = 0; r < TP; ++r)
-    for (int i = 0; i < N; ++i)
-      std::memcpy(full + static_cast<size_t>(i) * V + r * vl, all.data() + r * local + static_cast<size_t>(i) * vl,
-                  sizeof(float) * vl);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Vocab-parallel building blocks
-
-void add_bias(float* out, const float* bias, int N, int C) {
-  if (bias == nullptr) return;
-  for (int i = 0; i < N; ++i) {
-    float* o = out + static_cast<size_t>(i) * C;
-    for (int j = 0; j < C; ++j) o[j] += bias[j];
-  }
-}
-
-void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0,
-                                      int64_t vl, int64_t V, int N, int C) {
-  for (int i = 0; i < N; ++i) {
-    const int64_t tok = tokens[i];
-    TRIDENT_CHECK(tok >= 0 && tok < V, InvalidArgument,
-                  "embedding: token {} at position {} is outside the vocabulary [0, {}); check the data and "
-                  "vocab_size",
-                  tok, i, V);
-    float* o = out + static_cast<size_t>(i) * C;
-    if (tok >= v0 && tok < v0 + vl) std::memcpy(o, wte_shard + static_cast<size_t>(tok - v0) * C, sizeof(float) * C);
-    else std::memset(o, 0, sizeof(float) * C);
-  }
-}
-
-void vocab_parallel_embedding_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
-                                       int64_t vl, int N, int C) {
-  for (int i = 0; i < N; ++i) {
-    const int64_t tok = tokens[i];
-    if (tok < v0 || tok >= v0 + vl) continue;
-    float* d = dwte_shard + static_cast<size_t>(tok - v0) * C;
-    const float* g = dout + static_cast<size_t>(i) * C;
-    for (int j = 0; j < C; ++j) d[j] += g[j];
-  }
-}
-
-double vocab_parallel_cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int64_t vl,
-                                    int64_t v0, int64_t V, float dscale, TpGroup& tp, int microbatch, int chunk) {
-  std::vector<float> mx(N);
-  std::vector<float> st(2 * static_cast<size_t>(N));  // [sum of exp | target logit]
-  for (int i = 0; i < N; ++i) {
-    TRIDENT_CHECK(targets[i] >= 0 && targets[i] < V, InvalidArgument,
-                  "cross-entropy: target {} at position {} is outside the vocabulary [0, {})", targets[i], i, V);
-    const float* row = logits + static_cast<size_t>(i) * vl;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < vl; ++j) m = std::max(m, row[j]);
-    mx[i] = m;
-  }
-  tp.all_reduce_max(mx.data(), mx.size(), microbatch, chunk);
-  // Pass 2: local sums of exp (kept in dlogits when wanted, so the gradient needs no second exp).
-  for (int i = 0; i < N; ++i) {
-    const float* row = logits + static_cast<size_t>(i) * vl;
-    const int64_t t = targets[i] - v0;
-    st[N + i] = (t >= 0 && t < vl) ? row[t] : 0.0f;  // read before dlogits (which may alias) overwrites it
-    float* ex = dlogits != nullptr ? dlogits + static_cast<size_t>(i) * vl : nullptr;
-    double s = 0;
-    for (int64_t j = 0; j < vl; ++j) {
-      const float v = std::exp(row[j] - mx[i]);
-      if (ex != nullptr) ex[j] = v;
-      s += v;
-    }
-    st[i] = static_cast<float>(s);
-  }
-  tp.all_reduce_sum(st.data(), st.size(), microbatch, chunk);
-  double total = 0;
-  for (int i = 0; i < N; ++i) {
-    total += std::log(static_cast<double>(st[i])) + mx[i] - st[N + i];
-    if (dlogits != nullptr) {
-      float* d = dlogits + static_cast<size_t>(i) * vl;
-      const float k = static_cast<float>(dscale / static_cast<double>(st[i]));
-      for (int64_t j = 0; j < vl; ++j) d[j] *= k;
-      const int64_t t = targets[i] - v0;
-      if (t >= 0 && t < vl) d[t] -= dscale;
-    }
-  }
-  return total;
+  float* all = e.scratch(kCeSlot0, local * TP);
+  float* whole = e.scratch(kCeSlot1, static_cast<size_t>(N) * V);
+  e.tp->all_gather(logits, all, local, e.microbatch, e.chunk);
+  for (int r = 0; r < TP; ++r) e.ops.copy_2d(whole + r * vl, V, all + r * local, vl, N, vl);
+  e.ops.to_host(full, whole, sizeof(float) * static_cast<size_t>(N) * V);
 }
 
 }  // namespace trident::nn

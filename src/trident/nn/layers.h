@@ -1,8 +1,8 @@
 // The layers of trident's language models, written once for one process and for Megatron-LM tensor
 // parallelism: the token + position embedding, LayerNorm, Linear, the GPT block (attention + MLP), the
-// deep MLP's residual GELU layers and the head (ln_f, the LM head, cross-entropy). nn/gpt.cc and
-// nn/mlp.cc compose them into the single-process models; parallel/parallel_model.cc composes the same
-// layers into tensor/pipeline-parallel shards (a pipeline stage is a contiguous range of them).
+// deep MLP's residual GELU layers and the head (ln_f, the LM head, cross-entropy). nn/model_spec.h
+// declares the models' parameters and builds these layers over them; nn/layer_range.h runs a contiguous
+// range of them (the whole model in one process, a pipeline stage of a tensor/pipeline-parallel shard).
 //
 // A layer reads its parameters and adds its gradients through shaped views into its model's flat buffers
 // (parameter indices into FlatModel::parameters(); -1 = absent), calls the kernels through the model's
@@ -24,9 +24,9 @@
 //   column-parallel with one all-reduce each way;
 // - vocab-parallel embedding (rows [v0, v0 + vl) of wte; lookup, all-reduce, + wpe) and head (local
 //   logits [N, vl], d ln_f all-reduced) with the vocab-parallel cross-entropy that never gathers logits.
-// LayerNorms and row-parallel biases are replicated (identical gradients on every TP rank). The T > 1
-// paths do part of their work in host loops (bias broadcast, column scatter, the vocab-parallel lookup
-// and cross-entropy), so they need a CPU op table; the model shard refuses other devices.
+// LayerNorms and row-parallel biases are replicated (identical gradients on every TP rank). Every step of
+// every path, the T > 1 ones included (bias broadcast, column scatter, the vocab-parallel lookup and
+// cross-entropy), is a call of the op table, so the layers run on any device the table exists for.
 //
 // Ownership: a layer holds indices only; its activations are LayerActs the caller owns (one per saved
 // microbatch, or one shared set under activation checkpointing). Blocking: forward/backward block on the
@@ -43,7 +43,8 @@
 
 namespace trident::nn {
 
-// The tensor-parallel collectives a layer needs, on float32 host buffers. microbatch/chunk label the
+// The tensor-parallel collectives a layer needs, on float32 buffers in the memory of the layers' device (an
+// implementation whose transport reads host memory stages them). microbatch/chunk label the
 // implementation's trace spans (-1: none).
 class TpGroup {
  public:
@@ -91,7 +92,12 @@ struct LayerEnv {
   float* G(int idx) const { return model.G(idx); }
   void fire(int idx) const { model.fire(idx); }
   float* scratch(size_t slot, size_t n) const { return workspace->at_least(ops, slot, n); }
+  void block(int b, Model::BlockEvent ev) const { model.block_event(b, ev); }
 };
+
+// Workspace slots: 0..5 the units' backward (and the MLP's tensor-parallel forward), kCeSlot0/1 the head's
+// vocab-parallel loss and logits gather; layer_range.h's driver uses 8..10.
+inline constexpr size_t kCeSlot0 = 6, kCeSlot1 = 7;
 
 enum class Parallelism : uint8_t { kNone, kColumn, kRow };
 
@@ -198,23 +204,5 @@ struct LmHead {
   // full[N, V] = the logits of every rank's vocabulary rows (an all-gather under tensor parallelism).
   void gather_logits(const LayerEnv& e, float* full_host, const float* logits, int N) const;
 };
-
-// Vocab-parallel building blocks (host loops over float32 host buffers).
-// out[i] = wte_shard[tokens[i] - v0] when tokens[i] lies in [v0, v0 + vl), else 0 (the caller
-// all-reduces). Tokens outside [0, V) throw InvalidArgument.
-void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_shard, int64_t v0,
-                                      int64_t vl, int64_t V, int N, int C);
-// dwte_shard[tokens[i] - v0] += dout[i] for in-range tokens.
-void vocab_parallel_embedding_backward(float* dwte_shard, const float* dout, const int32_t* tokens, int64_t v0,
-                                       int64_t vl, int N, int C);
-// Softmax cross-entropy over local logits[N, vl] (columns v0..v0+vl of the full [N, V]): all-reduce (max)
-// of the row maxima, then one all-reduce (sum) of [sum of exp | target logit] (2N floats). Returns the SUM
-// over rows of -log softmax[target] (identical on every rank). When dlogits is non-null, writes
-// (softmax - onehot) * dscale for the local columns (may alias logits).
-double vocab_parallel_cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int64_t vl,
-                                    int64_t v0, int64_t V, float dscale, TpGroup& tp, int microbatch = -1,
-                                    int chunk = -1);
-// out[N, C] += bias[C] on every row (bias nullable: no-op).
-void add_bias(float* out, const float* bias, int N, int C);
 
 }  // namespace trident::nn

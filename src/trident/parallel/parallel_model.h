@@ -1,9 +1,11 @@
 // ParallelModel: one rank's shard of a GPT or deep MLP under Megatron-LM tensor parallelism (tp_group)
-// and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk. The shard
-// is nn's layers (nn/layers.h: the same GptBlock / MlpLayers / Embedding / LmHead the single-process
-// model runs) given this rank's TP group; a chunk is a contiguous range of them. What this file adds is
-// the layout (which layers and which slices a rank holds), per-microbatch activations and the copies
-// between shards and the logical model.
+// and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk. It is the
+// single-process model's code with a layout: the parameters are the declarations of nn/model_spec.h
+// (this rank's slice of those of its stages: the shard plan), the layers are nn's layers given this rank's
+// TP group, and each chunk is an nn::LayerRange (the driver the single-process model runs, over the
+// chunk's range of layers and the pipeline's microbatches). What this file adds is the layout (which
+// layers and which slices a rank holds), the Stage adapter and the copies between shards and the logical
+// model.
 //
 // Layout: with P pipeline ranks and v virtual stages per rank the n_layer layers split into S = P*v
 // contiguous ranges (balanced by count, earlier stages take the remainder, or ModelLayout::stage_layers);
@@ -12,11 +14,18 @@
 // pipeline ranks (P > 1) the last stage keeps its own copy of its wte shard, registered last under the
 // same name; sync_tied_gradients() sums the two gradients over embedding_group.
 //
-// Tensor parallelism over tp_group (T ranks, rank t), GPT: c_attn column-parallel by heads (of each of q,
-// k, v the rows of heads [t*H/T, (t+1)*H/T)), c_proj and mlp.c_proj row-parallel (input columns), c_fc
-// column-parallel; wte vocab-parallel (rows [t*V/T, (t+1)*V/T)). Deep MLP ("mlp"): layers pair up inside
-// each stage (i column-parallel, i+1 row-parallel); an unpaired last layer is column-parallel. The
-// collectives each layer issues are nn/layers.h's.
+// Tensor parallelism over tp_group (T ranks, rank t): each declaration's split (nn/model_spec.h) applied
+// to rank t. GPT: c_attn column-parallel by heads (of each of q, k, v the rows of heads [t*H/T,
+// (t+1)*H/T)), c_proj and mlp.c_proj row-parallel (input columns), c_fc column-parallel; wte vocab-parallel
+// (rows [t*V/T, (t+1)*V/T)). Deep MLP ("mlp"): layers pair up inside each stage (i column-parallel, i+1
+// row-parallel); an unpaired last layer is column-parallel. The collectives each layer issues are
+// nn/layers.h's.
+//
+// Devices: every kernel, the tensor-parallel steps included, goes through the model's op table, so a shard
+// runs on any device (config key device). Stage activations (input, output, doutput, dinput) and the
+// batch are HOST memory (the pipeline engine's buffers, which its process group sends); a chunk on another
+// device copies them in and out. Collectives on device buffers go through a host copy unless the group's
+// backend reads device memory (tensor_parallel.h).
 //
 // Parameters: ONE flat 64-byte-aligned float32 buffer (and a grad buffer) for all chunks, named with the
 // logical nanoGPT names and the LOCAL shard shape, registered chunk by chunk in model order; the grad-ready
@@ -46,6 +55,7 @@
 #include "trident/comm/process_group.h"
 #include "trident/nn/flat_model.h"
 #include "trident/nn/layers.h"
+#include "trident/nn/model_spec.h"
 #include "trident/parallel/stage.h"
 #include "trident/parallel/tensor_parallel.h"
 
@@ -59,7 +69,7 @@ struct ModelLayout {
 // Where one local parameter lives in the logical (single-process) model: local element (i, j) of a
 // [rows, ncols] view is full[row_of(i), col0 + j] of the full tensor viewed as [full_rows, full_cols].
 struct ShardSpec {
-  std::string name;                  // logical name (nanoGPT)
+  std::string name;                  // logical name (nanoGPT; nn/model_spec.h's declaration)
   std::vector<int64_t> shape;        // local shape
   std::vector<int64_t> full_shape;   // logical shape
   std::vector<std::pair<int64_t, int64_t>> row_ranges;  // (begin, count) of full rows, in local order
@@ -68,7 +78,7 @@ struct ShardSpec {
   bool tied_copy = false;   // the last stage's copy of the wte shard (the first stage's is authoritative)
   int chunk = 0;            // local chunk that owns it
   int layer = -1;           // global layer index, -1 for embedding / head / ln_f
-  int field = 0;            // internal role id
+  nn::Role role = nn::Role::kWte;
 };
 
 class ParallelModel final : public nn::FlatModel {
@@ -117,11 +127,6 @@ class ParallelModel final : public nn::FlatModel {
 
  private:
   friend class Chunk;
-  struct MbActs;
-  // Units of chunk c as (first layer, layer count): one layer each, except the deep MLP's column/row
-  // pairs under tensor parallelism.
-  std::vector<std::pair<int, int>> chunk_units(int c) const;
-  float* scratch(int slot, size_t n);  // the chunks' backward buffers (d residual, d ln_f, recompute output)
   // What nn's layers run with for microbatch mb of chunk c.
   nn::LayerEnv env(int mb, int c);
 
@@ -133,17 +138,10 @@ class ParallelModel final : public nn::FlatModel {
   TpComm tp_;
   std::shared_ptr<ProcessGroup> embedding_group_;
   std::vector<ShardSpec> specs_;
+  nn::ParamIndex ix_;  // where this shard's declarations landed
   std::vector<std::unique_ptr<Chunk>> chunks_;
-  std::vector<std::array<int, 12>> layer_idx_;  // per global layer: parameter index per field (-1: none)
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;  // head_: the last stage's head (copy, lm_head or wte)
   int64_t v0_ = 0, vl_ = 0;  // this rank's vocab rows
-  // nn's layers over this shard: per chunk, its units in order; the embedding (first stage) and the head
-  // (last stage).
-  std::vector<std::vector<std::unique_ptr<nn::Layer>>> units_;
-  nn::Embedding embedding_;
-  nn::LmHead lm_head_;
-  nn::LayerActs workspace_;  // the layers' backward scratch
-  std::vector<kernels::AlignedFloats> scratch_;
+  nn::LayerActs workspace_;  // the layers' and the chunks' backward scratch (shared by the chunks)
 };
 
 // Builds the shard of (config, layout) for kind "gpt" or "mlp" (config keys as nn::make_model), initialised

@@ -7,6 +7,10 @@
 // A vocab shard of rank t holds rows [t*V/T, (t+1)*V/T) of the embedding; a column-parallel Linear holds a
 // block of output rows (and of its bias); a row-parallel Linear holds a block of input columns.
 //
+// Device memory: the collectives take buffers of the layers' device (TpComm's op table). The nccl
+// backend reduces device memory itself; every other backend's transport reads host memory, so there a
+// buffer of another device is staged through a host copy (all_reduce_on_device).
+//
 // Ownership: TpComm shares its group (null or size 1: every collective is a no-op, nothing recorded).
 // Blocking: every collective blocks the calling thread until done (the group's deadline applies; a dead
 // peer or timeout throws NetworkError/TimeoutError from the call). Thread-safety: one thread at a time.
@@ -17,6 +21,7 @@
 #include <memory>
 
 #include "trident/comm/process_group.h"
+#include "trident/kernels/device.h"
 #include "trident/nn/layers.h"
 
 namespace trident::parallel {
@@ -29,10 +34,18 @@ struct ShardRange {
 };
 ShardRange shard_range(int64_t n, int rank, int size);
 
-// The tensor-parallel collectives of nn's layers (nn/layers.h) over a ProcessGroup.
+// True when `group` reduces buffers of `ops`'s device in place (host memory everywhere; device memory
+// only on the nccl backend).
+bool group_takes_device_memory(const ProcessGroup& group, const kernels::DeviceOps& ops);
+// In-place all-reduce of n floats in `ops`'s device memory over `group`, through a host copy where the
+// group cannot read that memory.
+void all_reduce_on_device(ProcessGroup& group, const kernels::DeviceOps& ops, float* buf, size_t n, ReduceOp op);
+
+// The tensor-parallel collectives of nn's layers (nn/layers.h) over a ProcessGroup, on buffers of the
+// device of `ops`.
 class TpComm final : public nn::TpGroup {
  public:
-  explicit TpComm(std::shared_ptr<ProcessGroup> group);
+  TpComm(std::shared_ptr<ProcessGroup> group, const kernels::DeviceOps& ops);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }
@@ -46,6 +59,8 @@ class TpComm final : public nn::TpGroup {
  private:
   void all_reduce(float* buf, size_t n, ReduceOp op, int microbatch, int chunk);
   std::shared_ptr<ProcessGroup> group_;
+  const kernels::DeviceOps* ops_;
+  bool direct_ = true;  // the group reads the device's memory itself
   int rank_ = 0;
   int size_ = 1;
 };

@@ -134,3 +134,40 @@ TEST(Device, ModelConfigTakesDeviceButDoesNotEchoIt) {
     EXPECT_CONTAINS(e.what(), "'device' must be one of cpu|cuda");
   }
 }
+
+// The tensor-parallel layers' entries of the CPU table: strided copies and adds (a broadcast row with
+// ldb 0), the vocab-shard embedding and the three cross-entropy passes, which over one shard holding the
+// whole vocabulary give the plain cross-entropy kernel's loss.
+TEST(Device, CpuTableTensorParallelEntries) {
+  const auto& ops = kernels::device_ops(Device::kCpu);
+  const size_t R = 3, C = 7, c0 = 2, w = 4;
+  std::vector<float> big = randoms(R * C, 1), small = randoms(R * w, 2), row = randoms(C, 3);
+  std::vector<float> out(R * C, 0.0f);
+  ops.copy_2d(out.data() + c0, C, small.data(), w, R, w);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c)
+      EXPECT_EQ(out[r * C + c], c >= c0 && c < c0 + w ? small[r * w + c - c0] : 0.0f) << r << "," << c;
+  std::vector<float> sum(R * C);
+  ops.add_2d(sum.data(), C, big.data(), C, row.data(), 0, R, C);
+  for (size_t i = 0; i < R * C; ++i) EXPECT_EQ(sum[i], big[i] + row[i % C]);
+
+  const int N = 5, Cm = 3, V = 6;
+  const std::vector<int32_t> tokens = {0, 5, 2, 3, 1};
+  std::vector<float> wte = randoms(static_cast<size_t>(V) * Cm, 4), emb(N * Cm, -1.0f);
+  ops.embedding_shard_forward(emb.data(), tokens.data(), wte.data() + 2 * Cm, 2, 2, V, N, Cm);  // rows 2, 3
+  for (int i = 0; i < N; ++i)
+    for (int j = 0; j < Cm; ++j)
+      EXPECT_EQ(emb[i * Cm + j], tokens[i] == 2 || tokens[i] == 3 ? wte[tokens[i] * Cm + j] : 0.0f);
+  const std::vector<int32_t> bad = {0, 6, 1, 1, 1};
+  EXPECT_THROW(ops.embedding_shard_forward(emb.data(), bad.data(), wte.data(), 0, V, V, N, Cm), InvalidArgument);
+
+  std::vector<float> logits = randoms(static_cast<size_t>(N) * V, 5), mx(N), st(2 * N);
+  std::vector<float> d1(logits.size()), d2(logits.size());
+  ops.ce_shard_max(mx.data(), logits.data(), tokens.data(), N, V, V);
+  ops.ce_shard_sumexp(st.data(), d1.data(), logits.data(), mx.data(), tokens.data(), N, V, 0);
+  const double sharded = ops.ce_shard_finish(d1.data(), st.data(), mx.data(), tokens.data(), N, V, 0, 0.5f);
+  const double plain = ops.cross_entropy_forward_backward(d2.data(), logits.data(), tokens.data(), N, V, 0.5f);
+  EXPECT_NEAR(sharded, plain, 1e-5 * N);
+  for (size_t i = 0; i < d1.size(); ++i) EXPECT_NEAR(d1[i], d2[i], 1e-6) << i;
+  EXPECT_THROW(ops.ce_shard_max(mx.data(), logits.data(), bad.data(), N, V, V), InvalidArgument);
+}
