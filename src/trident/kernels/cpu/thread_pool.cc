@@ -172,9 +172,15 @@ Pool* g_pool = nullptr;  // workers for num_threads() - 1; made on first use
 std::mutex g_pool_mu;
 
 // In a fork()ed child the workers do not exist: forget the parent's pool (its memory is leaked, the
-// threads cannot be joined) and make a new one on first use.
-void forget_pool_in_child() { g_pool = nullptr; }
-[[maybe_unused]] const int g_atfork = pthread_atfork(nullptr, nullptr, forget_pool_in_child);
+// threads cannot be joined) and make a new one on first use. The pool's lock is held across fork() so
+// the child never inherits it locked by a thread it does not have.
+void lock_pool() { g_pool_mu.lock(); }
+void unlock_pool() { g_pool_mu.unlock(); }
+void forget_pool_in_child() {
+  g_pool = nullptr;
+  g_pool_mu.unlock();
+}
+[[maybe_unused]] const int g_atfork = pthread_atfork(lock_pool, unlock_pool, forget_pool_in_child);
 // trident splits the work itself; OpenBLAS (the GEMMs below ISA level avx512) runs inside its tasks.
 [[maybe_unused]] const bool g_blas_one_thread = (openblas_set_num_threads(1), true);
 
