@@ -1,6 +1,7 @@
 // `trident bench kernels`: the speed of each CPU kernel at each ISA level this machine has, beside the
 // core's nominal peak for that level, on the shapes of a GPT training step (default: nanoGPT's CPU
-// config). One thread (trident's kernels run on the calling thread).
+// config). One thread by default (this thread's CPU time); with --threads N each kernel runs on 1 and on N
+// threads of the kernels' pool, interleaved, timed by the wall clock, and the row shows the speedup.
 //
 // Peak = GHz x FLOPs/cycle of the level, with GHz measured (a chain of dependent integer adds: one per
 // cycle) and FLOPs/cycle nominal: two vector FMA pipes of the level's width (x86-64: 4 lanes, avx2: 8,
@@ -17,6 +18,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "command.h"
@@ -33,6 +35,7 @@ struct Flags {
   std::string isa = "all";
   int batch = 12, block = 64, embd = 128, heads = 4, vocab = 65;
   double seconds = 0.3;
+  int threads = 1;
 };
 
 std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
@@ -50,23 +53,45 @@ double thread_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// CPU seconds per call of f: calls it until `seconds` of CPU time have passed (after one untimed call),
-// best of 3 rounds.
-double time_call(const std::function<void()>& f, double seconds) {
+double wall_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Seconds per call of f by `clock`: one untimed call, then calls until `budget` has passed.
+double per_call(const std::function<void()>& f, double budget, double (*clock)()) {
   f();
+  int64_t n = 0;
+  const double t0 = clock();
+  double el = 0;
+  do {
+    f();
+    ++n;
+    el = clock() - t0;
+  } while (el < budget);
+  return el / static_cast<double>(n);
+}
+
+// CPU seconds per call of f, best of 3 rounds of `seconds` / 3.
+double time_call(const std::function<void()>& f, double seconds) {
   double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    int64_t n = 0;
-    const double t0 = thread_seconds();
-    double el = 0;
-    do {
-      f();
-      ++n;
-      el = thread_seconds() - t0;
-    } while (el < seconds / 3);
-    best = std::min(best, el / static_cast<double>(n));
-  }
+  for (int round = 0; round < 3; ++round) best = std::min(best, per_call(f, seconds / 3, thread_seconds));
   return best;
+}
+
+// Wall seconds per call of f on 1 and on n threads: three rounds, each timing 1 thread then n threads
+// for `seconds` / 6 each, the best of each kept. Wall time because the workers' time counts; interleaved
+// so a change of the machine's load hits both.
+std::pair<double, double> time_threads(const std::function<void()>& f, double seconds, int n) {
+  double best1 = 1e30, bestn = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    kc::set_num_threads(1);
+    best1 = std::min(best1, per_call(f, seconds / 6, wall_seconds));
+    kc::set_num_threads(n);
+    bestn = std::min(bestn, per_call(f, seconds / 6, wall_seconds));
+  }
+  return {best1, bestn};
 }
 
 // Core clock in GHz: 8 dependent adds per loop iteration retire at one per cycle (CPU time, so time
@@ -92,6 +117,13 @@ double measure_ghz() {
   double best = 1e30;
   for (int r = 0; r < 3; ++r) best = std::min(best, run(50'000'000));
   return 8.0 * 50'000'000 / best / 1e9;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 double cpuinfo_mhz() {
@@ -140,6 +172,8 @@ int run(const Flags& f) {
                 "--heads (got {} {} {} {} {})",
                 f.batch, f.block, f.embd, f.heads, f.vocab);
   TRIDENT_CHECK(f.seconds > 0, InvalidArgument, "bench kernels: --seconds must be positive (got {})", f.seconds);
+  TRIDENT_CHECK(f.threads >= 1 && f.threads <= 1024, InvalidArgument,
+                "bench kernels: --threads must be between 1 and 1024 (got {})", f.threads);
   std::vector<kc::Isa> levels;
   if (f.isa == "all") {
     for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) levels.push_back(static_cast<kc::Isa>(i));
@@ -159,7 +193,14 @@ int run(const Flags& f) {
   const double ghz = measure_ghz();
   std::printf("cpu: %s\nfeatures: %s\nmachine level: %s\n", cpu_model().c_str(), kc::cpu_features().c_str(),
               kc::isa_name(kc::machine_isa()));
-  std::printf("clock: %.2f GHz measured (dependent adds, thread CPU time), /proc/cpuinfo says %.0f MHz; 1 thread\n", ghz, cpuinfo_mhz());
+  std::printf("clock: %.2f GHz measured (dependent adds, thread CPU time), /proc/cpuinfo says %.0f MHz\n", ghz,
+              cpuinfo_mhz());
+  if (f.threads == 1)
+    std::printf("1 thread, this thread's CPU time\n");
+  else
+    std::printf("%d threads (the kernels' pool) against 1, interleaved, wall clock; peak = %d x one core's; load "
+                "average at start: %s\n",
+                f.threads, f.threads, load_average().c_str());
   const int B = f.batch, T = f.block, C = f.embd, NH = f.heads, V = f.vocab, N = B * T;
   std::printf("shapes: B %d, T %d, C %d, heads %d, vocab %d (N = B*T = %d rows)\n\n", B, T, C, NH, V, N);
 
@@ -176,19 +217,39 @@ int run(const Flags& f) {
   std::vector<float> m(np, 0.0f), v(np, 0.0f);
   std::vector<char> cpa(64 << 20), cpb(cpa.size());
 
-  std::printf("%-11s %-34s %10s %10s %7s\n", "isa", "kernel", "measured", "peak", "of peak");
+  const bool multi = f.threads > 1;
+  if (multi)
+    std::printf("%-11s %-34s %10s %10s %7s %10s %8s\n", "isa", "kernel", "measured", "peak", "of peak", "1 thread",
+                "speedup");
+  else
+    std::printf("%-11s %-34s %10s %10s %7s\n", "isa", "kernel", "measured", "peak", "of peak");
   for (kc::Isa l : levels) {
     const kc::Isa before = kc::set_isa(l);
     auto flops_row = [&](const char* name, double flops, bool bf16, const std::function<void()>& fn) {
+      if (multi) {
+        const auto [s1, sn] = time_threads(fn, f.seconds, f.threads);
+        const double gf = flops / sn / 1e9, peak = f.threads * ghz * flops_per_cycle(l, bf16);
+        std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%% %5.1f GF/s %7.2fx\n", kc::isa_name(l), name, gf, peak,
+                    100 * gf / peak, flops / s1 / 1e9, s1 / sn);
+        return;
+      }
       const double s = time_call(fn, f.seconds);
       const double gf = flops / s / 1e9, peak = ghz * flops_per_cycle(l, bf16);
       std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%\n", kc::isa_name(l), name, gf, peak, 100 * gf / peak);
     };
     auto bytes_row = [&](const char* name, double bytes, const std::function<void()>& fn) {
-      const double s = time_call(fn, f.seconds);
       const size_t nb = std::min(cpa.size(), static_cast<size_t>(bytes / 2));
       const double sc = time_call([&] { std::memcpy(cpb.data(), cpa.data(), nb); }, f.seconds / 4);
-      const double gb = bytes / s / 1e9, peak = 2.0 * nb / sc / 1e9;
+      const double peak = 2.0 * nb / sc / 1e9;
+      if (multi) {
+        const auto [s1, sn] = time_threads(fn, f.seconds, f.threads);
+        const double gb = bytes / sn / 1e9;
+        std::printf("%-11s %-34s %6.1f GB/s %6.1f GB/s %6.0f%% %5.1f GB/s %7.2fx  (peak: memcpy, 1 thread)\n",
+                    kc::isa_name(l), name, gb, peak, 100 * gb / peak, bytes / s1 / 1e9, s1 / sn);
+        return;
+      }
+      const double s = time_call(fn, f.seconds);
+      const double gb = bytes / s / 1e9;
       std::printf("%-11s %-34s %6.1f GB/s %6.1f GB/s %6.0f%%  (memcpy)\n", kc::isa_name(l), name, gb, peak,
                   100 * gb / peak);
     };
@@ -233,6 +294,7 @@ int run(const Flags& f) {
     });
     kc::set_isa(before);
   }
+  kc::set_num_threads(1);
   std::printf("\n%s\n", kc::kernel_summary().c_str());
   return 0;
 }
@@ -242,8 +304,8 @@ void setup(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   CLI::App* k = bench->add_subcommand(
       "kernels",
-      "CPU kernel speed (GFLOP/s or GB/s) at each ISA level of this machine beside the core's peak, one "
-      "thread, on a GPT step's shapes (default nanoGPT's CPU config)");
+      "CPU kernel speed (GFLOP/s or GB/s) at each ISA level of this machine beside the core's peak, on one "
+      "thread or (--threads N) on N against 1, on a GPT step's shapes (default nanoGPT's CPU config)");
   k->add_option("--isa", f->isa,
                 "all (every level this CPU has) or a comma list of portable, avx2, avx512, "
                 "avx512bf16, amx")
@@ -254,6 +316,9 @@ void setup(CLI::App& app) {
   k->add_option("--heads", f->heads, "attention heads")->capture_default_str();
   k->add_option("--vocab", f->vocab, "vocabulary size (cross-entropy width)")->capture_default_str();
   k->add_option("--seconds", f->seconds, "time per measurement (best of 3 rounds)")->capture_default_str();
+  k->add_option("--threads", f->threads,
+                "threads of the kernels' pool: above 1, each kernel also runs on 1 thread and the speedup is shown")
+      ->capture_default_str();
   k->callback([f] { set_exit_code(run(*f)); });
 }
 

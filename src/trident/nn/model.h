@@ -15,7 +15,7 @@
 //   The tied wte is last (its gradient is final only after the embedding backward).
 // - forward_backward returns the UNSCALED mean loss; gradients are those of loss * loss_scale.
 // - Padding elements of the flat buffers (between 64-byte-aligned tensors) stay 0 in values and grads.
-// - Kernels use the BLAS thread pool: call trident::kernels::cpu::set_num_threads(n) (kernels/cpu/ops.h)
+// - Kernels use their own thread pool: call trident::kernels::cpu::set_num_threads(n) (kernels/cpu/ops.h)
 //   once per process (1 per rank when ranks share a host).
 // - Blocks (for ZeRO-3 / FSDP-style parameter sharding): blocks() lists the model's blocks in forward
 //   order, each with the parameters its forward and backward read (a parameter may appear in several

@@ -1,4 +1,4 @@
-// Causal multi-head self-attention, forward and backward, one (batch, head) at a time.
+// Causal multi-head self-attention, forward and backward, one (batch, head) per task of the kernels' pool.
 // Forward keeps only the output and the log-sum-exp of each score row; backward recomputes the
 // probabilities from q, k and lse (as FlashAttention does), so saved memory is O(B*T*C), not
 // O(B*NH*T*T); a T x T scratch per call is reused across heads.
@@ -13,6 +13,7 @@
 #include "trident/kernels/cpu/gemm_avx512.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
+#include "trident/kernels/cpu/thread_pool.h"
 
 // Vec16 helpers are inlined into per-ISA clones; the ABI note about passing them by value does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -49,74 +50,99 @@ TRIDENT_KERNEL_BODY void transpose_head_body(float* xt, size_t tp, const float* 
     for (size_t j = T; j < tp; ++j) xt[d * tp + j] = 0.0f;
 }
 
-// Vector width of the register blocks: one AVX-512 register (two AVX2 ones, four SSE ones; GCC's
-// vector extension lowers it for each clone).
-constexpr int kW = 16;
-typedef float Vec16 __attribute__((vector_size(64)));
+// Vector width W of the register blocks: one register of the clone's ISA (16 floats for x86-64-v4, 8 for
+// x86-64-v3, 4 for baseline SSE). A wider GCC vector than the target has is lowered through the stack,
+// which made the AVX2 and baseline paths 20x slower than the AVX-512 one; each clone therefore
+// instantiates the bodies at its own width.
+// TRIDENT_ISA_CLONES (simd.h) for bodies templated on the vector width.
+#define TRIDENT_ISA_CLONES_W(ret, name, params, args)                            \
+  TRIDENT_TARGET_V4 static ret name##_v4 params { return name##_body<16> args; } \
+  TRIDENT_TARGET_V3 static ret name##_v3 params { return name##_body<8> args; }  \
+  static ret name##_v1 params { return name##_body<4> args; }                    \
+  static ret(*const name##_clones[3]) params = {name##_v1, name##_v3, name##_v4}
 
-__attribute__((always_inline)) static inline Vec16 load16(const float* p) {
-  Vec16 v;
+template <int W>
+struct VecOf {
+  typedef float F __attribute__((vector_size(4 * W)));
+  typedef int32_t I __attribute__((vector_size(4 * W)));
+};
+#define TRIDENT_VEC_TYPES   \
+  using Vec16 [[maybe_unused]] = typename VecOf<W>::F; \
+  using Int16 [[maybe_unused]] = typename VecOf<W>::I; \
+  constexpr int kW = W;             \
+  (void)kW
+
+template <int W>
+__attribute__((always_inline)) static inline typename VecOf<W>::F load16(const float* p) {
+  typename VecOf<W>::F v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-__attribute__((always_inline)) static inline void store16(float* p, Vec16 v) { std::memcpy(p, &v, sizeof(v)); }
+template <int W>
+__attribute__((always_inline)) static inline void store16(float* p, typename VecOf<W>::F v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // out[0..n16) = scale * sum_d a[d] * mt[d][0..n16) (mt rows at stride tp; n16 a multiple of kW).
 // Up to four accumulator blocks stay in registers across the d loop (independent FMA chains).
+template <int W>
 __attribute__((always_inline)) static inline void row_times_matrix(float* out, const float* a, const float* mt, size_t tp, int hd, int n16,
                                     float scale) {
+  TRIDENT_VEC_TYPES;
   int jb = 0;
   for (; jb + 4 * kW <= n16; jb += 4 * kW) {
     Vec16 c0 = {}, c1 = {}, c2 = {}, c3 = {};
     for (int d = 0; d < hd; ++d) {
       const float x = a[d];
       const float* m = mt + d * tp + jb;
-      c0 += x * load16(m);
-      c1 += x * load16(m + kW);
-      c2 += x * load16(m + 2 * kW);
-      c3 += x * load16(m + 3 * kW);
+      c0 += x * load16<W>(m);
+      c1 += x * load16<W>(m + kW);
+      c2 += x * load16<W>(m + 2 * kW);
+      c3 += x * load16<W>(m + 3 * kW);
     }
-    store16(out + jb, c0 * scale);
-    store16(out + jb + kW, c1 * scale);
-    store16(out + jb + 2 * kW, c2 * scale);
-    store16(out + jb + 3 * kW, c3 * scale);
+    store16<W>(out + jb, c0 * scale);
+    store16<W>(out + jb + kW, c1 * scale);
+    store16<W>(out + jb + 2 * kW, c2 * scale);
+    store16<W>(out + jb + 3 * kW, c3 * scale);
   }
   for (; jb + 2 * kW <= n16; jb += 2 * kW) {
     Vec16 c0 = {}, c1 = {}, e0 = {}, e1 = {};
     int d = 0;
     for (; d + 1 < hd; d += 2) {
       const float* m = mt + d * tp + jb;
-      c0 += a[d] * load16(m);
-      c1 += a[d] * load16(m + kW);
-      e0 += a[d + 1] * load16(m + tp);
-      e1 += a[d + 1] * load16(m + tp + kW);
+      c0 += a[d] * load16<W>(m);
+      c1 += a[d] * load16<W>(m + kW);
+      e0 += a[d + 1] * load16<W>(m + tp);
+      e1 += a[d + 1] * load16<W>(m + tp + kW);
     }
     if (d < hd) {
-      c0 += a[d] * load16(mt + d * tp + jb);
-      c1 += a[d] * load16(mt + d * tp + jb + kW);
+      c0 += a[d] * load16<W>(mt + d * tp + jb);
+      c1 += a[d] * load16<W>(mt + d * tp + jb + kW);
     }
-    store16(out + jb, (c0 + e0) * scale);
-    store16(out + jb + kW, (c1 + e1) * scale);
+    store16<W>(out + jb, (c0 + e0) * scale);
+    store16<W>(out + jb + kW, (c1 + e1) * scale);
   }
   for (; jb < n16; jb += kW) {
     Vec16 c0 = {}, c1 = {}, c2 = {}, c3 = {};
     int d = 0;
     for (; d + 3 < hd; d += 4) {
       const float* m = mt + d * tp + jb;
-      c0 += a[d] * load16(m);
-      c1 += a[d + 1] * load16(m + tp);
-      c2 += a[d + 2] * load16(m + 2 * tp);
-      c3 += a[d + 3] * load16(m + 3 * tp);
+      c0 += a[d] * load16<W>(m);
+      c1 += a[d + 1] * load16<W>(m + tp);
+      c2 += a[d + 2] * load16<W>(m + 2 * tp);
+      c3 += a[d + 3] * load16<W>(m + 3 * tp);
     }
-    for (; d < hd; ++d) c0 += a[d] * load16(mt + d * tp + jb);
-    store16(out + jb, ((c0 + c1) + (c2 + c3)) * scale);
+    for (; d < hd; ++d) c0 += a[d] * load16<W>(mt + d * tp + jb);
+    store16<W>(out + jb, ((c0 + c1) + (c2 + c3)) * scale);
   }
 }
 
 // out[0..hd) = sum_{j in [j0, j1)} w[j * wstride] * rows[j * ld + 0..hd); blocks of kW over d (two
 // independent chains per block: even and odd j), remainder scalar.
+template <int W>
 __attribute__((always_inline)) static inline void weighted_row_sum(float* out, const float* w, size_t wstride, const float* rows, size_t ld, int j0,
                                     int j1, int hd) {
+  TRIDENT_VEC_TYPES;
   int db = 0;
   for (; db + 2 * kW <= hd; db += 2 * kW) {
     Vec16 a0 = {}, a1 = {}, b0 = {}, b1 = {};
@@ -124,28 +150,28 @@ __attribute__((always_inline)) static inline void weighted_row_sum(float* out, c
     for (; j + 1 < j1; j += 2) {
       const float x = w[j * wstride], y = w[(j + 1) * wstride];
       const float* r = rows + j * ld + db;
-      a0 += x * load16(r);
-      a1 += x * load16(r + kW);
-      b0 += y * load16(r + ld);
-      b1 += y * load16(r + ld + kW);
+      a0 += x * load16<W>(r);
+      a1 += x * load16<W>(r + kW);
+      b0 += y * load16<W>(r + ld);
+      b1 += y * load16<W>(r + ld + kW);
     }
     if (j < j1) {
       const float x = w[j * wstride];
-      a0 += x * load16(rows + j * ld + db);
-      a1 += x * load16(rows + j * ld + db + kW);
+      a0 += x * load16<W>(rows + j * ld + db);
+      a1 += x * load16<W>(rows + j * ld + db + kW);
     }
-    store16(out + db, a0 + b0);
-    store16(out + db + kW, a1 + b1);
+    store16<W>(out + db, a0 + b0);
+    store16<W>(out + db + kW, a1 + b1);
   }
   for (; db + kW <= hd; db += kW) {
     Vec16 a0 = {}, b0 = {};
     int j = j0;
     for (; j + 1 < j1; j += 2) {
-      a0 += w[j * wstride] * load16(rows + j * ld + db);
-      b0 += w[(j + 1) * wstride] * load16(rows + (j + 1) * ld + db);
+      a0 += w[j * wstride] * load16<W>(rows + j * ld + db);
+      b0 += w[(j + 1) * wstride] * load16<W>(rows + (j + 1) * ld + db);
     }
-    if (j < j1) a0 += w[j * wstride] * load16(rows + j * ld + db);
-    store16(out + db, a0 + b0);
+    if (j < j1) a0 += w[j * wstride] * load16<W>(rows + j * ld + db);
+    store16<W>(out + db, a0 + b0);
   }
   for (; db < hd; ++db) {
     float acc = 0.0f;
@@ -154,25 +180,31 @@ __attribute__((always_inline)) static inline void weighted_row_sum(float* out, c
   }
 }
 
-typedef int32_t Int16 __attribute__((vector_size(64)));
-
-__attribute__((always_inline)) static inline Vec16 splat(float x) { return Vec16{} + x; }
-
-// Lane indices base + 0..15.
-__attribute__((always_inline)) static inline Int16 lanes(int base) {
-  return Int16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + base;
+template <int W>
+__attribute__((always_inline)) static inline typename VecOf<W>::F splat(float x) {
+  return typename VecOf<W>::F{} + x;
 }
 
-// detail::fast_exp on 16 lanes (same operations, same results).
-__attribute__((always_inline)) static inline Vec16 fast_exp16(Vec16 x) {
-  x = x < splat(-87.3f) ? splat(-87.3f) : x;
-  x = x > splat(88.7f) ? splat(88.7f) : x;
+// Lane indices base + 0..W-1.
+template <int W>
+__attribute__((always_inline)) static inline typename VecOf<W>::I lanes(int base) {
+  typename VecOf<W>::I l;
+  for (int k = 0; k < W; ++k) l[k] = base + k;
+  return l;
+}
+
+// detail::fast_exp on W lanes (same operations, same results).
+template <int W>
+__attribute__((always_inline)) static inline typename VecOf<W>::F fast_exp16(typename VecOf<W>::F x) {
+  TRIDENT_VEC_TYPES;
+  x = x < splat<W>(-87.3f) ? splat<W>(-87.3f) : x;
+  x = x > splat<W>(88.7f) ? splat<W>(88.7f) : x;
   const float kShift = 12582912.0f;
   Vec16 t = x * 1.44269504088896341f + kShift;
   Vec16 n = t - kShift;
   Vec16 r = x - n * 0.693145751953125f;
   r = r - n * 1.42860682030941723e-06f;
-  Vec16 p = splat(1.0f / 720.0f);
+  Vec16 p = splat<W>(1.0f / 720.0f);
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
@@ -185,46 +217,57 @@ __attribute__((always_inline)) static inline Vec16 fast_exp16(Vec16 x) {
   return p * scale;
 }
 
-__attribute__((always_inline)) static inline float hmax(Vec16 v) {
+template <int W>
+__attribute__((always_inline)) static inline float hmax(typename VecOf<W>::F v) {
+  constexpr int kW = W;
   float m = v[0];
   for (int k = 1; k < kW; ++k) m = v[k] > m ? v[k] : m;
   return m;
 }
-__attribute__((always_inline)) static inline float hsum(Vec16 v) {
+template <int W>
+__attribute__((always_inline)) static inline float hsum(typename VecOf<W>::F v) {
+  constexpr int kW = W;
   float s = 0.0f;
   for (int k = 0; k < kW; ++k) s += v[k];
   return s;
 }
 
-__attribute__((always_inline)) static inline int round_up(int n) { return (n + kW - 1) / kW * kW; }
+template <int W>
+__attribute__((always_inline)) static inline int round_up(int n) {
+  return (n + W - 1) / W * W;
+}
 
 // Softmax of one causal row in place: row[j] * scale for j < n, over the row padded to round_up(n) lanes
 // (lanes j >= n are masked to -inf-like before, and 0 after, the exp). Returns the log-sum-exp.
+template <int W>
 __attribute__((always_inline)) static inline float masked_softmax_row(float* row, int n, float scale) {
-  const int n16 = round_up(n);
-  Vec16 vmax = splat(-3.0e38f);
+  TRIDENT_VEC_TYPES;
+  const int n16 = round_up<W>(n);
+  Vec16 vmax = splat<W>(-3.0e38f);
   for (int jb = 0; jb < n16; jb += kW) {
-    Vec16 x = load16(row + jb) * scale;
-    x = lanes(jb) < n ? x : splat(-3.0e38f);
-    store16(row + jb, x);
+    Vec16 x = load16<W>(row + jb) * scale;
+    x = lanes<W>(jb) < n ? x : splat<W>(-3.0e38f);
+    store16<W>(row + jb, x);
     vmax = x > vmax ? x : vmax;
   }
-  const float mx = hmax(vmax);
+  const float mx = hmax<W>(vmax);
   Vec16 vsum = {};
   for (int jb = 0; jb < n16; jb += kW) {
-    Vec16 e = fast_exp16(load16(row + jb) - mx);
-    e = lanes(jb) < n ? e : Vec16{};
-    store16(row + jb, e);
+    Vec16 e = fast_exp16<W>(load16<W>(row + jb) - mx);
+    e = lanes<W>(jb) < n ? e : Vec16{};
+    store16<W>(row + jb, e);
     vsum += e;
   }
-  const float sum = hsum(vsum);
+  const float sum = hsum<W>(vsum);
   const float inv = 1.0f / sum;
-  for (int jb = 0; jb < n16; jb += kW) store16(row + jb, load16(row + jb) * inv);
+  for (int jb = 0; jb < n16; jb += kW) store16<W>(row + jb, load16<W>(row + jb) * inv);
   return mx + std::log(sum);
 }
 
+template <int W>
 TRIDENT_KERNEL_BODY void attn_fwd_head_body(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
                                             Scratch& sc) {
+  TRIDENT_VEC_TYPES;
   const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
   float* kt = sc.kt.data();
   transpose_head_body(kt, tp, qkv + C, ld, T, hd);
@@ -232,13 +275,13 @@ TRIDENT_KERNEL_BODY void attn_fwd_head_body(float* out, float* lse, const float*
   float* row = sc.s.data();
   for (int i = 0; i < T; ++i) {
     const int n = i + 1;
-    const int n16 = round_up(n);
-    row_times_matrix(row, qkv + i * ld, kt, tp, hd, n16, scale);
-    lse[i] = masked_softmax_row(row, n, 1.0f);  // already scaled (x 1 is exact)
-    weighted_row_sum(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
+    const int n16 = round_up<W>(n);
+    row_times_matrix<W>(row, qkv + i * ld, kt, tp, hd, n16, scale);
+    lse[i] = masked_softmax_row<W>(row, n, 1.0f);  // already scaled (x 1 is exact)
+    weighted_row_sum<W>(out + static_cast<size_t>(i) * C, row, 1, v, ld, 0, n, hd);
   }
 }
-TRIDENT_ISA_CLONES(void, attn_fwd_head,
+TRIDENT_ISA_CLONES_W(void, attn_fwd_head,
                    (float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc),
                    (out, lse, qkv, T, C, hd, scale, sc));
 static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale, Scratch& sc) {
@@ -252,16 +295,18 @@ using detail::Tri;
 
 // Row i of S (stride tp) holds q_i.k_j for j <= i on entry; on return exp(scale s - lse_i) normalized (P),
 // zero for j > i up to the padded row end; lse[i] set.
+template <int W>
 TRIDENT_KERNEL_BODY void causal_softmax_rows_body(float* S, size_t tp, float* lse, int T, float scale) {
-  const int tend = round_up(T);
+  TRIDENT_VEC_TYPES;
+  const int tend = round_up<W>(T);
   for (int i = 0; i < T; ++i) {
-    const int n = i + 1, n16 = round_up(n);
+    const int n = i + 1, n16 = round_up<W>(n);
     float* row = S + i * tp;
-    lse[i] = masked_softmax_row(row, n, scale);
-    for (int jb = n16; jb < tend; jb += kW) store16(row + jb, Vec16{});
+    lse[i] = masked_softmax_row<W>(row, n, scale);
+    for (int jb = n16; jb < tend; jb += kW) store16<W>(row + jb, Vec16{});
   }
 }
-TRIDENT_ISA_CLONES(void, causal_softmax_rows, (float* S, size_t tp, float* lse, int T, float scale),
+TRIDENT_ISA_CLONES_W(void, causal_softmax_rows, (float* S, size_t tp, float* lse, int T, float scale),
                    (S, tp, lse, T, scale));
 static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float scale) {
   return TRIDENT_ISA_CALL(causal_softmax_rows, (S, tp, lse, T, scale));
@@ -269,12 +314,14 @@ static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float sc
 
 // On entry P holds q_i.k_j and dS holds dO_i.v_j (j <= i); on return P = exp(scale s - lse_i) and
 // dS = P (dP - D_i) scale, both zero for j > i up to the padded row end.
+template <int W>
 TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size_t tp, const float* dout,
                                                        const float* out, const float* lse, int T, int C, int hd,
                                                        float scale) {
-  const int tend = round_up(T);
+  TRIDENT_VEC_TYPES;
+  const int tend = round_up<W>(T);
   for (int i = 0; i < T; ++i) {
-    const int n = i + 1, n16 = round_up(n);
+    const int n = i + 1, n16 = round_up<W>(n);
     float* p = P + i * tp;
     float* ds = dS + i * tp;
     const float* go = dout + static_cast<size_t>(i) * C;
@@ -283,21 +330,21 @@ TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size
     float D = 0.0f;
     for (int d = 0; d < hd; ++d) D += go[d] * o[d];
     for (int jb = 0; jb < n16; jb += kW) {
-      const auto valid = lanes(jb) < n;
-      Vec16 pj = fast_exp16(load16(p + jb) * scale - l);
+      const auto valid = lanes<W>(jb) < n;
+      Vec16 pj = fast_exp16<W>(load16<W>(p + jb) * scale - l);
       pj = valid ? pj : Vec16{};
-      store16(p + jb, pj);
+      store16<W>(p + jb, pj);
       // Lanes past the diagonal are selected away, not multiplied by 0: they may hold stale scratch.
-      const Vec16 g = pj * (load16(ds + jb) - D) * scale;
-      store16(ds + jb, valid ? g : Vec16{});
+      const Vec16 g = pj * (load16<W>(ds + jb) - D) * scale;
+      store16<W>(ds + jb, valid ? g : Vec16{});
     }
     for (int jb = n16; jb < tend; jb += kW) {
-      store16(p + jb, Vec16{});
-      store16(ds + jb, Vec16{});
+      store16<W>(p + jb, Vec16{});
+      store16<W>(ds + jb, Vec16{});
     }
   }
 }
-TRIDENT_ISA_CLONES(void, causal_softmax_grad_rows,
+TRIDENT_ISA_CLONES_W(void, causal_softmax_grad_rows,
                    (float* P, float* dS, size_t tp, const float* dout, const float* out, const float* lse, int T, int C,
                     int hd, float scale),
                    (P, dS, tp, dout, out, lse, T, C, hd, scale));
@@ -332,26 +379,27 @@ static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qk
   detail::gemm_avx512(true, false, T, hd, T, P, tp, dout, C, false, dqkv + 2 * C, ld, Tri::kUpperA);
 }
 
+// Heads are independent: one task per (batch, head), each on its thread's scratch.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  g_scratch.ensure(T, hd);
-  if (detail::native_kernels_enabled()) {
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < NH; ++h)
-        attn_fwd_head_native(out + static_cast<size_t>(b) * T * C + h * hd, lse + (static_cast<size_t>(b) * NH + h) * T,
-                             qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, g_scratch);
-    return;
-  }
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      attn_fwd_head(out + static_cast<size_t>(b) * T * C + h * hd, lse + (static_cast<size_t>(b) * NH + h) * T,
-                    qkv + static_cast<size_t>(b) * T * 3 * C + h * hd, T, C, hd, scale, g_scratch);
+  const bool native = detail::native_kernels_enabled();
+  parallel_for(static_cast<int64_t>(B) * NH, [&](int64_t t) {
+    const int b = static_cast<int>(t / NH), h = static_cast<int>(t % NH);
+    g_scratch.ensure(T, hd);
+    float* o = out + static_cast<size_t>(b) * T * C + h * hd;
+    float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
+    const float* x = qkv + static_cast<size_t>(b) * T * 3 * C + h * hd;
+    if (native) attn_fwd_head_native(o, l, x, T, C, hd, scale, g_scratch);
+    else attn_fwd_head(o, l, x, T, C, hd, scale, g_scratch);
+  });
 }
 
+template <int W>
 TRIDENT_KERNEL_BODY void attn_bwd_head_body(float* dqkv, const float* dout, const float* qkv, const float* out,
                                             const float* lse, int T, int C, int hd, float scale, Scratch& sc) {
+  TRIDENT_VEC_TYPES;
   const size_t ld = 3 * static_cast<size_t>(C), tp = align_floats(T);
   const float* q = qkv;
   const float* k = qkv + C;
@@ -363,34 +411,34 @@ TRIDENT_KERNEL_BODY void attn_bwd_head_body(float* dqkv, const float* dout, cons
   transpose_head_body(kt, tp, k, ld, T, hd);
   transpose_head_body(vt, tp, v, ld, T, hd);
   for (int i = 0; i < T; ++i) {
-    const int n = i + 1, n16 = round_up(n);
+    const int n = i + 1, n16 = round_up<W>(n);
     float* p = P + i * tp;
     float* ds = dS + i * tp;
     const float* go = dout + static_cast<size_t>(i) * C;
     const float* o = out + static_cast<size_t>(i) * C;
     const float l = lse[i];
     // Recompute P_i = exp(scale q_i.k_j - lse_i); dP_i = dO_i . v_j; D_i = dO_i . O_i.
-    row_times_matrix(p, q + i * ld, kt, tp, hd, n16, scale);
-    row_times_matrix(ds, go, vt, tp, hd, n16, 1.0f);
+    row_times_matrix<W>(p, q + i * ld, kt, tp, hd, n16, scale);
+    row_times_matrix<W>(ds, go, vt, tp, hd, n16, 1.0f);
     float D = 0.0f;
     for (int d = 0; d < hd; ++d) D += go[d] * o[d];
     for (int jb = 0; jb < n16; jb += kW) {
-      const auto valid = lanes(jb) < n;
-      Vec16 pj = fast_exp16(load16(p + jb) - l);
+      const auto valid = lanes<W>(jb) < n;
+      Vec16 pj = fast_exp16<W>(load16<W>(p + jb) - l);
       pj = valid ? pj : Vec16{};
-      store16(p + jb, pj);
-      store16(ds + jb, pj * (load16(ds + jb) - D) * scale);
+      store16<W>(p + jb, pj);
+      store16<W>(ds + jb, pj * (load16<W>(ds + jb) - D) * scale);
     }
     // dQ_i = sum_j dS_ij k_j.
-    weighted_row_sum(dqkv + i * ld, ds, 1, k, ld, 0, n, hd);
+    weighted_row_sum<W>(dqkv + i * ld, ds, 1, k, ld, 0, n, hd);
   }
   // dK_j = sum_{i>=j} dS_ij q_i;  dV_j = sum_{i>=j} P_ij dO_i.
   for (int j = 0; j < T; ++j) {
-    weighted_row_sum(dqkv + C + j * ld, dS + j, tp, q, ld, j, T, hd);
-    weighted_row_sum(dqkv + 2 * C + j * ld, P + j, tp, dout, C, j, T, hd);
+    weighted_row_sum<W>(dqkv + C + j * ld, dS + j, tp, q, ld, j, T, hd);
+    weighted_row_sum<W>(dqkv + 2 * C + j * ld, P + j, tp, dout, C, j, T, hd);
   }
 }
-TRIDENT_ISA_CLONES(void, attn_bwd_head,
+TRIDENT_ISA_CLONES_W(void, attn_bwd_head,
                    (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int T, int C,
                     int hd, float scale, Scratch& sc),
                    (dqkv, dout, qkv, out, lse, T, C, hd, scale, sc));
@@ -404,22 +452,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  g_scratch.ensure(T, hd);
   const bool native = detail::native_kernels_enabled();
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h) {
-      if (native) {
-        const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
-        const size_t base = static_cast<size_t>(b) * T * C + h * hd;
-        attn_bwd_head_native(dqkv + base3, dout + base, qkv + base3, out + base,
-                             lse + (static_cast<size_t>(b) * NH + h) * T, T, C, hd, scale, g_scratch);
-        continue;
-      }
-      const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
-      const size_t base = static_cast<size_t>(b) * T * C + h * hd;
-      attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, lse + (static_cast<size_t>(b) * NH + h) * T, T,
-                    C, hd, scale, g_scratch);
-    }
+  parallel_for(static_cast<int64_t>(B) * NH, [&](int64_t t) {
+    const int b = static_cast<int>(t / NH), h = static_cast<int>(t % NH);
+    g_scratch.ensure(T, hd);
+    const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
+    const size_t base = static_cast<size_t>(b) * T * C + h * hd;
+    const float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
+    if (native) attn_bwd_head_native(dqkv + base3, dout + base, qkv + base3, out + base, l, T, C, hd, scale, g_scratch);
+    else attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, l, T, C, hd, scale, g_scratch);
+  });
 }
 
 }  // namespace trident::kernels::cpu

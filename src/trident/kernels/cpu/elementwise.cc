@@ -1,9 +1,15 @@
 // Elementwise and row-wise kernels: GELU, adds, LayerNorm, softmax, embeddings, cross-entropy, AdamW.
+// Parallel over chunks fixed by the sizes (kGrain elements, or rows of about that many): every thread
+// count runs the same chunks. Sums across rows (LayerNorm's weight gradients, embedding gradients, bias
+// sums) are split by columns instead, each sum running over the rows in order.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
+#include "trident/kernels/cpu/thread_pool.h"
 
 namespace trident::kernels::cpu {
 
@@ -15,6 +21,8 @@ namespace {
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr int64_t kGrain = 16384;  // elements per task (64 KiB of float32), a multiple of any vector width
+int64_t row_grain(int C) { return std::max<int64_t>(1, kGrain / std::max(C, 1)); }
 }  // namespace
 
 TRIDENT_KERNEL_BODY void gelu_exact_fwd_body(float* out, const float* inp, size_t n) {
@@ -25,7 +33,7 @@ TRIDENT_KERNEL_BODY void gelu_exact_fwd_body(float* out, const float* inp, size_
 }
 TRIDENT_ISA_CLONES(void, gelu_exact_fwd, (float* out, const float* inp, size_t n), (out, inp, n));
 static void gelu_exact_fwd(float* out, const float* inp, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_exact_fwd, (out, inp, n));
+  parallel_chunks(n, kGrain, [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_exact_fwd, (out + b, inp + b, c)); });
 }
 TRIDENT_KERNEL_BODY void gelu_tanh_fwd_body(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -36,7 +44,7 @@ TRIDENT_KERNEL_BODY void gelu_tanh_fwd_body(float* out, const float* inp, size_t
 }
 TRIDENT_ISA_CLONES(void, gelu_tanh_fwd, (float* out, const float* inp, size_t n), (out, inp, n));
 static void gelu_tanh_fwd(float* out, const float* inp, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_tanh_fwd, (out, inp, n));
+  parallel_chunks(n, kGrain, [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_tanh_fwd, (out + b, inp + b, c)); });
 }
 TRIDENT_KERNEL_BODY void gelu_exact_bwd_body(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -51,7 +59,8 @@ TRIDENT_KERNEL_BODY void gelu_exact_bwd_body(float* dinp, const float* inp, cons
 TRIDENT_ISA_CLONES(void, gelu_exact_bwd, (float* dinp, const float* inp, const float* dout, size_t n),
                    (dinp, inp, dout, n));
 static void gelu_exact_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_exact_bwd, (dinp, inp, dout, n));
+  parallel_chunks(n, kGrain,
+                  [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_exact_bwd, (dinp + b, inp + b, dout + b, c)); });
 }
 TRIDENT_KERNEL_BODY void gelu_tanh_bwd_body(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -66,7 +75,8 @@ TRIDENT_KERNEL_BODY void gelu_tanh_bwd_body(float* dinp, const float* inp, const
 TRIDENT_ISA_CLONES(void, gelu_tanh_bwd, (float* dinp, const float* inp, const float* dout, size_t n),
                    (dinp, inp, dout, n));
 static void gelu_tanh_bwd(float* dinp, const float* inp, const float* dout, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_tanh_bwd, (dinp, inp, dout, n));
+  parallel_chunks(n, kGrain,
+                  [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_tanh_bwd, (dinp + b, inp + b, dout + b, c)); });
 }
 
 TRIDENT_KERNEL_BODY void gelu_exact_fwd_grad_body(float* out, float* grad, const float* inp, size_t n) {
@@ -81,7 +91,8 @@ TRIDENT_KERNEL_BODY void gelu_exact_fwd_grad_body(float* out, float* grad, const
 TRIDENT_ISA_CLONES(void, gelu_exact_fwd_grad, (float* out, float* grad, const float* inp, size_t n),
                    (out, grad, inp, n));
 static void gelu_exact_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_exact_fwd_grad, (out, grad, inp, n));
+  parallel_chunks(n, kGrain,
+                  [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_exact_fwd_grad, (out + b, grad + b, inp + b, c)); });
 }
 TRIDENT_KERNEL_BODY void gelu_tanh_fwd_grad_body(float* out, float* grad, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -96,7 +107,8 @@ TRIDENT_KERNEL_BODY void gelu_tanh_fwd_grad_body(float* out, float* grad, const 
 TRIDENT_ISA_CLONES(void, gelu_tanh_fwd_grad, (float* out, float* grad, const float* inp, size_t n),
                    (out, grad, inp, n));
 static void gelu_tanh_fwd_grad(float* out, float* grad, const float* inp, size_t n) {
-  return TRIDENT_ISA_CALL(gelu_tanh_fwd_grad, (out, grad, inp, n));
+  parallel_chunks(n, kGrain,
+                  [&](int64_t b, int64_t c) { TRIDENT_ISA_CALL(gelu_tanh_fwd_grad, (out + b, grad + b, inp + b, c)); });
 }
 
 void gelu_forward_and_grad(float* out, float* grad, const float* inp, size_t n, GeluKind kind) {
@@ -108,7 +120,9 @@ TRIDENT_KERNEL_BODY void mul_body(float* out, const float* a, const float* b, si
   for (size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 TRIDENT_ISA_CLONES(void, mul, (float* out, const float* a, const float* b, size_t n), (out, a, b, n));
-void mul(float* out, const float* a, const float* b, size_t n) { return TRIDENT_ISA_CALL(mul, (out, a, b, n)); }
+void mul(float* out, const float* a, const float* b, size_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t o, int64_t c) { TRIDENT_ISA_CALL(mul, (out + o, a + o, b + o, c)); });
+}
 
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind) {
   if (kind == GeluKind::kExact) gelu_exact_fwd(out, inp, n);
@@ -123,12 +137,16 @@ TRIDENT_KERNEL_BODY void add_body(float* out, const float* a, const float* b, si
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 TRIDENT_ISA_CLONES(void, add, (float* out, const float* a, const float* b, size_t n), (out, a, b, n));
-void add(float* out, const float* a, const float* b, size_t n) { return TRIDENT_ISA_CALL(add, (out, a, b, n)); }
+void add(float* out, const float* a, const float* b, size_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t o, int64_t c) { TRIDENT_ISA_CALL(add, (out + o, a + o, b + o, c)); });
+}
 TRIDENT_KERNEL_BODY void add_inplace_body(float* acc, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 TRIDENT_ISA_CLONES(void, add_inplace, (float* acc, const float* x, size_t n), (acc, x, n));
-void add_inplace(float* acc, const float* x, size_t n) { return TRIDENT_ISA_CALL(add_inplace, (acc, x, n)); }
+void add_inplace(float* acc, const float* x, size_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t o, int64_t c) { TRIDENT_ISA_CALL(add_inplace, (acc + o, x + o, c)); });
+}
 
 TRIDENT_KERNEL_BODY void layernorm_forward_body(float* out, float* mean, float* rstd, const float* inp,
                                                 const float* weight, const float* bias, int N, int C, float eps) {
@@ -161,12 +179,16 @@ TRIDENT_ISA_CLONES(void, layernorm_forward,
                    (out, mean, rstd, inp, weight, bias, N, C, eps));
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C, float eps) {
-  return TRIDENT_ISA_CALL(layernorm_forward, (out, mean, rstd, inp, weight, bias, N, C, eps));
+  parallel_chunks(N, row_grain(C), [&](int64_t r, int64_t rows) {
+    TRIDENT_ISA_CALL(layernorm_forward, (out + r * C, mean ? mean + r : nullptr, rstd ? rstd + r : nullptr,
+                                         inp + r * C, weight, bias, static_cast<int>(rows), C, eps));
+  });
 }
 
-TRIDENT_KERNEL_BODY void layernorm_backward_body(float* dinp, float* dweight, float* dbias, const float* dout,
-                                                 const float* inp, const float* weight, const float* mean,
-                                                 const float* rstd, int N, int C) {
+// dinp rows [0, N) (rows of x, dout and dinp at stride C).
+TRIDENT_KERNEL_BODY void layernorm_backward_rows_body(float* dinp, const float* dout, const float* inp,
+                                                      const float* weight, const float* mean, const float* rstd, int N,
+                                                      int C) {
   for (int r = 0; r < N; ++r) {
     const float* x = inp + static_cast<size_t>(r) * C;
     const float* g = dout + static_cast<size_t>(r) * C;
@@ -185,20 +207,42 @@ TRIDENT_KERNEL_BODY void layernorm_backward_body(float* dinp, float* dweight, fl
     for (int i = 0; i < C; ++i) {
       float norm = (x[i] - m) * rs;
       float dn = weight[i] * g[i];
-      dweight[i] += norm * g[i];
       dx[i] += (dn - s1 - norm * s2) * rs;
     }
-    if (dbias)
-      for (int i = 0; i < C; ++i) dbias[i] += g[i];
   }
 }
-TRIDENT_ISA_CLONES(void, layernorm_backward,
-                   (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                    const float* mean, const float* rstd, int N, int C),
-                   (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
+TRIDENT_ISA_CLONES(void, layernorm_backward_rows,
+                   (float* dinp, const float* dout, const float* inp, const float* weight, const float* mean,
+                    const float* rstd, int N, int C),
+                   (dinp, dout, inp, weight, mean, rstd, N, C));
+
+// dweight[0..w) and dbias[0..w) (nullable) summed over rows 0..N-1 in order; x and dout rows at stride ld.
+TRIDENT_KERNEL_BODY void layernorm_backward_cols_body(float* dweight, float* dbias, const float* dout, const float* inp,
+                                                      const float* mean, const float* rstd, int N, int w, int ld) {
+  for (int r = 0; r < N; ++r) {
+    const float* x = inp + static_cast<size_t>(r) * ld;
+    const float* g = dout + static_cast<size_t>(r) * ld;
+    const float m = mean[r], rs = rstd[r];
+    for (int i = 0; i < w; ++i) dweight[i] += (x[i] - m) * rs * g[i];
+    if (dbias)
+      for (int i = 0; i < w; ++i) dbias[i] += g[i];
+  }
+}
+TRIDENT_ISA_CLONES(void, layernorm_backward_cols,
+                   (float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
+                    const float* rstd, int N, int w, int ld),
+                   (dweight, dbias, dout, inp, mean, rstd, N, w, ld));
+
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-  return TRIDENT_ISA_CALL(layernorm_backward, (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
+  parallel_chunks(N, row_grain(C), [&](int64_t r, int64_t rows) {
+    TRIDENT_ISA_CALL(layernorm_backward_rows, (dinp + r * C, dout + r * C, inp + r * C, weight, mean + r, rstd + r,
+                                               static_cast<int>(rows), C));
+  });
+  parallel_chunks(C, 64, [&](int64_t c0, int64_t w) {
+    TRIDENT_ISA_CALL(layernorm_backward_cols, (dweight + c0, dbias ? dbias + c0 : nullptr, dout + c0, inp + c0, mean,
+                                               rstd, N, static_cast<int>(w), C));
+  });
 }
 
 TRIDENT_KERNEL_BODY void softmax_forward_body(float* out, const float* inp, int N, int C) {
@@ -219,43 +263,51 @@ TRIDENT_KERNEL_BODY void softmax_forward_body(float* out, const float* inp, int 
 }
 TRIDENT_ISA_CLONES(void, softmax_forward, (float* out, const float* inp, int N, int C), (out, inp, N, C));
 void softmax_forward(float* out, const float* inp, int N, int C) {
-  return TRIDENT_ISA_CALL(softmax_forward, (out, inp, N, C));
+  parallel_chunks(N, row_grain(C), [&](int64_t r, int64_t rows) {
+    TRIDENT_ISA_CALL(softmax_forward, (out + r * C, inp + r * C, static_cast<int>(rows), C));
+  });
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
                        int V) {
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
-      int32_t tok = tokens[b * T + t];
+      const int32_t tok = tokens[b * T + t];
       TRIDENT_CHECK(tok >= 0 && tok < V, InvalidArgument,
                     "embedding: token {} at (batch {}, position {}) is outside the vocabulary [0, {}); check the "
                     "tokenizer and vocab_size",
                     tok, b, t, V);
-      float* o = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* e = wte + static_cast<size_t>(tok) * C;
+    }
+  parallel_chunks(static_cast<int64_t>(B) * T, row_grain(C), [&](int64_t r0, int64_t rows) {
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      const int t = static_cast<int>(r % T);
+      float* o = out + r * C;
+      const float* e = wte + static_cast<size_t>(tokens[r]) * C;
       if (wpe) {
-        const float* p = wpe + static_cast<size_t>(t) * C;
-        add(o, e, p, C);
+        TRIDENT_ISA_CALL(add, (o, e, wpe + static_cast<size_t>(t) * C, C));
       } else {
         for (int i = 0; i < C; ++i) o[i] = e[i];
       }
     }
-  }
+  });
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      const float* g = dout + (static_cast<size_t>(b) * T + t) * C;
-      if (dwte) add_inplace(dwte + static_cast<size_t>(tokens[b * T + t]) * C, g, C);
-      if (dwpe) add_inplace(dwpe + static_cast<size_t>(t) * C, g, C);
-    }
-  }
+  // Columns split: each gradient element still sums its rows in (batch, position) order.
+  parallel_chunks(C, 64, [&](int64_t c0, int64_t w) {
+    const int n = static_cast<int>(w);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const float* g = dout + (static_cast<size_t>(b) * T + t) * C + c0;
+        if (dwte) TRIDENT_ISA_CALL(add_inplace, (dwte + static_cast<size_t>(tokens[b * T + t]) * C + c0, g, n));
+        if (dwpe) TRIDENT_ISA_CALL(add_inplace, (dwpe + static_cast<size_t>(t) * C + c0, g, n));
+      }
+  });
 }
 
-TRIDENT_KERNEL_BODY double ce_rows_body(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
-                                        float dscale) {
-  double total = 0.0;
+// loss[r] = lse_r - x[r][y_r] for rows [0, N); dlogits as documented in ops.h (nullable).
+TRIDENT_KERNEL_BODY void ce_rows_body(float* loss, float* dlogits, const float* logits, const int32_t* targets, int N,
+                                      int V, float dscale) {
   for (int r = 0; r < N; ++r) {
     const float* x = logits + static_cast<size_t>(r) * V;
     float mx = -INFINITY;
@@ -265,7 +317,7 @@ TRIDENT_KERNEL_BODY double ce_rows_body(float* dlogits, const float* logits, con
     for (int i = 0; i < V; ++i) s += fast_exp(x[i] - mx);
     const int y = targets[r];
     const float lse = mx + std::log(s);
-    total += static_cast<double>(lse - x[y]);
+    loss[r] = lse - x[y];
     if (dlogits) {
       float* d = dlogits + static_cast<size_t>(r) * V;
       const float inv = dscale / s;
@@ -273,21 +325,28 @@ TRIDENT_KERNEL_BODY double ce_rows_body(float* dlogits, const float* logits, con
       d[y] -= dscale;
     }
   }
-  return total;
 }
-TRIDENT_ISA_CLONES(double, ce_rows,
-                   (float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale),
-                   (dlogits, logits, targets, N, V, dscale));
-static double ce_rows(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale) {
-  return TRIDENT_ISA_CALL(ce_rows, (dlogits, logits, targets, N, V, dscale));
-}
+TRIDENT_ISA_CLONES(void, ce_rows,
+                   (float* loss, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                    float dscale),
+                   (loss, dlogits, logits, targets, N, V, dscale));
 
 double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                                       float dscale) {
   for (int r = 0; r < N; ++r)
     TRIDENT_CHECK(targets[r] >= 0 && targets[r] < V, InvalidArgument,
                   "cross_entropy: target {} at row {} is outside the vocabulary [0, {})", targets[r], r, V);
-  return ce_rows(dlogits, logits, targets, N, V, dscale);
+  thread_local std::vector<float> loss;
+  loss.resize(static_cast<size_t>(N));
+  float* l = loss.data();
+  parallel_chunks(N, row_grain(V), [&](int64_t r, int64_t rows) {
+    TRIDENT_ISA_CALL(ce_rows, (l + r, dlogits ? dlogits + r * V : nullptr, logits + r * V, targets + r,
+                               static_cast<int>(rows), V, dscale));
+  });
+  // The sum over rows in row order, whatever the threads.
+  double total = 0.0;
+  for (int r = 0; r < N; ++r) total += static_cast<double>(l[r]);
+  return total;
 }
 
 TRIDENT_KERNEL_BODY void adamw_loop_body(float* __restrict param, const float* __restrict grad, float* __restrict m,
@@ -321,7 +380,10 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
   // PyTorch's single-tensor AdamW: p *= 1 - lr*wd; denom = sqrt(v)/sqrt(1-b2^t) + eps; p -= lr/(1-b1^t) * m/denom.
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta1), static_cast<double>(t)));
   const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(beta2), static_cast<double>(t)));
-  adamw_loop(param, grad, m, v, n, lr, beta1, beta2, eps, 1.0f - lr * weight_decay, bc1, 1.0f / std::sqrt(bc2));
+  const float decay = 1.0f - lr * weight_decay, bc2_sqrt_inv = 1.0f / std::sqrt(bc2);
+  parallel_chunks(n, kGrain, [&](int64_t o, int64_t c) {
+    adamw_loop(param + o, grad + o, m + o, v + o, c, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt_inv);
+  });
 }
 
 TRIDENT_KERNEL_BODY double sum_squares_body(const float* x, size_t n) {
@@ -337,6 +399,8 @@ TRIDENT_KERNEL_BODY void scale_inplace_body(float* x, float a, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] *= a;
 }
 TRIDENT_ISA_CLONES(void, scale_inplace, (float* x, float a, size_t n), (x, a, n));
-void scale_inplace(float* x, float a, size_t n) { return TRIDENT_ISA_CALL(scale_inplace, (x, a, n)); }
+void scale_inplace(float* x, float a, size_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t o, int64_t c) { TRIDENT_ISA_CALL(scale_inplace, (x + o, a, c)); });
+}
 
 }  // namespace trident::kernels::cpu

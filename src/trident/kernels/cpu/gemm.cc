@@ -1,7 +1,7 @@
 // GEMM and Linear layers through OpenBLAS (cblas_sgemm; cblas_sbgemm for bfloat16).
 #include <cblas.h>
-#include <sched.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -9,6 +9,7 @@
 #include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
+#include "trident/kernels/cpu/thread_pool.h"
 
 // Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16: cblas.h declares cblas_sbgemm but the library
 // lacks it. A weak reference lets one binary use it where present and emulate it elsewhere.
@@ -21,14 +22,6 @@ namespace trident::kernels::cpu {
 bool have_native_bf16_gemm() { return cblas_sbgemm != nullptr; }
 
 namespace {
-int g_threads = 0;
-
-int default_threads() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
-  return 1;
-}
-
 // Copies op-less matrix X (rows x cols, leading dim ld) into contiguous bfloat16.
 void pack_bf16(std::vector<uint16_t>& dst, const float* x, int rows, int cols, int ld) {
   dst.resize(static_cast<size_t>(rows) * cols);
@@ -57,19 +50,11 @@ void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int
 }
 }  // namespace
 
-void set_num_threads(int n) {
-  if (n <= 0) n = default_threads();
-  g_threads = n;
-  openblas_set_num_threads(n);
-}
-
-int num_threads() { return g_threads > 0 ? g_threads : openblas_get_num_threads(); }
-
 namespace {
-// The AVX-512 kernels serve single-thread float32 products with alpha 1 and beta 0 or 1 (every call the
-// models make); anything else goes to OpenBLAS.
+// The AVX-512 kernels serve products with alpha 1 and beta 0 or 1 (every call the models make); anything
+// else goes to OpenBLAS (one thread inside each task).
 bool use_native_gemm(float alpha, float beta) {
-  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled() && num_threads() == 1;
+  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled();
 }
 
 // The GEMM each ISA level runs, by precision: trident's kernel (one thread, alpha 1, beta 0 or 1), or
@@ -107,6 +92,43 @@ const char* gemm_bf16_kernel(Isa isa) {
 }
 }  // namespace detail
 
+namespace {
+// Work per task of a split GEMM: about 15 us at the GEMMs' speed, so waking a worker pays off and the tasks
+// are many enough to balance two threads when one of them loses its core for a while.
+constexpr double kFlopsPerTask = 2.0e6;
+constexpr int kMaxTasks = 64;
+constexpr int kPanel = 64;  // columns of the AVX-512 kernels' register tile
+constexpr int kRowStep = 6;  // rows of their register tile
+
+// Runs f(i0, rows, j0, cols) over a grid of C's tiles that depends on M, N and K alone, never on the thread
+// count: every thread count computes the same sub-products. Column groups are whole 64-column panels;
+// when there are fewer panels than tasks wanted, rows are split too, in multiples of 6.
+template <class F>
+void for_each_tile(int M, int N, int K, double flops_per_task, F&& f) {
+  const double flops = 2.0 * M * N * K * detail::task_size_divisor();
+  const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(flops / flops_per_task), 1, kMaxTasks);
+  const int panels = (N + kPanel - 1) / kPanel;
+  int col_groups = 0, row_groups = 1, rows_per = M;
+  if (panels >= want) {
+    col_groups = static_cast<int>(want);
+  } else {
+    col_groups = panels;
+    const int64_t rg = (want + panels - 1) / panels;
+    rows_per = static_cast<int>((M + rg - 1) / rg);
+    rows_per = std::max(kRowStep, (rows_per + kRowStep - 1) / kRowStep * kRowStep);
+    row_groups = (M + rows_per - 1) / rows_per;
+  }
+  parallel_for(static_cast<int64_t>(row_groups) * col_groups, [&](int64_t t) {
+    const int rg = static_cast<int>(t / col_groups), cg = static_cast<int>(t % col_groups);
+    const int p0 = static_cast<int>(static_cast<int64_t>(cg) * panels / col_groups);
+    const int p1 = static_cast<int>(static_cast<int64_t>(cg + 1) * panels / col_groups);
+    const int j0 = p0 * kPanel, j1 = std::min(N, p1 * kPanel);
+    const int i0 = rg * rows_per, i1 = std::min(M, i0 + rows_per);
+    f(i0, i1 - i0, j0, j1 - j0);
+  });
+}
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc, Precision p) {
   if (M == 0 || N == 0) return;
@@ -117,19 +139,29 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   }
   const GemmEntry& e = gemm_entry();
   const bool native = use_native_gemm(alpha, beta);
+  // The tile (i0, rows) x (j0, cols) of C reads rows i0.. of op(A) and columns j0.. of op(B).
+  auto a_at = [&](const float* a, int ld, int i0) { return trans_a ? a + i0 : a + static_cast<ptrdiff_t>(i0) * ld; };
+  auto b_at = [&](const float* b, int ld, int j0) { return trans_b ? b + static_cast<ptrdiff_t>(j0) * ld : b + j0; };
+  auto c_at = [&](int i0, int j0) { return C + static_cast<ptrdiff_t>(i0) * ldc + j0; };
+  // Each C element is one product over k whatever the tile it falls in: trident's kernels compute it the
+  // same way in any tile; OpenBLAS gets the same tiles for every thread count.
+  auto run_native = [&](NativeGemm f, const float* a, int la, const float* b, int lb, double grain) {
+    for_each_tile(M, N, K, grain, [&](int i0, int mi, int j0, int nj) {
+      f(trans_a, trans_b, mi, nj, K, a_at(a, la, i0), la, b_at(b, lb, j0), lb, beta == 1.0f, c_at(i0, j0), ldc);
+    });
+  };
+  auto run_blas = [&](const float* a, int la, const float* b, int lb) {
+    for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, mi, nj, K,
+                  alpha, a_at(a, la, i0), la, b_at(b, lb, j0), lb, beta, c_at(i0, j0), ldc);
+    });
+  };
   if (p == Precision::kFloat32) {
-    if (native && e.f32 != nullptr) {
-      e.f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
+    if (native && e.f32 != nullptr) return run_native(e.f32, A, lda, B, ldb, kFlopsPerTask);
+    return run_blas(A, lda, B, ldb);
   }
-  if (native && e.bf16 != nullptr) {
-    e.bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc);
-    return;
-  }
+  // The bfloat16 kernels pack their operands per call: larger tiles amortize it.
+  if (native && e.bf16 != nullptr) return run_native(e.bf16, A, lda, B, ldb, 4 * kFlopsPerTask);
   // Stored shape of A is (trans_a ? K x M : M x K); of B (trans_b ? N x K : K x N).
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;
@@ -137,19 +169,19 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
-    if (native && e.f32 != nullptr) {
-      e.f32(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, a32.data(), ac, b32.data(), bc, beta, C, ldc);
-    return;
+    if (native && e.f32 != nullptr) return run_native(e.f32, a32.data(), ac, b32.data(), bc, kFlopsPerTask);
+    return run_blas(a32.data(), ac, b32.data(), bc);
   }
   thread_local std::vector<uint16_t> a16, b16;
   pack_bf16(a16, A, ar, ac, lda);
   pack_bf16(b16, B, br, bc, ldb);
-  cblas_sbgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-               alpha, a16.data(), ac, b16.data(), bc, beta, C, ldc);
+  for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
+    const uint16_t* a = trans_a ? a16.data() + i0 : a16.data() + static_cast<ptrdiff_t>(i0) * ac;
+    const uint16_t* b = trans_b ? b16.data() + static_cast<ptrdiff_t>(j0) * bc : b16.data() + j0;
+    cblas_sbgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, mi, nj, K,
+                 alpha, reinterpret_cast<const bfloat16*>(a), ac, reinterpret_cast<const bfloat16*>(b), bc, beta,
+                 c_at(i0, j0), ldc);
+  });
 }
 
 TRIDENT_KERNEL_BODY void fill_bias_rows_body(float* out, const float* bias, int N, int OC) {
@@ -160,18 +192,26 @@ TRIDENT_KERNEL_BODY void fill_bias_rows_body(float* out, const float* bias, int 
 }
 TRIDENT_ISA_CLONES(void, fill_bias_rows, (float* out, const float* bias, int N, int OC), (out, bias, N, OC));
 static void fill_bias_rows(float* out, const float* bias, int N, int OC) {
-  return TRIDENT_ISA_CALL(fill_bias_rows, (out, bias, N, OC));
+  // Row chunks of about 64 KiB.
+  parallel_chunks(N, std::max(1, 16384 / std::max(OC, 1)), [&](int64_t r0, int64_t rows) {
+    TRIDENT_ISA_CALL(fill_bias_rows, (out + r0 * OC, bias, static_cast<int>(rows), OC));
+  });
 }
 
-TRIDENT_KERNEL_BODY void column_sums_acc_body(float* dbias, const float* dout, int N, int OC) {
+// dbias[0..w) += sum over rows of dout[r * ld + 0..w), rows in order.
+TRIDENT_KERNEL_BODY void column_sums_acc_body(float* dbias, const float* dout, int N, int w, int ld) {
   for (int i = 0; i < N; ++i) {
-    const float* d = dout + static_cast<size_t>(i) * OC;
-    for (int j = 0; j < OC; ++j) dbias[j] += d[j];
+    const float* d = dout + static_cast<size_t>(i) * ld;
+    for (int j = 0; j < w; ++j) dbias[j] += d[j];
   }
 }
-TRIDENT_ISA_CLONES(void, column_sums_acc, (float* dbias, const float* dout, int N, int OC), (dbias, dout, N, OC));
+TRIDENT_ISA_CLONES(void, column_sums_acc, (float* dbias, const float* dout, int N, int w, int ld),
+                   (dbias, dout, N, w, ld));
 static void column_sums_acc(float* dbias, const float* dout, int N, int OC) {
-  return TRIDENT_ISA_CALL(column_sums_acc, (dbias, dout, N, OC));
+  // Column chunks: each sum still runs over the rows in order.
+  parallel_chunks(OC, 128, [&](int64_t j0, int64_t w) {
+    TRIDENT_ISA_CALL(column_sums_acc, (dbias + j0, dout + j0, N, static_cast<int>(w), OC));
+  });
 }
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,

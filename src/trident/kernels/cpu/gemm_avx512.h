@@ -6,7 +6,7 @@
 namespace trident::kernels::cpu::detail {
 
 // True when the active ISA level (isa.h) is avx512 or higher: this GEMM and the attention built on it
-// serve float32 work (GEMMs also need a one-thread pool). Defined in gemm.cc.
+// serve float32 work. Defined in gemm.cc.
 bool native_kernels_enabled();
 
 // Triangular structure the caller guarantees or needs (causal attention), to skip work:

@@ -5,8 +5,9 @@
 // into one gradient buffer; activation gradients overwrite unless the argument says otherwise.
 // Pointers documented "nullable" may be null (e.g. bias=False models).
 // Ownership: kernels own no memory beyond thread-local scratch (bfloat16 conversion, GEMM packing,
-// attention scores). Blocking/threads: each call runs on the calling thread; with more than one
-// thread (set_num_threads) GEMMs use OpenBLAS's pool.
+// attention scores). Blocking/threads: each call returns when done; with more than one thread
+// (set_num_threads) it runs on the kernels' own pool (thread_pool.h), split by shape alone (GEMM tiles,
+// heads, row, column and element chunks), so results are bitwise the same for any thread count.
 // Thread-safety: calls on disjoint outputs may run concurrently. No timeouts.
 #pragma once
 
@@ -15,8 +16,9 @@
 
 namespace trident::kernels::cpu {
 
-// Threads of the BLAS pool (openblas_set_num_threads). n <= 0 restores the default: the number of
-// CPUs this process may run on.
+// Threads the kernels run on: the caller plus n - 1 workers of the kernels' pool (OpenBLAS, where a level
+// uses it, runs one thread inside the pool's tasks). n <= 0 restores the default: the number of CPUs this
+// process may run on.
 void set_num_threads(int n);
 int num_threads();
 
@@ -30,9 +32,9 @@ enum class GeluKind : uint8_t { kExact = 0, kTanh = 1 };
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X^T when trans_x. With kBFloat16 the
 // operands are rounded to bfloat16 (round-to-nearest-even) and multiplied with float32 accumulation
-// (on one thread at ISA level amx, trident's AMX tile kernel; at avx512bf16, trident's vdpbf16ps kernel;
+// (at ISA level amx, trident's AMX tile kernel; at avx512bf16, trident's vdpbf16ps kernel;
 // otherwise cblas_sbgemm where OpenBLAS has it, else a float32 GEMM on operands rounded to bfloat16, the
-// same numbers up to summation order). Single-thread float32 products with alpha 1 and beta 0 or 1 run
+// same numbers up to summation order). Float32 products with alpha 1 and beta 0 or 1 run
 // on trident's AVX-512 GEMM at level avx512 and up (each element one FMA chain over k in order,
 // independent of M and tiling), else OpenBLAS.
 bool have_native_bf16_gemm();
