@@ -3,7 +3,8 @@
 # directory, runs the ctest suite there, and prints the figures (scripts/coverage_by_layer.py). Not part of
 # CI (a -O0 instrumented build and a slower suite: about as long as CI itself).
 # Usage: scripts/coverage.sh [BUILD_DIR] [CTEST_ARGS...]   (default build-coverage; e.g. `-L unit` for a subset)
-# JOBS=N caps the build and ctest (default: nproc). COVERAGE_FILES=1 also lists, per layer, the files with the most uncovered lines.
+# JOBS=N caps the build and ctest (default: nproc). COVERAGE_FILES=1 also lists, per layer, the files with
+# the most uncovered lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-coverage}
