@@ -17,7 +17,7 @@ fi
 jobs=${JOBS:-$(nproc)}  # JOBS=2 on a shared machine
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g --coverage" \
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g --coverage -DTRIDENT_COVERAGE" \
   -DCMAKE_EXE_LINKER_FLAGS=--coverage -DCMAKE_SHARED_LINKER_FLAGS=--coverage "${launcher[@]}" \
   -DTRIDENT_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER=NOTFOUND >/dev/null
 # COVERAGE_TARGETS="test_unit_comm ...": build only those (ctest then lists the rest as *_NOT_BUILT: pass
