@@ -17,6 +17,9 @@ fi
 jobs=${JOBS:-$(nproc)}  # JOBS=2 on a shared machine
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# ccache's CCACHE_BASEDIR rewrites source paths relative to each object's folder, and gcov then cannot find
+# the sources ("Cannot open source file ../../src/..."): coverage objects keep absolute paths.
+unset CCACHE_BASEDIR
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g --coverage -DTRIDENT_COVERAGE" \
   -DCMAKE_EXE_LINKER_FLAGS=--coverage -DCMAKE_SHARED_LINKER_FLAGS=--coverage "${launcher[@]}" \
   -DTRIDENT_BUILD_BENCH=OFF -DCMAKE_CUDA_COMPILER=NOTFOUND >/dev/null
