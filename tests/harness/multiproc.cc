@@ -18,6 +18,12 @@
 #include <fmt/format.h>
 
 #include "trident/comm/store/file_store.h"
+
+#ifdef TRIDENT_COVERAGE
+// A rank leaves through _exit (no atexit handlers: the parent's gtest state must not run twice), which skips
+// gcov's own write at exit; scripts/coverage.sh defines TRIDENT_COVERAGE so each rank writes its counts first.
+extern "C" void __gcov_dump(void);
+#endif
 #include "trident/comm/store/hash_store.h"
 
 namespace trident::testing {
@@ -59,6 +65,9 @@ std::vector<RankResult> run_processes(int size, const RankFn& fn, const RunOptio
         std::ofstream(fmt::format("{}/rank{}.err", dir, r)) << err;
       }
       std::fflush(nullptr);
+#ifdef TRIDENT_COVERAGE
+      __gcov_dump();
+#endif
       _exit(code);
     }
     pids[r] = pid;
