@@ -10,6 +10,8 @@
 // or p-1 (gradients). A group's sends and receives run independently of each other (ProcessGroup), so a
 // stage may wait to receive from one neighbour while its sends to either neighbour proceed: no per-direction
 // subgroups are needed, and tags match each receive with its send whatever order the two ranks post them.
+// (So the native and MPI backends; NCCL runs a group's sends and receives in issue order on one stream,
+// comm/backends/nccl_pg.h.)
 // Receives are posted ahead of need (for the next kRecvLookahead actions) and waited on when the data is
 // needed; sends are asynchronous, polled after every action (their buffers then recycled) and waited on
 // only at the end of the step. Tags: (kind, sending virtual stage, mb), distinct within a step.

@@ -194,8 +194,8 @@ plan::StageCalibration calibrate_model_parallel(parallel::ParallelModel& pm, con
   c.optimizer_s_per_param = adamw_seconds_per_param(pm.num_params(), &world);
 
   // Pipeline hand-off: pipeline ranks pair up (2k, 2k+1; all pairs at once) and ping-pong one activation;
-  // a hand-off is half the round trip. Latency from a 1-float ping-pong. (One group carries both directions
-  // here, so the exchange is ordered, never a simultaneous send and receive on one FIFO.)
+  // a hand-off is half the round trip. Latency from a 1-float ping-pong. One message is in flight at a
+  // time, so this times one hand-off alone, as the replay charges one on each dependency between ranks.
   if (P > 1) {
     auto pg = mesh.pp_group();
     const size_t numel = pm.chunk(0).activation_numel(rows, block);

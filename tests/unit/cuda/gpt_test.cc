@@ -1,6 +1,6 @@
-// nn's models on the GPU against the same models on the CPU: one implementation (nn/gpt.cc, nn/mlp.cc)
-// run through two op tables (kernels/device.h). Same parameter layout and initial weights, then the
-// loss, the logits and the gradients of two accumulated micro-steps compared.
+// nn's models on the GPU against the same models on the CPU: one implementation (nn/language_model.cc
+// over nn/layer_range.cc) run through two op tables (kernels/device.h). Same parameter layout and initial
+// weights, then the loss, the logits and the gradients of two accumulated micro-steps compared.
 // Tolerances: loss and logits 1e-5 relative (float32), 1e-3 (bf16 GEMMs: the same operands are rounded,
 // but values that differ in the last float32 bit round to different bf16 values); gradients 1e-4 relative
 // per parameter tensor (floored at 0.1 x the tensor's largest magnitude), float32 only.

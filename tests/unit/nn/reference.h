@@ -184,7 +184,7 @@ inline Vec gpt_logits(const Params& p, const std::vector<int32_t>& idx, int B, i
   return linear(x, p.at("transformer.wte.weight"), nullptr, N, C, V);
 }
 
-// The deep MLP (see src/trident/nn/mlp.cc for its definition).
+// The deep MLP (its parameters: src/trident/nn/model_spec.h; its layers: nn/layers.h).
 inline Vec mlp_logits(const Params& p, const std::vector<int32_t>& idx, int B, int T, int C, int L, int V,
                       bool tied) {
   const int N = B * T;
