@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Measures trident's collectives and OpenMPI's side by side, in one session, 2 ranks, float32 sum, over
-# shared memory and over TCP loopback (docs/PERFORMANCE.md, "Collectives"). Each size is run by trident and
-# then by OpenMPI right after, so machine drift hits both alike; the check runs (--check, every element of
-# every iteration) follow the timed ones.
+# shared memory and over TCP loopback (docs/PERFORMANCE.md, "Collectives (against OpenMPI and Gloo)").
+# Each size is run by trident and then by OpenMPI right after, so machine drift hits both alike; the check
+# runs (--check, every element of every iteration) follow the timed ones.
 #
 # Needs the peer programs of ../shared/peers (beside this repository; not part of it), built into PEERS_BUILD.
 # Usage: scripts/run_peers.sh [OUTDIR]      (default out/bench-peers)

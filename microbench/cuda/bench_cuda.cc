@@ -1,4 +1,4 @@
-// CUDA micro-benchmarks for docs/PERFORMANCE.md ("CUDA (one H100)"): cuBLAS GEMM TFLOP/s (float32 and bf16),
+// CUDA micro-benchmarks for docs/PERFORMANCE.md ("GPU"): cuBLAS GEMM TFLOP/s (float32 and bf16),
 // kernel times of layernorm / attention / cross-entropy at the nanoGPT CPU shape and at GPT-2 small,
 // attention alone at head dims 32, 64, 96, 128 and T up to 2048,
 // device memory bandwidth of a copy kernel, and the NCCL all-reduce at world size 1 (a device-local copy).

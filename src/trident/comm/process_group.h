@@ -153,7 +153,7 @@ class ProcessGroup {
   // registered buffers): on the native backend with a shared-memory window (every rank on this host), a
   // shared mapping (transport/shm_buffer.h, faulted in) that the peers map and read and write with plain loads
   // and stores; a collective whose buffer lies in one skips the kernel copies (docs/PERFORMANCE.md,
-  // "Registered memory"). nullptr when the group gains nothing from it (TCP or several hosts, the MPI and
+  // "Collectives": the registered-buffer rows). nullptr when the group gains nothing from it (TCP or several hosts, the MPI and
   // NCCL backends): use ordinary memory then. Local to this rank (not a collective; ranks may mix
   // registered and ordinary buffers in one call). The buffer stays valid while the caller holds it, also
   // after the group is gone; it can serve any group of this process. Throws IoError when the memory cannot
