@@ -1,6 +1,6 @@
 // The planner: evaluates a parallel layout (TP x PP x DP, ZeRO stage, microbatches, recomputation) of a
 // model on a cluster with the closed-form cost model, enumerates candidate layouts and recommends one by
-// the seeds' decision framework.
+// a fixed decision ladder (docs/PLANNER.md, "Recommendation").
 //
 // Pure functions on values: no ownership, no blocking, thread-safe, no timeouts. Invalid layouts throw
 // InvalidArgument naming the flag and the allowed values.
@@ -106,7 +106,7 @@ struct Recommendation {
 };
 Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::vector<Evaluation>& all);
 
-// Tensor-parallel traffic in the seeds' convention: Megatron's f/g operators do 2 all-reduces in forward
+// Tensor-parallel traffic, counted as payloads: Megatron's f/g operators do 2 all-reduces in forward
 // and 2 in backward per layer, each on the [b, s, h] activation (b s h x bytes); the step's TP traffic is
 // the sum of those payloads: 4 x L x b x s x h x bytes.
 double tp_traffic_bytes(const ModelSpec& m, int batch, int bytes_per_element);

@@ -1,5 +1,5 @@
-// Parameter counts, FLOPs, ZeRO memory, activation memory and bubble formulas against the seeds' figures
-// and published model sizes.
+// Parameter counts, FLOPs, ZeRO memory, activation memory and bubble formulas against worked figures
+// (docs/PLANNER.md, "Worked figures") and published model sizes.
 #include <gtest/gtest.h>
 
 #include "trident/core/error.h"

@@ -1,4 +1,4 @@
-// The planner: the seeds' TP traffic example, the 65B sizing rule, layout validation, the hardware
+// The planner: the worked TP traffic example (docs/PLANNER.md), the 65B sizing rule, layout validation, the hardware
 // catalog, and the `trident plan` CLI.
 #include <gtest/gtest.h>
 
@@ -52,7 +52,7 @@ TrainSpec llama65() {
   return t;
 }
 
-// Seeds' sizing rule: a 65B model on H100s -> TP 8, PP 4, DP 4 = 128 GPUs. Assumptions: global batch 512
+// A worked sizing example: a 65B model on H100s -> TP 8, PP 4, DP 4 = 128 GPUs. Assumptions: global batch 512
 // sequences of 2048 tokens, micro-batch 1, mixed-precision Adam, 10% of HBM kept free.
 TEST(Planner, Sizing65BOnH100) {
   TrainSpec t = llama65();

@@ -58,7 +58,7 @@ SimOptions ideal_pipeline(Schedule s, int m, int v) {
   return o;
 }
 
-// Seeds' bubble figures reproduced by the simulator: P = 4 -> 75% (m=1), 37.5% (m=5), 9.1% (m=30).
+// The closed-form bubble (P-1)/(m+P-1) reproduced by the simulator: P = 4 -> 75% (m=1), 37.5% (m=5), 9.1% (m=30).
 TEST(Simulator, PipelineBubbleMatchesClosedForm) {
   for (Schedule s : {Schedule::kGPipe, Schedule::k1F1B}) {
     for (int m : {1, 5, 30}) {
