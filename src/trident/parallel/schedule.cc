@@ -145,7 +145,8 @@ void check_schedule(const Schedule& s, int P, int m, int v, bool with_backward) 
 void check_fifo_order(const Schedule& s, int P, int v) {
   const int S = P * v;
   // Messages on link (s -> s+1) for activations, (s+1 -> s) for gradients, keyed by the sending rank and
-  // the receiving rank: every pair of ranks (a, b) carries one FIFO stream per direction and kind.
+  // the receiving rank: every pair of ranks (a, b) is checked as one ordered stream per direction and kind
+  // (a property of the schedule; the pipeline engine matches by tag and does not rely on it).
   using Key = std::pair<int, int>;  // (from rank, to rank)
   std::map<Key, std::vector<std::pair<int, int>>> sent_act, need_act, sent_grad, need_grad;  // (vstage, mb)
   for (int p = 0; p < P; ++p)
