@@ -2,7 +2,9 @@
 // src/trident/plan/simulator.h), with injectable stragglers and degraded links, scaling sweeps and a
 // Chrome trace.
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -99,8 +101,13 @@ void run_simulate(const PlanCommon& o, const SimCli& s) {
                                                    : s.sweep_gpus;
     std::ofstream csv;
     if (!s.csv.empty()) {
+      const std::filesystem::path parent = std::filesystem::path(s.csv).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      if (ec) TRIDENT_THROW(IoError, "--csv: cannot create the folder '{}': {}", parent.string(), ec.message());
       csv.open(s.csv);
-      if (!csv) TRIDENT_THROW(IoError, "--csv: cannot write '{}'", s.csv);
+      if (!csv)
+        TRIDENT_THROW(IoError, "--csv: cannot write '{}': {}; give a writable path", s.csv, detail::errno_string(errno));
       csv << "mode,gpus,tp,pp,dp,micro_batch,microbatches,global_batch,step_time_s,tokens_per_s,mfu,efficiency\n";
     }
     j["sweep"] = nlohmann::json::array();

@@ -1,7 +1,9 @@
 #include "trident/plan/simulator.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <queue>
@@ -703,8 +705,15 @@ void StepGraph::write_trace(const SimResult& r) const {
   }
   nlohmann::json doc = {{"traceEvents", ev}, {"displayTimeUnit", "ms"},
                         {"otherData", {{"layout", l.str()}, {"step_time_s", r.step_time_s}}}};
+  // The trace's folder is created as a run's output folder is (`--trace out/simulate.json` on a fresh clone).
+  const std::filesystem::path parent = std::filesystem::path(opt.trace_path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) TRIDENT_THROW(IoError, "--trace: cannot create the folder '{}': {}", parent.string(), ec.message());
   std::ofstream out(opt.trace_path);
-  if (!out) TRIDENT_THROW(IoError, "--trace: cannot write '{}'", opt.trace_path);
+  if (!out)
+    TRIDENT_THROW(IoError, "--trace: cannot write '{}': {}; give a writable path", opt.trace_path,
+                  detail::errno_string(errno));
   out << doc.dump();
   if (!out) TRIDENT_THROW(IoError, "--trace: write to '{}' failed", opt.trace_path);
 }
