@@ -27,7 +27,7 @@ struct Request {
   int32_t id = -1;
 };
 
-class ShmWindow;  // transport/shm.h: the shared-memory fast path's window
+class ShmWindow;  // shm_window.h: the shared-memory fast path's window
 
 class AlgoContext {
  public:
@@ -65,7 +65,7 @@ class AlgoContext {
     return 0;
   }
 
-  // ---- shared-memory fast path (shm_fast_path.cc, shm_cma.cc; ShmWindow in transport/shm.h) ----
+  // ---- shared-memory fast path (shm_fast_path.cc, shm_cma.cc; ShmWindow in shm_window.h) ----
   // The group's shared-memory collective window, prepared for the current collective (call at most once
   // per collective), when every rank of the group is on this host and reached over shared memory;
   // nullptr otherwise (the algorithm then falls back to a message-based one).

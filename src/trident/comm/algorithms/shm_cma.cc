@@ -17,7 +17,7 @@
 #include "trident/comm/algorithms/algorithms.h"
 #include "trident/comm/algorithms/shm_fast_path.h"
 #include "trident/comm/reduce.h"
-#include "trident/comm/transport/shm.h"
+#include "trident/comm/algorithms/shm_window.h"
 #include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/env.h"
 #include "trident/core/log.h"

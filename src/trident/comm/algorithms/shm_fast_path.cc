@@ -9,7 +9,7 @@
 #include "trident/comm/algorithms/algorithms.h"
 #include "trident/comm/algorithms/common.h"
 #include "trident/comm/reduce.h"
-#include "trident/comm/transport/shm.h"
+#include "trident/comm/algorithms/shm_window.h"
 
 namespace trident {
 

@@ -106,7 +106,8 @@ inline bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 // Hierarchical all-reduce: across hosts, each local index's shard is all-reduced by recursive doubling
 // below this size (inter-host latencies dominate small shards) and by the ring above.
 inline constexpr size_t kHierInterRingBytes = size_t{64} << 10;
-// The shared-memory window's per-rank slot (transport/shm.h ShmWindow::kSlotBytes; checked there).
+// The shared-memory window's per-rank slot (algorithms/shm_window.h ShmWindow::kSlotBytes; checked in
+// shm_fast_path.cc).
 inline constexpr size_t kShmSlotBytes = 4096;
 // Single-copy broadcast above this size takes the staged shm path (cost and run alike).
 inline constexpr size_t kCmaBroadcastMaxBytes = size_t{1} << 20;

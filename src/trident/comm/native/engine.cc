@@ -97,6 +97,7 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
     : name_(std::move(group_name)), rank_(rank), size_(size), peers_(std::move(peers)),
       channels_(std::move(channels)), shm_(std::move(shm)), local_index_(std::move(local_index)),
       store_(std::move(store)) {
+  if (shm_ && shm_->window_region()) window_ = std::make_unique<ShmWindow>(shm_.get());
   peer_state_.resize(size_);
   closed_reason_.resize(size_);
   for (int i = 0; i < size_; ++i) {
@@ -912,9 +913,9 @@ bool Engine::waiting_on(int p) const {
 void Engine::periodic_checks() {
   if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
   // ---- shared-memory fast path: a peer inside a window collective at this sequence number ----
-  if (shm_ && shm_->window() && in_collective_) {
+  if (window_ && in_collective_) {
     ShmWindow::Fingerprint theirs;
-    int p = shm_->window()->peer_at_seq(seq_, &theirs);
+    int p = window_->peer_at_seq(seq_, &theirs);
     if (p >= 0 && !has_tcp_ && static_cast<uint8_t>(algo_) != theirs.algo) {
       CollArgs shown = args_;
       shown.count = fp_count_;
@@ -940,9 +941,9 @@ void Engine::periodic_checks() {
   }
 }
 
-// ---- shared-memory fast path (transport/shm.h ShmWindow, algorithms/shm_fast_path.cc) ----
+// ---- shared-memory fast path (algorithms/shm_window.h, algorithms/shm_fast_path.cc) ----
 bool Engine::has_shm_window() const {
-  return shm_ && !has_tcp_ && shm_->window() && shm_->local_size() == size_;
+  return shm_ && !has_tcp_ && window_ && shm_->local_size() == size_;
 }
 
 ShmWindow* Engine::shm_window() {
@@ -955,13 +956,13 @@ ShmWindow* Engine::shm_window() {
   fp.redop = static_cast<uint8_t>(args_.redop);
   fp.algo = static_cast<uint8_t>(algo_);
   fp.root = args_.root;
-  if (!shm_->window()->has_identity()) {
+  if (!window_->has_identity()) {
     std::vector<int> globals;
     for (auto& p : peers_) globals.push_back(p.global_rank);
-    shm_->window()->set_identity(name_, std::move(globals));
+    window_->set_identity(name_, std::move(globals));
   }
-  shm_->window()->begin(fp, deadline_, [this] { progress_all(); });
-  return shm_->window();
+  window_->begin(fp, deadline_, [this] { progress_all(); });
+  return window_.get();
 }
 // ---- end shared-memory fast path ----
 

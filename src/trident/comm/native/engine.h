@@ -24,6 +24,7 @@
 #include "trident/comm/algorithms/algorithm.h"
 #include "trident/comm/native/frame.h"
 #include "trident/comm/transport/channel.h"
+#include "trident/comm/algorithms/shm_window.h"
 #include "trident/comm/transport/shm.h"
 
 namespace trident {
@@ -70,7 +71,7 @@ class Engine final : public AlgoContext {
   void* scratch(size_t nbytes, int slot) override;
   size_t chunk_bytes() const override { return chunk_bytes_; }  // TRIDENT_CHUNK_BYTES (0: by size)
   int host_of(int r) const override { return host_index_[r]; }  // from the peers' host identities
-  ShmWindow* shm_window() override;  // shared-memory fast path (transport/shm.h), defined in engine.cc
+  ShmWindow* shm_window() override;  // shared-memory fast path (algorithms/shm_window.h), defined in engine.cc
   using AlgoContext::wait;
 
   // ---- point-to-point calls (user tags, outside the collective sequence), independent of each other ----
@@ -164,6 +165,7 @@ class Engine final : public AlgoContext {
   std::vector<PeerInfo> peers_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<ShmSegment> shm_;
+  std::unique_ptr<ShmWindow> window_;  // over shm_'s window region (destroyed before it)
   std::vector<int> local_index_;  // group rank -> index in the shm segment (-1: not local)
   std::vector<int> host_index_;   // group rank -> host number (by first appearance of its host identity)
   std::shared_ptr<Store> store_;

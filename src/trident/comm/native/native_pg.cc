@@ -131,7 +131,8 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   if (local_count >= 2) {
     size_t ring = static_cast<size_t>(env::shm_ring_bytes());
     if (ring == 0) ring = local_count <= 4 ? (4 << 20) : (1 << 20);  // more local peers: smaller rings each
-    seg = ShmSegment::create_or_open(*store_, "shm/" + host, local_index[rank], local_count, ring, timeout_s);
+    seg = ShmSegment::create_or_open(*store_, "shm/" + host, local_index[rank], local_count, ring, timeout_s,
+                                     ShmWindow::region_bytes(local_count, ShmWindow::default_stage_bytes(local_count)));
   }
   std::vector<std::unique_ptr<Channel>> channels =
       connect_tcp_mesh(*store_, rank, size, use_tcp, fnv1a(ns), timeout_s);
