@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds trident and runs every test: the release build's whole suite, then the communication layer and the
 # store again under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded code (comm engine, store,
-# launcher) under ThreadSanitizer. This is what CI runs (.ci/run). Ends by listing every skipped test with
+# launcher, data and pipeline parallelism) under ThreadSanitizer. This is what CI runs (.ci/run). Ends by listing every skipped test with
 # its reason and the time each stage took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,8 @@ lap "release build"
 # session of their own took half of the 2 cores from two at nice 0.
 # They keep line tables only (-g1: the file:line of every frame of a report, about 20% less CPU than -g).
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
-tsan_tests=(test_unit_comm test_unit_store test_unit_launch)
+tsan_tests=(test_unit_comm test_unit_store test_unit_launch test_multiprocess_comm test_multiprocess_parallel
+            test_multiprocess_pipeline)
 # The store's request decoder: the fuzz target whose build needs only core and store (docs/TESTING.md).
 fuzz_targets=(fuzz_store_request)
 mkdir -p "$logs"
@@ -144,8 +145,25 @@ fi
 # ThreadSanitizer over the threaded code: the comm engine's progress threads, deadlines and aborts, with
 # ranks as threads of one process over shm and TCP (test_unit_comm), the TCP store's server and clients
 # (test_unit_store) and the launcher's supervisor (test_unit_launch without the tests that drive the
-# `trident` CLI, which this build does not compile). Any report fails the run (exitcode=66); suppressions
-# (tests/tsan.supp) are for third-party code only.
+# `trident` CLI, which this build does not compile); then, with TSan in every rank process, the 2- and
+# 3-rank cases of the multi-process comm tests (a killed or silent peer, deadlines, flow control, p2p in
+# both directions) and of the parallel layer (DDP and ZeRO buckets reduced by the engine while backward
+# still runs, pipeline p2p under each schedule, a failing stage). Any report fails the run (exitcode=66);
+# suppressions (tests/tsan.supp) are for third-party code only.
+# Smoke and p2p parameters /0-/3 (or /2-/5) are their 2- and 3-rank worlds over shm and TCP.
+tsan_comm_filter="Transports/Faults.*:Transports/ExitAfterSend.*:FlowControl.*:P2POrder.*:\
+Worlds/Smoke.*/2:Worlds/Smoke.*/3:Worlds/Smoke.*/4:Worlds/Smoke.*/5:\
+Worlds/P2PDirections.*/0:Worlds/P2PDirections.*/1:Worlds/P2PDirections.*/2:Worlds/P2PDirections.*/3:\
+ShmCma.KilledPeerDuringTransfersIsNamed:ShmFastPath.KilledPeerIsNamed:ShmFastPath.DeadlineNamesTheSilentRank"
+tsan_parallel_filter="Layouts/DataParallelParity.*/ddp_w3_acc2_overlap_gpt:\
+Layouts/DataParallelParity.*/zero2_w2_acc2_overlap_gpt:Layouts/DataParallelParity.*/zero3_w2_acc1_overlap_gpt:\
+DataParallel/Overlap.*/ddp_overlap_slow_accum2_3ranks:DataParallel/Overlap.*/zero2_overlap_slow_2ranks"
+tsan_pipeline_filter="P/PipelineMatchesReference.*/P2:P/PipelineMatchesReference.*/P3:Pipeline.FailingRankFailsEveryRank"
+# The parallel tests compute their one-process reference in the parent, on the kernels' thread pool, and
+# then fork the ranks: TSan cannot follow a fork of a multi-threaded process (the child dies when it starts
+# a thread, or on a thread id its parent used). On one CPU the pool has no workers, so the parent forks
+# with one thread; the ranks' engine threads (progress, deadlines, bucket overlap) run as ever.
+one_cpu="taskset -c $(taskset -pc $$ | sed 's/.*: //; s/[-,].*//')"
 tsan_env="TRIDENT_TIMEOUT=60 TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 # Bad bytes from the network: the store's request decoder under libFuzzer (ASan + UBSan) for 15 s, on the
 # core the TSan tests leave.
@@ -155,7 +173,13 @@ run_pair \
   tsan_test_unit_comm "env $tsan_env build-tsan/tests/test_unit_comm --gtest_filter=-Tuning.BenchTune* --gtest_brief=1" \
   tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1" \
   tsan_test_unit_launch "env $tsan_env build-tsan/tests/test_unit_launch --gtest_brief=1 \
-    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'"
+    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'" \
+  tsan_test_multiprocess_comm "env $tsan_env build-tsan/tests/test_multiprocess_comm --gtest_brief=1 \
+    --gtest_filter='$tsan_comm_filter'" \
+  tsan_test_multiprocess_parallel "env $tsan_env $one_cpu build-tsan/tests/test_multiprocess_parallel --gtest_brief=1 \
+    --gtest_filter='$tsan_parallel_filter'" \
+  tsan_test_multiprocess_pipeline "env $tsan_env build-tsan/tests/test_multiprocess_pipeline --gtest_brief=1 \
+    --gtest_filter='$tsan_pipeline_filter'"
 fuzz_rc=0
 wait "$fuzz_pid" || fuzz_rc=$?
 cat "$logs/fuzz.log"
