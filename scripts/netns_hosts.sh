@@ -9,7 +9,8 @@
 #
 # Flags: --prefix P (default trident), --subnet A.B.C (default 10.77.0; host i is A.B.C.(10+i)/24),
 #        --rate R (default 1gbit; tc rate syntax), --delay D (default 200us; one way, added on each
-#        host's egress), --no-shape (plain veth links).
+#        host's egress), --burst B (default 256kb: the bytes the rate limit lets through at once after
+#        an idle spell, without netem), --no-shape (plain veth links).
 # Shaping: each host's link is rate-limited in both directions (host egress on its eth0, host ingress on
 # the switch side of its veth), so a host's ranks share R each way like one NIC. The delay needs the
 # netem qdisc; a kernel without it (sch_netem not built or not loadable) gets the rate limit only (tbf),
@@ -18,18 +19,19 @@
 # Needs root, iproute2 (ip, tc). Exit status: 0 done, 1 failed (what failed is printed), 2 bad usage.
 set -euo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 cmd=${1:-}; [[ -z "$cmd" ]] && usage; shift
 n=""
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then n=$1; shift; fi
-prefix=trident subnet=10.77.0 rate=1gbit delay=200us shape=1
+prefix=trident subnet=10.77.0 rate=1gbit delay=200us burst=256kb shape=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prefix) prefix=$2; shift 2 ;;
     --subnet) subnet=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
+    --burst) burst=$2; shift 2 ;;
     --no-shape) shape=0; shift ;;
     -h|--help) usage ;;
     *) echo "netns_hosts.sh: unknown flag '$1'" >&2; usage ;;
@@ -63,7 +65,7 @@ shape_dev() {
     return 0
   fi
   if [[ $with_delay == delay && $delay != 0 && $delay != 0us ]]; then netem_missing=1; fi
-  ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 5ms
+  ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 5ms
 }
 
 up() {

@@ -58,8 +58,9 @@ lap "release build"
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
 tsan_tests=(test_unit_comm test_unit_store test_unit_launch test_multiprocess_comm test_multiprocess_parallel
             test_multiprocess_pipeline)
-# The store's request decoder: the fuzz target whose build needs only core and store (docs/TESTING.md).
-fuzz_targets=(fuzz_store_request)
+# The store's request decoder and the transport frame header: the fuzz targets whose builds need only core,
+# store and comm/types.cc (docs/TESTING.md); the others link the training layer.
+fuzz_targets=(fuzz_store_request fuzz_frame_header)
 mkdir -p "$logs"
 san_build() {  # DIR FLAG TARGETS...
   local dir=$1 flag=$2

@@ -1,11 +1,20 @@
-// Live straggler detection end to end: `trident train --nproc 3` on one host; after the health baseline
-// (the first steps), rank 2 is throttled by SIGSTOP/SIGCONT bursts (100 ms stopped, 30 ms running, as a
-// CPU-starved or swapping rank would be; a step computes for longer than one burst, so most steps wait for it). Rank 0's step records must name rank 2 as the straggler
-// ("health": [{"kind": "straggler", "rank": 2, ...}]) and no other rank. The bursts stop as soon as it is
-// named (at most 60 of them: about 10 s); the guards bound a hang, they assert no time.
+// Live straggler detection end to end: `trident train --nproc 3` on one host. The run first trains
+// unthrottled past the health baseline (3 warm-up + 10 baseline steps by default) and a whole judged window
+// more: nothing may be named. Then rank 2 is throttled by SIGSTOP/SIGCONT bursts paced by the steps: after
+// each step record of rank 0, rank 2 (by then computing its next step) is stopped for 150 ms, as a
+// CPU-starved or swapping rank would be. Rank 0's step records must then name rank 2 as the straggler
+// ("health": [{"kind": "straggler", "rank": 2, ...}]) and no other rank.
+//
+// The bursts follow the steps rather than a clock: the detector judges steps (a rank is a straggler when it
+// makes the others wait in most steps of its window; late once every few steps, as at a checkpoint, is not),
+// and bursts on a fixed clock (100 ms stopped, 30 ms running) put one stop into every third step whenever a
+// step is short against the running slice, which never names anyone. Paced by the steps, every step holds
+// one stop whatever the step time or the machine's load. The bursts stop as soon as rank 2 is named (at most
+// 40 of them); the guards bound a hang, they assert no time.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -47,8 +56,13 @@ TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
                      "1000000", "--eval-interval", "1000000", "--eval-iters", "1", "--sample-tokens", "0", "--threads",
                      "1", "--json", "--nproc", "3"},
                     trident::testing::make_env({}, {}));
-  // Past the health baseline (3 warm-up + 10 baseline steps by default) before throttling.
-  ASSERT_TRUE(job.read_until([&] { return steps_logged(job.out()) >= 16; }, 120)) << job.out() << job.err();
+  // Unthrottled: the baseline (13 steps) and more than a window (8 steps) judged. Nothing is named.
+  ASSERT_TRUE(job.read_until([&] { return steps_logged(job.out()) >= 32; }, 120)) << job.out() << job.err();
+  {
+    std::string unthrottled;
+    for (const auto& e : health_events(job.out())) unthrottled += e.dump() + "\n";
+    EXPECT_EQ(unthrottled, "") << "named in " << steps_logged(job.out()) << " unthrottled steps";
+  }
   pid_t pid = 0;
   for (auto [p, rank] : trident::testing::ranks_of(job.pid()))
     if (rank == victim) pid = p;
@@ -58,13 +72,18 @@ TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
       if (e.value("kind", "") == "straggler") return true;
     return false;
   };
+  // Throttled: one stop per step. A step record of rank 0 means rank 2 has entered that step's last
+  // collective, so the stop lands in its next step (its compute, or the first collective the others wait in).
+  const size_t throttled_from = steps_logged(job.out());
   int bursts = 0;
-  for (; bursts < 60 && !named(); ++bursts) {
+  for (; bursts < 40 && !named(); ++bursts) {
+    const size_t seen = steps_logged(job.out());
+    if (!job.read_until([&] { return steps_logged(job.out()) > seen; }, 60)) break;
     ASSERT_EQ(::kill(pid, SIGSTOP), 0);
-    job.read_until([] { return false; }, 0.1);
+    job.read_until([] { return false; }, 0.15);
     ASSERT_EQ(::kill(pid, SIGCONT), 0);
-    job.read_until(named, 0.03);
   }
+  const size_t throttled_steps = steps_logged(job.out()) - throttled_from;
   // A record or two more, then end the job (it trains until killed).
   job.read_until([&] { return false; }, 0.3);
   const auto events = health_events(job.out());
@@ -78,7 +97,9 @@ TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
     EXPECT_GT(e.value("late_ms", 0.0), 0.0) << all;
     EXPECT_NE(e.value("message", "").find(fmt::format("rank {} arrives", victim)), std::string::npos) << all;
   }
-  EXPECT_GE(straggler_events, 1) << "rank " << victim << " was not named after " << bursts << " bursts:\n"
+  std::printf("%d straggler event(s) after %d bursts over %zu steps\n", straggler_events, bursts, throttled_steps);
+  EXPECT_GE(straggler_events, 1) << "rank " << victim << " was not named after " << bursts << " bursts ("
+                                 << throttled_steps << " steps):\n"
                                  << all << job.err();
   for (const auto& e : events) EXPECT_NE(e.value("kind", ""), "slow_link") << all;  // one host: no TCP link
 }
