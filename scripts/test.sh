@@ -58,9 +58,9 @@ lap "release build"
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
 tsan_tests=(test_unit_comm test_unit_store test_unit_launch test_multiprocess_comm test_multiprocess_parallel
             test_multiprocess_pipeline)
-# The store's request decoder and the transport frame header: the fuzz targets whose builds need only core,
-# store and comm/types.cc (docs/TESTING.md); the others link the training layer.
-fuzz_targets=(fuzz_store_request fuzz_frame_header)
+# Every parser of bytes from the network or disk (docs/TESTING.md); each target links only its parser's files
+# and the small layers they call.
+fuzz_targets=(fuzz_store_request fuzz_frame_header fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
 mkdir -p "$logs"
 san_build() {  # DIR FLAG TARGETS...
   local dir=$1 flag=$2
@@ -166,8 +166,8 @@ tsan_pipeline_filter="P/PipelineMatchesReference.*/P2:P/PipelineMatchesReference
 # with one thread; the ranks' engine threads (progress, deadlines, bucket overlap) run as ever.
 one_cpu="taskset -c $(taskset -pc $$ | sed 's/.*: //; s/[-,].*//')"
 tsan_env="TRIDENT_TIMEOUT=60 TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
-# Bad bytes from the network: the store's request decoder under libFuzzer (ASan + UBSan) for 15 s, on the
-# core the TSan tests leave.
+# Bad bytes from the network and disk: each parser under libFuzzer (ASan + UBSan) for 15 s, one after
+# another, on the core the TSan tests leave.
 scripts/fuzz.sh 15 "${fuzz_targets[@]}" >"$logs/fuzz.log" 2>&1 &
 fuzz_pid=$!
 run_pair \
