@@ -209,8 +209,8 @@ void ShmWindow::wait_until(Ready ready, Behind behind) {
   }
 }
 
-void ShmWindow::wait_all(uint64_t target) {
-  auto behind = [&](int p) { return ctl(p)->counter.load(std::memory_order_acquire) < target; };
+template <class Behind>
+void ShmWindow::wait_for_peers(Behind behind) {
   wait_until(
       [&] {
         for (int p = 0; p < n_; ++p)
@@ -218,6 +218,10 @@ void ShmWindow::wait_all(uint64_t target) {
         return true;
       },
       behind);
+}
+
+void ShmWindow::wait_all(uint64_t target) {
+  wait_for_peers([&](int p) { return ctl(p)->counter.load(std::memory_order_acquire) < target; });
 }
 
 void ShmWindow::post_tiny(const void* data, size_t n) {
@@ -230,14 +234,7 @@ void ShmWindow::post_tiny(const void* data, size_t n) {
 }
 
 void ShmWindow::wait_tiny() {
-  auto behind = [&](int p) { return ctl(p)->tiny[cur_fp_].stamp.load(std::memory_order_acquire) < calls_; };
-  wait_until(
-      [&] {
-        for (int p = 0; p < n_; ++p)
-          if (p != me_ && behind(p)) return false;
-        return true;
-      },
-      behind);
+  wait_for_peers([&](int p) { return ctl(p)->tiny[cur_fp_].stamp.load(std::memory_order_acquire) < calls_; });
   for (int p = 0; p < n_; ++p)
     if (p != me_) check_one(p, ctl(p)->tiny[cur_fp_].fp);
 }

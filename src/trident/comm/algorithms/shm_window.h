@@ -114,6 +114,9 @@ class ShmWindow {
   // Spins, then sleeps on the doorbell until ready(); slow checks name the ranks for which behind(p).
   template <class Ready, class Behind>
   void wait_until(Ready ready, Behind behind);
+  // wait_until every peer p is no longer behind(p).
+  template <class Behind>
+  void wait_for_peers(Behind behind);
   // `behind(p)` re-reads whether peer p still owes this rank its part: a peer that posted and then exited
   // (it finished the collective) is not a dead peer.
   void slow_checks_for(const std::vector<int>& missing, const std::function<bool(int)>& behind);

@@ -360,17 +360,20 @@ Request Engine::post_send(int peer, uint8_t kind, uint32_t step, uint32_t tag, c
   h.seq = kind == kKindColl ? seq_ : 0;
   h.count = slot >= 0 ? a.count : fp_count_;
   h.nbytes = nbytes;
-  int id;
-  if (slot >= 0) {
-    p2p_[slot] = r;
-    id = kP2PBit | slot;
-  } else {
-    id = static_cast<int>(reqs_.size());
-    reqs_.push_back(r);
-  }
+  const int id = store_request(r, slot);
   peer_state_[peer]->sendq.push_back(id);
   progress_peer(peer, true, false);
   return Request{id};
+}
+
+// Keeps request r: in point-to-point slot `slot` (id with kP2PBit) or, when slot < 0, in this call's list.
+int Engine::store_request(const Req& r, int slot) {
+  if (slot >= 0) {
+    p2p_[slot] = r;
+    return kP2PBit | slot;
+  }
+  reqs_.push_back(r);
+  return static_cast<int>(reqs_.size()) - 1;
 }
 
 // Whether message h (from the request's peer) is what receive r waits for: a collective message of this
@@ -397,14 +400,7 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   r.own = static_cast<const uint8_t*>(own);
   r.dtype = dtype;
   r.op = op;
-  int id;
-  if (slot >= 0) {
-    p2p_[slot] = r;
-    id = kP2PBit | slot;
-  } else {
-    id = static_cast<int>(reqs_.size());
-    reqs_.push_back(r);
-  }
+  const int id = store_request(r, slot);
   Peer& ps = *peer_state_[peer];
   // An early arrival? Match in order.
   for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it) {

@@ -132,6 +132,7 @@ class Engine final : public AlgoContext {
   bool progress_tx(int peer);
   bool progress_rx(int peer);
   void on_header(int peer);
+  int store_request(const Req& r, int slot);
   bool matches(const Req& r, const MsgHeader& h) const;
   void deliver_unexpected(Req& r, Unexpected& u);
   // Before the payload of an early message (no receive posted when its header arrived) is read: a
