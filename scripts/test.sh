@@ -56,8 +56,9 @@ lap "release build"
 # session of their own took half of the 2 cores from two at nice 0.
 # They keep line tables only (-g1: the file:line of every frame of a report, about 20% less CPU than -g).
 asan_tests=(test_unit_store test_unit_algorithms test_unit_comm test_multiprocess_comm)
-tsan_tests=(test_unit_comm test_unit_store test_unit_launch test_multiprocess_comm test_multiprocess_parallel
-            test_multiprocess_pipeline)
+# tsan_launch and tsan_parallel (tests/CMakeLists.txt) hold only the launcher, data- and pipeline-parallel test
+# files this stage runs, and link only their layers: the instrumented build skips the trainer and planner.
+tsan_tests=(test_unit_comm test_unit_store tsan_launch test_multiprocess_comm tsan_parallel)
 # Every parser of bytes from the network or disk (docs/TESTING.md); each target links only its parser's files
 # and the small layers they call.
 fuzz_targets=(fuzz_store_request fuzz_frame_header fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
@@ -145,8 +146,8 @@ fi
 
 # ThreadSanitizer over the threaded code: the comm engine's progress threads, deadlines and aborts, with
 # ranks as threads of one process over shm and TCP (test_unit_comm), the TCP store's server and clients
-# (test_unit_store) and the launcher's supervisor (test_unit_launch without the tests that drive the
-# `trident` CLI, which this build does not compile); then, with TSan in every rank process, the 2- and
+# (test_unit_store) and the launcher's supervisor (tsan_launch: not the tests that drive the `trident` CLI,
+# which this build does not compile); then, with TSan in every rank process, the 2- and
 # 3-rank cases of the multi-process comm tests (a killed or silent peer, deadlines, flow control, p2p in
 # both directions) and of the parallel layer (DDP and ZeRO buckets reduced by the engine while backward
 # still runs, pipeline p2p under each schedule, a failing stage). Any report fails the run (exitcode=66);
@@ -173,14 +174,13 @@ fuzz_pid=$!
 run_pair \
   tsan_test_unit_comm "env $tsan_env build-tsan/tests/test_unit_comm --gtest_filter=-Tuning.BenchTune* --gtest_brief=1" \
   tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1" \
-  tsan_test_unit_launch "env $tsan_env build-tsan/tests/test_unit_launch --gtest_brief=1 \
+  tsan_launch "env $tsan_env build-tsan/tests/tsan_launch --gtest_brief=1 \
     --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'" \
   tsan_test_multiprocess_comm "env $tsan_env build-tsan/tests/test_multiprocess_comm --gtest_brief=1 \
     --gtest_filter='$tsan_comm_filter'" \
-  tsan_test_multiprocess_parallel "env $tsan_env $one_cpu build-tsan/tests/test_multiprocess_parallel --gtest_brief=1 \
+  tsan_parallel "env $tsan_env $one_cpu build-tsan/tests/tsan_parallel --gtest_brief=1 \
     --gtest_filter='$tsan_parallel_filter'" \
-  tsan_test_multiprocess_pipeline "env $tsan_env build-tsan/tests/test_multiprocess_pipeline --gtest_brief=1 \
-    --gtest_filter='$tsan_pipeline_filter'"
+  tsan_pipeline "env $tsan_env build-tsan/tests/tsan_parallel --gtest_brief=1 --gtest_filter='$tsan_pipeline_filter'"
 fuzz_rc=0
 wait "$fuzz_pid" || fuzz_rc=$?
 cat "$logs/fuzz.log"

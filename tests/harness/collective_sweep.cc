@@ -6,12 +6,15 @@
 #include <functional>
 #include <memory>
 
+#include "harness/keep_freed_memory.h"
 #include "harness/multiproc.h"
 #include "trident/comm/algorithms/algorithm.h"
 #include "trident/core/error.h"
 
 namespace trident::testing {
 namespace {
+
+const bool kKeepFreedMemory = keep_freed_memory();
 
 // ---- typed access through double (all test values are exactly representable) ----
 double load(const void* p, DType t, size_t i) {

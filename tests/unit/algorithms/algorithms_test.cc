@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 
+#include "harness/keep_freed_memory.h"
 #include "thread_world.h"
 #include "trident/comm/algorithms/algorithm.h"
 #include "trident/comm/reduce.h"
@@ -19,6 +20,8 @@ namespace trident {
 namespace {
 
 using testing::ThreadWorld;
+
+const bool kKeepFreedMemory = testing::keep_freed_memory();
 
 uint64_t mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ull;

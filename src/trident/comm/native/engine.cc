@@ -114,13 +114,16 @@ Engine::Engine(std::string group_name, int rank, int size, std::vector<PeerInfo>
       else has_tcp_ = true;
     }
   }
-  // Oversubscribed hosts (more local ranks than cores): spin less before sleeping.
+  // Oversubscribed hosts (more local ranks than cores): spin less before sleeping. With TCP peers only,
+  // hardly at all: each spin step is a recv() per peer, and the peer being waited for may need this core to
+  // send (8 TCP ranks on 2 cores: half of the CPU went to recv() returning EAGAIN); poll() sleeps on every
+  // socket at once.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int local = 0;
   for (auto& p : peers_) local += p.same_host ? 1 : 0;
   // Emulated hosts (TRIDENT_HOST_ID: namespaces or fake hosts) are one machine: every rank shares its cores.
   if (!env::host_id().empty()) local = size_;
-  spin_limit_ = env::short_spin(static_cast<unsigned>(local) > cores) ? 64 : 4000;
+  spin_limit_ = env::short_spin(static_cast<unsigned>(local) > cores) ? (has_shm_ ? 64 : 2) : 4000;
   reqs_.reserve(64);
   chunk_bytes_ = static_cast<size_t>(env::chunk_bytes());
   counters_ = std::make_unique<Counters[]>(static_cast<size_t>(size_));
