@@ -257,6 +257,35 @@ template <int W>
 __attribute__((always_inline)) static inline float masked_softmax_row(float* row, int n, float scale) {
   TRIDENT_VEC_TYPES;
   const int n16 = round_up<W>(n);
+  if (n16 <= 4 * kW) {
+    // The same operations on a row of up to four registers, kept in them (no store and reload per pass).
+    Vec16 x[4] = {};
+    Vec16 vmax = splat<W>(-3.0e38f);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      x[v] = load16<W>(row + v * kW) * scale;
+      x[v] = lanes<W>(v * kW) < n ? x[v] : splat<W>(-3.0e38f);
+      vmax = x[v] > vmax ? x[v] : vmax;
+    }
+    const float mx = hmax<W>(vmax);
+    Vec16 vsum = {};
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      x[v] = fast_exp16<W>(x[v] - mx);
+      x[v] = lanes<W>(v * kW) < n ? x[v] : Vec16{};
+      vsum += x[v];
+    }
+    const float sum = hsum<W>(vsum);
+    const float inv = 1.0f / sum;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      store16<W>(row + v * kW, x[v] * inv);
+    }
+    return mx + std::log(sum);
+  }
   Vec16 vmax = splat<W>(-3.0e38f);
   for (int jb = 0; jb < n16; jb += kW) {
     Vec16 x = load16<W>(row + jb) * scale;
