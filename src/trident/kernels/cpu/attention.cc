@@ -4,8 +4,10 @@
 // O(B*NH*T*T); a T x T scratch per call is reused across heads.
 // Every product is written as "row += scalar * contiguous row" (vectorized over the row, no horizontal
 // reductions), with K and V transposed into scratch where a dot product over the head dim would be needed.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -217,19 +219,31 @@ __attribute__((always_inline)) static inline typename VecOf<W>::F fast_exp16(typ
   return p * scale;
 }
 
-template <int W>
-__attribute__((always_inline)) static inline float hmax(typename VecOf<W>::F v) {
-  constexpr int kW = W;
-  float m = v[0];
-  for (int k = 1; k < kW; ++k) m = v[k] > m ? v[k] : m;
-  return m;
+// Lanes H.. of v moved down to 0.. (wrapping): one step of a halving tree reduction.
+template <int W, int H, size_t... I>
+__attribute__((always_inline)) static inline typename VecOf<W>::F rotate_down(typename VecOf<W>::F v,
+                                                                          std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, static_cast<int>((I + H) % W)...);
 }
-template <int W>
+
+// Horizontal max and sum as halving trees (log2 W dependent steps instead of W - 1): the max is exact in
+// any order; the sum's order is fixed by W.
+template <int W, int H = W / 2>
+__attribute__((always_inline)) static inline float hmax(typename VecOf<W>::F v) {
+  if constexpr (H == 0) {
+    return v[0];
+  } else {
+    const auto r = rotate_down<W, H>(v, std::make_index_sequence<W>{});
+    return hmax<W, H / 2>(v > r ? v : r);
+  }
+}
+template <int W, int H = W / 2>
 __attribute__((always_inline)) static inline float hsum(typename VecOf<W>::F v) {
-  constexpr int kW = W;
-  float s = 0.0f;
-  for (int k = 0; k < kW; ++k) s += v[k];
-  return s;
+  if constexpr (H == 0) {
+    return v[0];
+  } else {
+    return hsum<W, H / 2>(v + rotate_down<W, H>(v, std::make_index_sequence<W>{}));
+  }
 }
 
 template <int W>
@@ -243,6 +257,35 @@ template <int W>
 __attribute__((always_inline)) static inline float masked_softmax_row(float* row, int n, float scale) {
   TRIDENT_VEC_TYPES;
   const int n16 = round_up<W>(n);
+  if (n16 <= 4 * kW) {
+    // The same operations on a row of up to four registers, kept in them (no store and reload per pass).
+    Vec16 x[4] = {};
+    Vec16 vmax = splat<W>(-3.0e38f);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      x[v] = load16<W>(row + v * kW) * scale;
+      x[v] = lanes<W>(v * kW) < n ? x[v] : splat<W>(-3.0e38f);
+      vmax = x[v] > vmax ? x[v] : vmax;
+    }
+    const float mx = hmax<W>(vmax);
+    Vec16 vsum = {};
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      x[v] = fast_exp16<W>(x[v] - mx);
+      x[v] = lanes<W>(v * kW) < n ? x[v] : Vec16{};
+      vsum += x[v];
+    }
+    const float sum = hsum<W>(vsum);
+    const float inv = 1.0f / sum;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v * kW >= n16) break;
+      store16<W>(row + v * kW, x[v] * inv);
+    }
+    return mx + std::log(sum);
+  }
   Vec16 vmax = splat<W>(-3.0e38f);
   for (int jb = 0; jb < n16; jb += kW) {
     Vec16 x = load16<W>(row + jb) * scale;
@@ -313,22 +356,18 @@ static void causal_softmax_rows(float* S, size_t tp, float* lse, int T, float sc
 }
 
 // On entry P holds q_i.k_j and dS holds dO_i.v_j (j <= i); on return P = exp(scale s - lse_i) and
-// dS = P (dP - D_i) scale, both zero for j > i up to the padded row end.
+// dS = P (dP - D_i) scale, both zero for j > i up to the padded row end. Dv[i] = D_i = dO_i . O_i.
 template <int W>
-TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size_t tp, const float* dout,
-                                                       const float* out, const float* lse, int T, int C, int hd,
-                                                       float scale) {
+TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size_t tp, const float* Dv,
+                                                       const float* lse, int T, float scale) {
   TRIDENT_VEC_TYPES;
   const int tend = round_up<W>(T);
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up<W>(n);
     float* p = P + i * tp;
     float* ds = dS + i * tp;
-    const float* go = dout + static_cast<size_t>(i) * C;
-    const float* o = out + static_cast<size_t>(i) * C;
     const float l = lse[i];
-    float D = 0.0f;
-    for (int d = 0; d < hd; ++d) D += go[d] * o[d];
+    const float D = Dv[i];
     for (int jb = 0; jb < n16; jb += kW) {
       const auto valid = lanes<W>(jb) < n;
       Vec16 pj = fast_exp16<W>(load16<W>(p + jb) * scale - l);
@@ -345,13 +384,33 @@ TRIDENT_KERNEL_BODY void causal_softmax_grad_rows_body(float* P, float* dS, size
   }
 }
 TRIDENT_ISA_CLONES_W(void, causal_softmax_grad_rows,
-                   (float* P, float* dS, size_t tp, const float* dout, const float* out, const float* lse, int T, int C,
-                    int hd, float scale),
-                   (P, dS, tp, dout, out, lse, T, C, hd, scale));
-static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float* dout, const float* out,
-                                     const float* lse, int T, int C, int hd, float scale) {
-  return TRIDENT_ISA_CALL(causal_softmax_grad_rows, (P, dS, tp, dout, out, lse, T, C, hd, scale));
+                   (float* P, float* dS, size_t tp, const float* Dv, const float* lse, int T, float scale),
+                   (P, dS, tp, Dv, lse, T, scale));
+static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float* Dv, const float* lse, int T,
+                                     float scale) {
+  return TRIDENT_ISA_CALL(causal_softmax_grad_rows, (P, dS, tp, Dv, lse, T, scale));
 }
+
+// D[(b NH + h) T + t] = dO . O over head h's hd columns of row (b, t), d in order. One pass over the rows
+// in memory order (the hardware prefetcher streams them): read per head inside the backward, O's rows
+// (cold since the forward) cost a cache miss each on the critical path.
+TRIDENT_KERNEL_BODY void attn_row_dots_body(float* D, const float* dout, const float* out, int64_t r0, int64_t rows,
+                                            int T, int C, int NH, int hd) {
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const int64_t b = r / T, t = r % T;
+    const float* go = dout + r * C;
+    const float* o = out + r * C;
+    for (int h = 0; h < NH; ++h) {
+      float acc = 0.0f;
+      for (int d = 0; d < hd; ++d) acc += go[h * hd + d] * o[h * hd + d];
+      D[(b * NH + h) * T + t] = acc;
+    }
+  }
+}
+TRIDENT_ISA_CLONES(void, attn_row_dots,
+                   (float* D, const float* dout, const float* out, int64_t r0, int64_t rows, int T, int C, int NH,
+                    int hd),
+                   (D, dout, out, r0, rows, T, C, NH, hd));
 
 static void attn_fwd_head_native(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
                                  Scratch& sc) {
@@ -362,7 +421,7 @@ static void attn_fwd_head_native(float* out, float* lse, const float* qkv, int T
   detail::gemm_avx512(false, false, T, hd, T, S, tp, qkv + 2 * C, ld, false, out, C, Tri::kLowerA);
 }
 
-static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qkv, const float* Dv, const float* lse,
                                  int T, int C, int hd, float scale, Scratch& sc) {
   const int ld = 3 * C, tp = static_cast<int>(align_floats(T));
   float* P = sc.s.data();
@@ -372,7 +431,7 @@ static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qk
   const float* v = qkv + 2 * C;
   detail::gemm_avx512(false, true, T, T, hd, q, ld, k, ld, false, P, tp, Tri::kLowerC);
   detail::gemm_avx512(false, true, T, T, hd, dout, C, v, ld, false, dS, tp, Tri::kLowerC);
-  causal_softmax_grad_rows(P, dS, tp, dout, out, lse, T, C, hd, scale);
+  causal_softmax_grad_rows(P, dS, tp, Dv, lse, T, scale);
   // dQ = dS K; dK = dS^T Q; dV = P^T dO.
   detail::gemm_avx512(false, false, T, hd, T, dS, tp, k, ld, false, dqkv, ld, Tri::kLowerA);
   detail::gemm_avx512(true, false, T, hd, T, dS, tp, q, ld, false, dqkv + C, ld, Tri::kUpperA);
@@ -453,13 +512,26 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool native = detail::native_kernels_enabled();
+  // D_i = dO_i . O_i for every row and head, laid out as lse (the tasks below run on other threads: the
+  // caller's thread-local buffer is passed by pointer).
+  thread_local AlignedFloats dots;
+  float* D = nullptr;
+  if (native) {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    if (dots.size() < static_cast<size_t>(rows) * NH) dots.resize(static_cast<size_t>(rows) * NH);
+    D = dots.data();
+    parallel_chunks(rows, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t n) {
+      TRIDENT_ISA_CALL(attn_row_dots, (D, dout, out, r0, n, T, C, NH, hd));
+    });
+  }
   parallel_for(static_cast<int64_t>(B) * NH, [&](int64_t t) {
     const int b = static_cast<int>(t / NH), h = static_cast<int>(t % NH);
     g_scratch.ensure(T, hd);
     const size_t base3 = static_cast<size_t>(b) * T * 3 * C + h * hd;
     const size_t base = static_cast<size_t>(b) * T * C + h * hd;
     const float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
-    if (native) attn_bwd_head_native(dqkv + base3, dout + base, qkv + base3, out + base, l, T, C, hd, scale, g_scratch);
+    if (native) attn_bwd_head_native(dqkv + base3, dout + base, qkv + base3, D + (l - lse), l, T, C, hd, scale,
+                                     g_scratch);
     else attn_bwd_head(dqkv + base3, dout + base, qkv + base3, out + base, l, T, C, hd, scale, g_scratch);
   });
 }

@@ -150,9 +150,10 @@ TRIDENT_AVX512_FN inline void transpose16(__m512 r[16]) {
   }
 }
 
-// g_pack[k][jj] = B(k0 + k, j0 + jj) for a transposed B (B(k,j) = b[j*ldb + k]); jj < w, zero beyond up to
-// the next multiple of 16. 16 x 16 blocks: 16 rows of b (16 contiguous k each) transposed in registers.
-TRIDENT_AVX512_FN void pack_transposed(const float* b, ptrdiff_t ldb, int k0, int kc, int j0, int w) {
+// dst[k][jj] (rows of 64 floats, 64-byte aligned) = B(k0 + k, j0 + jj) for a transposed B (B(k,j) =
+// b[j*ldb + k]); jj < w, zero beyond up to the next multiple of 16. 16 x 16 blocks: 16 rows of b (16
+// contiguous k each) transposed in registers.
+TRIDENT_AVX512_FN void pack_transposed(float* dst, const float* b, ptrdiff_t ldb, int k0, int kc, int j0, int w) {
   const int wp = (w + 15) / 16 * 16;
   for (int jb = 0; jb < wp; jb += 16) {
     const int jn = w - jb < 16 ? w - jb : 16;
@@ -163,22 +164,54 @@ TRIDENT_AVX512_FN void pack_transposed(const float* b, ptrdiff_t ldb, int k0, in
       for (int jj = 0; jj < 16; ++jj)
         r[jj] = jj < jn ? _mm512_maskz_loadu_ps(km, b + (j0 + jb + jj) * ldb + k0 + kb) : _mm512_setzero_ps();
       transpose16(r);
-      for (int kk = 0; kk < kn; ++kk) _mm512_store_ps(g_pack + (kb + kk) * kNr + jb, r[kk]);
+      for (int kk = 0; kk < kn; ++kk) _mm512_store_ps(dst + (kb + kk) * kNr + jb, r[kk]);
     }
   }
 }
 
+// Packs the 64-column panels [p0, p1) of op(B) (K x N) in the layout of gemm_avx512_pack_b (header).
+TRIDENT_AVX512_FN void pack_b_panels(bool trans_b, int N, int K, const float* B, int ldb, float* out, int p0, int p1) {
+  const int np = (N + kNr - 1) / kNr * kNr;
+  for (int k0 = 0; k0 < K; k0 += kKc) {
+    const int kc = K - k0 < kKc ? K - k0 : kKc;
+    for (int p = p0; p < p1; ++p) {
+      const int j0 = p * kNr;
+      const int w = N - j0 < kNr ? N - j0 : kNr;
+      float* dst = out + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(p) * kc * kNr;
+      if (trans_b) {
+        pack_transposed(dst, B, ldb, k0, kc, j0, w);
+        continue;
+      }
+      for (int k = 0; k < kc; ++k) {
+        const float* src = B + static_cast<ptrdiff_t>(k0 + k) * ldb + j0;
+#pragma GCC unroll 4
+        for (int v = 0; v < kNv; ++v) {
+          const int n = w - 16 * v <= 0 ? 0 : (w - 16 * v < 16 ? w - 16 * v : 16);
+          _mm512_store_ps(dst + k * kNr + 16 * v,
+                          _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), src + 16 * v));
+        }
+      }
+    }
+  }
+}
+
+// packed: op(B) already in the layout of gemm_avx512_pack_b (np padded columns), this call's column 0 at
+// its column pj0 (a multiple of 64); null: B read in place (a transposed B packed per block here).
 template <bool kTransA>
 TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                           bool accumulate, float* C, int ldc, Tri tri) {
+                           bool accumulate, float* C, int ldc, Tri tri, const float* packed = nullptr,
+                           int np = 0, int pj0 = 0) {
   for (int k0 = 0; k0 < K; k0 += kKc) {
     const int kc = K - k0 < kKc ? K - k0 : kKc;
     for (int j0 = 0; j0 < N; j0 += kNr) {
       const int w = N - j0 < kNr ? N - j0 : kNr;
       const float* bp;
       ptrdiff_t bs;
-      if (trans_b) {
-        pack_transposed(B, ldb, k0, kc, j0, w);
+      if (packed != nullptr) {
+        bp = packed + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(pj0 + j0) * kc;
+        bs = kNr;
+      } else if (trans_b) {
+        pack_transposed(g_pack, B, ldb, k0, kc, j0, w);
         bp = g_pack;
         bs = kNr;
       } else {
@@ -489,11 +522,34 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A
   else run<false>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tri);
 }
 
+size_t gemm_avx512_packed_b_floats(int N, int K) {
+  return static_cast<size_t>(K < 0 ? 0 : K) * static_cast<size_t>((N + kNr - 1) / kNr * kNr);
+}
+
+void gemm_avx512_pack_b(bool trans_b, int N, int K, const float* B, int ldb, float* packed, int p0, int p1) {
+  if (N <= 0 || K <= 0) return;
+  pack_b_panels(trans_b, N, K, B, ldb, packed, p0, p1);
+}
+
+void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int np,
+                        int j0, bool accumulate, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    gemm_avx512(trans_a, false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc);
+    return;
+  }
+  if (trans_a) run<true>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, np, j0);
+  else run<false>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, np, j0);
+}
+
 #else
 
 void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
+size_t gemm_avx512_packed_b_floats(int, int) { return 0; }
+void gemm_avx512_pack_b(bool, int, int, const float*, int, float*, int, int) {}
+void gemm_avx512_packed(bool, int, int, int, const float*, int, const float*, int, int, bool, float*, int) {}
 
 #endif
 

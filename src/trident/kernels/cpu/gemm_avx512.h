@@ -3,6 +3,8 @@
 // Thread-safety: concurrent calls on disjoint C are safe. No timeouts.
 #pragma once
 
+#include <cstddef>
+
 namespace trident::kernels::cpu::detail {
 
 // True when the active ISA level (isa.h) is avx512 or higher: this GEMM and the attention built on it
@@ -19,6 +21,18 @@ enum class Tri : int { kNone = 0, kLowerC, kLowerA, kUpperA };
 // fused multiply-add chain over k in order. Only call at ISA level avx512 or higher.
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                  bool accumulate, float* C, int ldc, Tri tri = Tri::kNone);
+
+// The same product with op(B) packed once per call and shared by the tasks of a split GEMM (each 6-row
+// tile then reads one contiguous 64-column panel, resident in L1, instead of re-packing a transposed B or
+// striding through B's rows). Layout: k in blocks of 128; the block starting at k0 (kc rows) holds, for
+// each 64-column panel p, op(B)(k0..k0+kc, 64p..64p+64) as [kc][64] floats from float k0 * np + 64p * kc,
+// np = N rounded up to 64, columns past N zero. gemm_avx512_pack_b writes panels [p0, p1) of a buffer of
+// gemm_avx512_packed_b_floats(N, K) floats (64-byte aligned); gemm_avx512_packed computes
+// C[M, 0..N) (+)= op(A) op(B)(:, j0..j0+N), j0 a multiple of 64. Same numerics as gemm_avx512.
+size_t gemm_avx512_packed_b_floats(int N, int K);
+void gemm_avx512_pack_b(bool trans_b, int N, int K, const float* B, int ldb, float* packed, int p0, int p1);
+void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int np,
+                        int j0, bool accumulate, float* C, int ldc);
 
 // bfloat16 products: C = (accumulate ? C : 0) + bf16(op(A)) bf16(op(B)), operands rounded to bfloat16
 // (round-to-nearest-even), products summed in float32. gemm_avx512_bf16 runs on vdpbf16ps (ISA level
