@@ -131,37 +131,25 @@ void for_each_tile(int M, int N, int K, double flops_per_task, F&& f) {
 }  // namespace
 
 namespace {
-// The AVX-512 float32 product: op(B) packed into 64-column panels (one task per panel), then the tiles of
-// for_each_tile, all reading the shared panels. Packing per tile instead cost about a tenth of the forward
-// Linear GEMMs at nanoGPT's shapes (a transposed weight re-packed for every 72-row tile); packing an
-// untransposed B too (rather than striding through its rows) made dX and dW 3-10% faster. k runs in
-// chunks of kPackK rows, each packed and then used while it is still in L2 (a whole weight gradient's
-// activations, 768 x 512 floats, would spill it); a chunk after the first accumulates into C, which
-// continues each element's FMA chain in k order: the same result as one pass.
-constexpr int kPackK = 128;
-
+// The AVX-512 float32 product: op(B) packed once into 64-column panels (one task per panel), then the
+// tiles of for_each_tile, all reading the shared panels. Packing per tile instead cost about a tenth of
+// the forward Linear GEMMs at nanoGPT's shapes (a transposed weight re-packed for every 72-row tile);
+// packing an untransposed B too (rather than striding through its rows) made dX and dW 3-10% faster.
 void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                     bool accumulate, float* C, int ldc) {
   thread_local AlignedFloats packed;
-  const int kmax = std::min(K, kPackK);
-  const size_t need = detail::gemm_avx512_packed_b_floats(N, kmax);
+  const size_t need = detail::gemm_avx512_packed_b_floats(N, K);
   if (packed.size() < need) packed.resize(need);
   float* pk = packed.data();
   const int panels = (N + kPanel - 1) / kPanel;
-  for (int k0 = 0; k0 < K; k0 += kPackK) {
-    const int kc = std::min(kPackK, K - k0);
-    // op(B) rows k0.. : B + k0 (transposed: k runs along B's rows) or B's row k0.
-    const float* b = trans_b ? B + k0 : B + static_cast<ptrdiff_t>(k0) * ldb;
-    parallel_for(panels, [&](int64_t p) {
-      detail::gemm_avx512_pack_b(trans_b, N, kc, b, ldb, pk, static_cast<int>(p), static_cast<int>(p) + 1);
-    });
-    for_each_tile(M, N, kc, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
-      // op(A) columns k0..: A's row k0 (transposed) or column k0 of each row.
-      const float* a = trans_a ? A + static_cast<ptrdiff_t>(k0) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + k0;
-      detail::gemm_avx512_packed(trans_a, mi, nj, kc, a, lda, pk, panels * kPanel, j0, accumulate || k0 > 0,
-                                 C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
-    });
-  }
+  parallel_for(panels, [&](int64_t p) {
+    detail::gemm_avx512_pack_b(trans_b, N, K, B, ldb, pk, static_cast<int>(p), static_cast<int>(p) + 1);
+  });
+  for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
+    const float* a = trans_a ? A + i0 : A + static_cast<ptrdiff_t>(i0) * lda;
+    detail::gemm_avx512_packed(trans_a, mi, nj, K, a, lda, pk, panels * kPanel, j0, accumulate,
+                               C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
+  });
 }
 }  // namespace
 
