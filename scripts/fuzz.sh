@@ -10,8 +10,12 @@ secs=${1:-15}
 shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(fuzz_store_request fuzz_frame_header fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
-cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIDENT_FUZZ=ON -DCMAKE_C_COMPILER=clang-16 \
-      -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
+# -O1 with line tables (a report's file:line), as the sanitizer builds of scripts/test.sh; Ninja where
+# installed (it builds the targets together, where make builds them one after another).
+gen=()
+[[ -f build-fuzz/CMakeCache.txt ]] || ! command -v ninja >/dev/null || gen=(-GNinja)
+cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTRIDENT_FUZZ=ON \
+      -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
 [[ "${FUZZ_BUILD_ONLY:-0}" == 1 ]] && exit 0
 for t in "${targets[@]}"; do
