@@ -235,13 +235,14 @@ CheckpointSnapshot snapshot_checkpoint(nn::Model& model, const CheckpointMeta& m
 }
 
 namespace {
-// Folders a checkpoint write left behind when its process died mid-write (".ckpt-N.tmp.PID", ".ckpt-N.old.PID"
-// of a PID that no longer runs): never complete, never named by `latest`.
+// What a checkpoint write left behind when its process died mid-write, of a PID that no longer runs: folders
+// ".ckpt-N.tmp.PID" and ".ckpt-N.old.PID" (never complete, never named by `latest`) and the `latest` pointer's
+// own temporary "latest.tmp.PID" (a rank killed between writing it and renaming it over `latest`).
 void remove_abandoned_writes(const fs::path& out_dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(".ckpt-", 0) != 0) continue;
+    if (name.rfind(".ckpt-", 0) != 0 && name.rfind("latest.tmp.", 0) != 0) continue;
     size_t at = name.rfind(".tmp.");
     if (at == std::string::npos) at = name.rfind(".old.");
     if (at == std::string::npos) continue;

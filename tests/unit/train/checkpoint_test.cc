@@ -560,9 +560,16 @@ TEST(AsyncCheckpoint, AFolderLeftByAWriterThatDiedIsRemovedByTheNextWrite) {
   // A pid that cannot be running (above the kernel's pid_max), and one that runs (our parent: kept).
   const fs::path dead = d.path / ".ckpt-00000007.tmp.2147483646";
   const fs::path ours = d.path / fmt::format(".ckpt-00000001.tmp.{}", ::getppid());
+  // The `latest` pointer's temporary, left by a rank killed between writing it and renaming it.
+  const fs::path dead_latest = d.path / "latest.tmp.2147483646";
+  const fs::path ours_latest = d.path / fmt::format("latest.tmp.{}", ::getppid());
   fs::create_directories(dead);
   fs::create_directories(ours);
+  std::ofstream(dead_latest) << "ckpt-00000007\n";
+  std::ofstream(ours_latest) << "ckpt-00000001\n";
   save_checkpoint(d.path.string(), *m, meta_for(*m, 8), {&ea, &es});
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::exists(ours));
+  EXPECT_FALSE(fs::exists(dead_latest));
+  EXPECT_TRUE(fs::exists(ours_latest));
 }
