@@ -11,12 +11,18 @@ shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(fuzz_store_request fuzz_frame_header fuzz_safetensors fuzz_checkpoint_json fuzz_train_config)
 # -O1 with line tables (a report's file:line), as the sanitizer builds of scripts/test.sh; Ninja where
-# installed (it builds the targets together, where make builds them one after another).
+# installed (it builds the targets together, where make builds them one after another); files in unity
+# batches, as scripts/test.sh's builds, redone file by file should a batch fail.
 gen=()
 [[ -f build-fuzz/CMakeCache.txt ]] || ! command -v ninja >/dev/null || gen=(-GNinja)
 cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTRIDENT_FUZZ=ON \
-      -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
+      -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_UNITY_BUILD=ON >/dev/null
+if ! cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"; then
+  echo "== build-fuzz: the batched (unity) build failed; building file by file. If it then passes, two files of" \
+       "one target define the same file-local name: list one in the root CMakeLists.txt's unity block."
+  cmake -S . -B build-fuzz -DCMAKE_UNITY_BUILD=OFF >/dev/null
+  cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
+fi
 [[ "${FUZZ_BUILD_ONLY:-0}" == 1 ]] && exit 0
 for t in "${targets[@]}"; do
   echo "== $t (${secs}s, ASan+UBSan)"

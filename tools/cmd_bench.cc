@@ -23,6 +23,7 @@
 #include "trident/core/error.h"
 #include "trident/launch/launcher.h"
 
+namespace cmd_bench {
 namespace {
 
 struct RawFlags {
@@ -269,3 +270,4 @@ void setup(CLI::App& app) {
 trident::cli::CommandRegistration reg(40, setup);
 
 }  // namespace
+}  // namespace cmd_bench

@@ -27,6 +27,7 @@
 #include "trident/kernels/cpu/ops.h"
 
 namespace trident::cli {
+namespace cmd_bench_kernels {
 namespace {
 
 namespace kc = kernels::cpu;
@@ -326,4 +327,5 @@ void setup(CLI::App& app) {
 CommandRegistration reg(41, setup);
 
 }  // namespace
+}  // namespace cmd_bench_kernels
 }  // namespace trident::cli

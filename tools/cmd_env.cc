@@ -7,6 +7,7 @@
 #include "trident/kernels/cpu/isa.h"
 
 namespace trident::cli {
+namespace cmd_env {
 namespace {
 
 void setup(CLI::App& app) {
@@ -27,4 +28,5 @@ void setup(CLI::App& app) {
 CommandRegistration reg(90, setup);
 
 }  // namespace
+}  // namespace cmd_env
 }  // namespace trident::cli

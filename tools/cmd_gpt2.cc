@@ -10,6 +10,7 @@
 #include "trident/train/gpt2_hf.h"
 
 namespace trident::cli {
+namespace cmd_gpt2 {
 namespace {
 
 struct Gpt2Args {
@@ -53,4 +54,5 @@ void setup_gpt2(CLI::App& app) {
 CommandRegistration reg_gpt2(23, setup_gpt2);
 
 }  // namespace
+}  // namespace cmd_gpt2
 }  // namespace trident::cli

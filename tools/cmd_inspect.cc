@@ -8,6 +8,7 @@
 #include "trident/core/error.h"
 
 namespace trident::cli {
+namespace cmd_inspect {
 namespace {
 
 struct InspectCli {
@@ -41,4 +42,5 @@ void setup(CLI::App& app) {
 CommandRegistration reg(85, setup);
 
 }  // namespace
+}  // namespace cmd_inspect
 }  // namespace trident::cli

@@ -6,6 +6,7 @@
 #include "command.h"
 #include "trident/launch/launcher.h"
 
+namespace cmd_launch {
 namespace {
 
 void setup(CLI::App& app) {
@@ -75,3 +76,4 @@ void setup(CLI::App& app) {
 trident::cli::CommandRegistration reg(10, setup);
 
 }  // namespace
+}  // namespace cmd_launch

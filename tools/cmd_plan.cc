@@ -151,6 +151,7 @@ plan::Layout resolve_layout(const PlanCommon& o, const plan::TrainSpec& t, const
   return l;
 }
 
+namespace cmd_plan {
 namespace {
 
 constexpr double kGB = 1e9;
@@ -285,4 +286,5 @@ void setup(CLI::App& app) {
 CommandRegistration reg(60, setup);
 
 }  // namespace
+}  // namespace cmd_plan
 }  // namespace trident::cli

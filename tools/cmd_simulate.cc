@@ -20,6 +20,7 @@ namespace trident::cli {
 
 
 
+namespace cmd_simulate {
 namespace {
 
 struct SimCli {
@@ -165,4 +166,5 @@ void setup(CLI::App& app) {
 CommandRegistration reg(61, setup);
 
 }  // namespace
+}  // namespace cmd_simulate
 }  // namespace trident::cli

@@ -12,6 +12,7 @@
 #include "trident/data/tokenizer.h"
 
 namespace trident::cli {
+namespace cmd_tokenize {
 namespace {
 
 struct TokenizeArgs {
@@ -87,4 +88,5 @@ void setup_tokenize(CLI::App& app) {
 CommandRegistration reg_tokenize(19, setup_tokenize);
 
 }  // namespace
+}  // namespace cmd_tokenize
 }  // namespace trident::cli

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 namespace trident::cli {
+namespace cmd_train {
 namespace {
 
 // Runs `body`; bad arguments propagate (exit 2 from main), other errors print and exit 1.
@@ -257,4 +258,5 @@ CommandRegistration reg_eval(21, setup_eval);
 CommandRegistration reg_sample(22, setup_sample);
 
 }  // namespace
+}  // namespace cmd_train
 }  // namespace trident::cli

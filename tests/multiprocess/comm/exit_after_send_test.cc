@@ -21,7 +21,7 @@
 #include "trident/comm/transport/shm.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::exit_after_send_test {
 namespace {
 
 using testing::RunOptions;
@@ -104,4 +104,4 @@ TEST_P(ExitAfterSend, PeerThatExitsWithoutSendingIsNamed) {
 INSTANTIATE_TEST_SUITE_P(Transports, ExitAfterSend, ::testing::Values("shm", "tcp"));
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::exit_after_send_test

@@ -15,7 +15,7 @@
 #include "trident/comm/store/store.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::faults_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -255,4 +255,4 @@ TEST_P(Faults, AsyncOverlapAndOrder) {
 INSTANTIATE_TEST_SUITE_P(Transports, Faults, ::testing::Values("shm", "tcp"));
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::faults_test

@@ -16,7 +16,7 @@
 #include "trident/comm/store/store.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::p2p_directions_test {
 namespace {
 
 using testing::run_processes;
@@ -221,4 +221,4 @@ TEST(P2POrder, PendingReceiveTimesOutNamingThePeer) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::p2p_directions_test

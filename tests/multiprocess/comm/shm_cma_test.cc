@@ -20,7 +20,7 @@
 #include "trident/comm/transport/shm_buffer.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::shm_cma_test {
 namespace {
 
 std::shared_ptr<ProcessGroup> make_pg(std::shared_ptr<Store> st, int r, int n, double timeout_s = 20,
@@ -433,4 +433,4 @@ TEST(ShmCma, CostModelPrefersCmaForLargeMessagesOnOneHost) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::shm_cma_test

@@ -19,7 +19,7 @@
 #include "trident/comm/store/store.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::shm_fast_path_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -201,4 +201,4 @@ TEST(ShmFastPath, DeadlineNamesTheSilentRank) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::shm_fast_path_test

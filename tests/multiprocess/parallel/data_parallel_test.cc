@@ -22,7 +22,7 @@
 #include "trident/optim/schedule.h"
 #include "trident/parallel/data_parallel.h"
 
-namespace trident {
+namespace trident::data_parallel_test {
 namespace {
 
 constexpr int kB = 2, kT = 8, kVocab = 13, kSteps = 50;
@@ -435,4 +435,4 @@ TEST(DataParallelSharedGradients, MemoryThatCannotBeHadFallsBackToPrivate) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::data_parallel_test

@@ -22,7 +22,7 @@
 #include "trident/nn/model.h"
 #include "trident/parallel/data_parallel.h"
 
-namespace trident {
+namespace trident::overlap_test {
 namespace {
 
 constexpr int kParams = 6;     // one bucket per parameter
@@ -230,4 +230,4 @@ TEST(OverlapOneRank, NoCommunicationNothingHidden) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::overlap_test

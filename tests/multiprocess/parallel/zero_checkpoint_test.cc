@@ -20,7 +20,7 @@
 #include "trident/parallel/data_parallel.h"
 #include "trident/train/checkpoint.h"
 
-namespace trident {
+namespace trident::zero_checkpoint_test {
 namespace {
 
 constexpr int kRows = 12, kT = 8, kVocab = 17, kSave = 5, kSteps = 10;
@@ -201,4 +201,4 @@ TEST(ZeroCheckpoint, Zero3SavesAndLoadsAtOtherWorldSizesStagesAndInOneProcess) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::zero_checkpoint_test

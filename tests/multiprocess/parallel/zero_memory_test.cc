@@ -21,7 +21,7 @@
 #include "trident/optim/schedule.h"
 #include "trident/parallel/data_parallel.h"
 
-namespace trident {
+namespace trident::zero_memory_test {
 namespace {
 
 constexpr int kB = 2, kT = 16, kVocab = 512, kSteps = 3;
@@ -149,4 +149,4 @@ INSTANTIATE_TEST_SUITE_P(Strategies, ZeroMemory,
                          });
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::zero_memory_test

@@ -23,7 +23,7 @@
 #include "trident/comm/tuning.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::tuning_test {
 namespace {
 
 std::string temp_file(const std::string& stem) {
@@ -295,4 +295,4 @@ TEST(Tuning, BenchTuneWritesAFileTheBackendUses) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::tuning_test

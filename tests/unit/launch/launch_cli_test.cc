@@ -1,5 +1,5 @@
 // `trident launch` end to end: runs the built CLI (TRIDENT_BIN) and checks what its ranks saw and printed,
-// how it reports failures, and that it leaves no rank running. Every wait has a hang guard (kHangGuard): a
+// how it reports failures, and that it leaves no rank running. Every wait has a hang guard (kCliHangGuard): a
 // guard that fires fails the test; it is not a performance assertion.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -35,7 +35,7 @@ using trident::testing::parse_fields;
 using trident::testing::ProcessRunner;
 using trident::testing::split_lines;
 
-constexpr double kHangGuard = 15.0;
+constexpr double kCliHangGuard = 15.0;
 
 // Launcher-owned variables must come from the launcher, never from the test's own environment.
 const std::vector<std::string> kLaunchVars = {"RANK",        "WORLD_SIZE",          "LOCAL_RANK",
@@ -58,7 +58,7 @@ std::vector<std::string> launch_argv(const std::vector<std::string>& args) {
 
 Outcome run_launch(const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {}) {
   ProcessRunner p(launch_argv(args), make_env(kLaunchVars, extra_env));
-  auto status = p.wait(kHangGuard);
+  auto status = p.wait(kCliHangGuard);
   Outcome o;
   o.out = p.out();
   o.err = p.err();
@@ -165,7 +165,7 @@ int port_written_by(ProcessRunner& node0, const std::string& file) {
         port = p;
         return true;
       },
-      kHangGuard);
+      kCliHangGuard);
   return port;
 }
 
@@ -184,8 +184,8 @@ TEST(Launch, SecondNodeNumbersItsRanksAfterNodeZero) {
   const int port = port_written_by(node0, port_file);
   ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
   ProcessRunner node1(node(1, std::to_string(port), {}), env);
-  auto s0 = node0.wait(kHangGuard);
-  auto s1 = node1.wait(kHangGuard);
+  auto s0 = node0.wait(kCliHangGuard);
+  auto s1 = node1.wait(kCliHangGuard);
   ASSERT_TRUE(s0 && s1) << node0.err() << node1.err();
   ASSERT_EQ(*s0, 0) << node0.err();
   ASSERT_EQ(*s1, 0) << node1.err();
@@ -295,7 +295,7 @@ TEST(Launch, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
       "trap '' TERM; echo pid $$; touch \"$READY\"; while true; do sleep 0.1; done";
   ProcessRunner p(launch_argv({"-n", "2", "--grace-period", "0.5", "--master-port", "0", "--", "sh", "-c", cmd}),
                   make_env(kLaunchVars, {"READY=" + ready}));
-  auto status = p.wait(kHangGuard);
+  auto status = p.wait(kCliHangGuard);
   ASSERT_TRUE(status.has_value()) << "hung; stderr:\n" << p.err();
   ASSERT_TRUE(WIFEXITED(*status));
   EXPECT_EQ(WEXITSTATUS(*status), 7) << p.err();
@@ -313,10 +313,10 @@ TEST(Launch, SignalToLauncherStopsEveryRank) {
     ProcessRunner p(launch_argv({"-n", "3", "--max-restarts", std::to_string(restarts), "--master-port", "0", "--",
                                  "sh", "-c", "echo pid $$; exec sleep 60"}),
                     make_env(kLaunchVars, {}));
-    ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 3; }, kHangGuard)) << p.out() << p.err();
+    ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 3; }, kCliHangGuard)) << p.out() << p.err();
     auto pids = printed_pids(p.out());
     ASSERT_EQ(::kill(p.pid(), sig), 0);
-    auto status = p.wait(kHangGuard);
+    auto status = p.wait(kCliHangGuard);
     ASSERT_TRUE(status.has_value()) << "hung after signal " << sig;
     ASSERT_TRUE(WIFEXITED(*status)) << "the launcher must stop its ranks, then exit";
     EXPECT_EQ(WEXITSTATUS(*status), 128 + sig);
@@ -342,11 +342,11 @@ bool alive(pid_t pid) {
 TEST(Launch, RanksDieWithAHardKilledLauncher) {
   ProcessRunner p(launch_argv({"-n", "2", "--master-port", "0", "--", "sh", "-c", "echo pid $$; exec sleep 60"}),
                   make_env(kLaunchVars, {}));
-  ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 2; }, kHangGuard)) << p.err();
+  ASSERT_TRUE(p.read_until([&] { return printed_pids(p.out()).size() == 2; }, kCliHangGuard)) << p.err();
   auto pids = printed_pids(p.out());
   ASSERT_EQ(::kill(p.pid(), SIGKILL), 0);
-  p.wait(kHangGuard);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kHangGuard);
+  p.wait(kCliHangGuard);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kCliHangGuard);
   for (pid_t pid : pids) {
     while (alive(pid) && std::chrono::steady_clock::now() < deadline) ::usleep(10000);
     EXPECT_FALSE(alive(pid)) << "rank " << pid << " outlived its SIGKILLed launcher";
@@ -460,7 +460,7 @@ TEST(Launch, BadMaxRestartsIsAClearError) {
 
 // --- A rank that is a real store client: this test binary re-executed under the launcher. ---
 
-std::string self_exe() {
+std::string cli_self_exe() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n <= 0) return {};
@@ -468,7 +468,7 @@ std::string self_exe() {
 }
 
 TEST(Launch, RanksReachTheLauncherHostedStoreWithTheirToken) {
-  Outcome o = run_launch({"-n", "3", "--master-port", "0", "--", self_exe(),
+  Outcome o = run_launch({"-n", "3", "--master-port", "0", "--", cli_self_exe(),
                           "--gtest_also_run_disabled_tests", "--gtest_filter=LaunchChildProcess.DISABLED_StoreClient"},
                          {"TRIDENT_LAUNCH_TEST_CHILD=store"});
   ASSERT_TRUE(o.finished) << o.err;
@@ -481,7 +481,7 @@ TEST(Launch, RanksReachTheLauncherHostedStoreWithTheirToken) {
 TEST(Launch, EachRestartRoundRendezvousesInAFreshStoreNamespace) {
   // Every rank counts itself in under the same key in each round; rank 1 fails after round 0 is complete.
   // Round 1 must count 3, not 6: the keys of round 0 are not visible to it.
-  Outcome o = run_launch({"-n", "3", "--max-restarts", "1", "--master-port", "0", "--", self_exe(),
+  Outcome o = run_launch({"-n", "3", "--max-restarts", "1", "--master-port", "0", "--", cli_self_exe(),
                           "--gtest_also_run_disabled_tests", "--gtest_filter=LaunchChildProcess.DISABLED_StoreClient"},
                          {"TRIDENT_LAUNCH_TEST_CHILD=rounds"});
   ASSERT_TRUE(o.finished) << o.err;
@@ -493,7 +493,7 @@ TEST(Launch, EachRestartRoundRendezvousesInAFreshStoreNamespace) {
 }
 
 TEST(Launch, StoreRefusesAWrongToken) {
-  Outcome o = run_launch({"-n", "2", "--master-port", "0", "--", self_exe(),
+  Outcome o = run_launch({"-n", "2", "--master-port", "0", "--", cli_self_exe(),
                           "--gtest_also_run_disabled_tests", "--gtest_filter=LaunchChildProcess.DISABLED_StoreClient"},
                          {"TRIDENT_LAUNCH_TEST_CHILD=badtoken"});
   ASSERT_TRUE(o.finished) << o.err;
@@ -533,7 +533,7 @@ TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
     std::vector<std::string> args = {"-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
                                      "--master-addr", "127.0.0.1", "--master-port", port};
     args.insert(args.end(), extra.begin(), extra.end());
-    for (std::string a : {std::string("--"), self_exe(), std::string("--gtest_also_run_disabled_tests"),
+    for (std::string a : {std::string("--"), cli_self_exe(), std::string("--gtest_also_run_disabled_tests"),
                           std::string("--gtest_filter=LaunchChildProcess.DISABLED_StoreClient")}) {
       args.push_back(a);
     }
@@ -543,8 +543,8 @@ TEST(Launch, TwoNodesRendezvousThroughNodeZerosStore) {
   const int port = port_written_by(node0, port_file);
   ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
   ProcessRunner node1(node(1, std::to_string(port), {}), env);
-  auto s0 = node0.wait(kHangGuard);
-  auto s1 = node1.wait(kHangGuard);
+  auto s0 = node0.wait(kCliHangGuard);
+  auto s1 = node1.wait(kCliHangGuard);
   ASSERT_TRUE(s0 && s1) << node0.err() << node1.err();
   EXPECT_EQ(*s0, 0) << node0.out() << node0.err();
   EXPECT_EQ(*s1, 0) << node1.out() << node1.err();
@@ -568,8 +568,8 @@ TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
   const int port = port_written_by(node0, port_file);
   ASSERT_GT(port, 0) << "node 0 wrote no port to " << port_file << ": " << node0.err();
   ProcessRunner node1(node(1, std::to_string(port), {}), env);
-  auto s1 = node1.wait(kHangGuard);
-  auto s0 = node0.wait(kHangGuard);
+  auto s1 = node1.wait(kCliHangGuard);
+  auto s0 = node0.wait(kCliHangGuard);
   ASSERT_TRUE(s0 && s1) << "a node kept running after the other failed:\n" << node0.err() << node1.err();
   ASSERT_TRUE(WIFEXITED(*s0) && WIFEXITED(*s1));
   EXPECT_EQ(WEXITSTATUS(*s1), 3) << node1.err();

@@ -15,7 +15,7 @@ using ref::Vec;
 namespace {
 
 // Max abs difference normalised by the reference's max abs value.
-double rel_err(const std::vector<float>& got, const Vec& want) {
+double ref_rel_err(const std::vector<float>& got, const Vec& want) {
   EXPECT_EQ(got.size(), want.size());
   double num = 0, den = 1e-30;
   for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
@@ -51,11 +51,11 @@ TEST(Kernels, GemmAllTransposesMatchReference) {
       for (int k = 0; k < K; ++k)
         for (int j = 0; j < N; ++j) B[tb ? j * K + k : k * N + j] = static_cast<float>(b[k * N + j]);
       kc::gemm(ta, tb, M, N, K, 2.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.5f, C.data(), N);
-      EXPECT_LT(rel_err(C, want), 1e-6) << "trans_a " << ta << " trans_b " << tb;
+      EXPECT_LT(ref_rel_err(C, want), 1e-6) << "trans_a " << ta << " trans_b " << tb;
       std::vector<float> C16 = ref::to_float(c0);
       kc::gemm(ta, tb, M, N, K, 2.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.5f, C16.data(), N,
                kc::Precision::kBFloat16);
-      EXPECT_LT(rel_err(C16, want), 2e-2) << "bf16 trans_a " << ta << " trans_b " << tb;
+      EXPECT_LT(ref_rel_err(C16, want), 2e-2) << "bf16 trans_a " << ta << " trans_b " << tb;
     }
 }
 
@@ -66,7 +66,7 @@ TEST(Kernels, LinearForwardBackward) {
   std::vector<float> xf = ref::to_float(x), wf = ref::to_float(w), bf = ref::to_float(b), rf = ref::to_float(r);
   std::vector<float> y(N * OC);
   kc::linear_forward(y.data(), xf.data(), wf.data(), bf.data(), N, C, OC);
-  EXPECT_LT(rel_err(y, ref::linear(x, w, &b, N, C, OC)), 1e-6);
+  EXPECT_LT(ref_rel_err(y, ref::linear(x, w, &b, N, C, OC)), 1e-6);
 
   // Gradients accumulate into dweight/dbias and (with beta 1) into dinp: start from known values.
   Vec dx0 = ref::random_vec(N * C, 14), dw0 = ref::random_vec(OC * C, 15), db0 = ref::random_vec(OC, 16);
@@ -75,13 +75,13 @@ TEST(Kernels, LinearForwardBackward) {
   Vec gx = fd_of(x, r, [&](const Vec& v) { return ref::linear(v, w, &b, N, C, OC); });
   Vec gw = fd_of(w, r, [&](const Vec& v) { return ref::linear(x, v, &b, N, C, OC); });
   Vec gb = fd_of(b, r, [&](const Vec& v) { return ref::linear(x, w, &v, N, C, OC); });
-  EXPECT_LT(rel_err(dx, ref::add(dx0, gx)), 1e-5);
-  EXPECT_LT(rel_err(dw, ref::add(dw0, gw)), 1e-5);
-  EXPECT_LT(rel_err(db, ref::add(db0, gb)), 1e-5);
+  EXPECT_LT(ref_rel_err(dx, ref::add(dx0, gx)), 1e-5);
+  EXPECT_LT(ref_rel_err(dw, ref::add(dw0, gw)), 1e-5);
+  EXPECT_LT(ref_rel_err(db, ref::add(db0, gb)), 1e-5);
   // beta 0 overwrites dinp.
   std::vector<float> dx2(N * C, 123.0f);
   kc::linear_backward(dx2.data(), nullptr, nullptr, rf.data(), xf.data(), wf.data(), N, C, OC, 0.0f);
-  EXPECT_LT(rel_err(dx2, gx), 1e-5);
+  EXPECT_LT(ref_rel_err(dx2, gx), 1e-5);
 }
 
 TEST(Kernels, GeluExactAndTanhForwardBackward) {
@@ -95,9 +95,9 @@ TEST(Kernels, GeluExactAndTanhForwardBackward) {
   for (bool tanh_approx : {false, true}) {
     const auto kind = tanh_approx ? kc::GeluKind::kTanh : kc::GeluKind::kExact;
     kc::gelu_forward(y.data(), xf.data(), n, kind);
-    EXPECT_LT(rel_err(y, ref::gelu(x, tanh_approx)), 1e-6) << "tanh " << tanh_approx;
+    EXPECT_LT(ref_rel_err(y, ref::gelu(x, tanh_approx)), 1e-6) << "tanh " << tanh_approx;
     kc::gelu_backward(dx.data(), xf.data(), rf.data(), n, kind);
-    EXPECT_LT(rel_err(dx, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5)
+    EXPECT_LT(ref_rel_err(dx, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5)
         << "tanh " << tanh_approx;
   }
   // Forward with the derivative kept in place of the input: backward is a multiply.
@@ -105,9 +105,9 @@ TEST(Kernels, GeluExactAndTanhForwardBackward) {
     const auto kind = tanh_approx ? kc::GeluKind::kTanh : kc::GeluKind::kExact;
     std::vector<float> g = xf, out(n), d(n);
     kc::gelu_forward_and_grad(out.data(), g.data(), g.data(), n, kind);
-    EXPECT_LT(rel_err(out, ref::gelu(x, tanh_approx)), 1e-6);
+    EXPECT_LT(ref_rel_err(out, ref::gelu(x, tanh_approx)), 1e-6);
     kc::mul(d.data(), rf.data(), g.data(), n);
-    EXPECT_LT(rel_err(d, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5);
+    EXPECT_LT(ref_rel_err(d, fd_of(x, r, [&](const Vec& v) { return ref::gelu(v, tanh_approx); })), 1e-5);
   }
   // In place (dinp aliases dout).
   std::vector<float> d = rf;
@@ -124,18 +124,18 @@ TEST(Kernels, LayerNormForwardBackward) {
   std::vector<float> xf = ref::to_float(x), wf = ref::to_float(w), bf = ref::to_float(b), rf = ref::to_float(r);
   std::vector<float> y(N * C), mean(N), rstd(N);
   kc::layernorm_forward(y.data(), mean.data(), rstd.data(), xf.data(), wf.data(), bf.data(), N, C);
-  EXPECT_LT(rel_err(y, ref::layernorm(x, w, &b, N, C)), 1e-5);
+  EXPECT_LT(ref_rel_err(y, ref::layernorm(x, w, &b, N, C)), 1e-5);
   Vec dx0 = ref::random_vec(N * C, 34);
   std::vector<float> dx = ref::to_float(dx0), dw(C, 0.0f), db(C, 0.0f);
   kc::layernorm_backward(dx.data(), dw.data(), db.data(), rf.data(), xf.data(), wf.data(), mean.data(), rstd.data(), N,
                          C);
-  EXPECT_LT(rel_err(dx, ref::add(dx0, fd_of(x, r, [&](const Vec& v) { return ref::layernorm(v, w, &b, N, C); }))),
+  EXPECT_LT(ref_rel_err(dx, ref::add(dx0, fd_of(x, r, [&](const Vec& v) { return ref::layernorm(v, w, &b, N, C); }))),
             1e-4);
-  EXPECT_LT(rel_err(dw, fd_of(w, r, [&](const Vec& v) { return ref::layernorm(x, v, &b, N, C); })), 1e-5);
-  EXPECT_LT(rel_err(db, fd_of(b, r, [&](const Vec& v) { return ref::layernorm(x, w, &v, N, C); })), 1e-5);
+  EXPECT_LT(ref_rel_err(dw, fd_of(w, r, [&](const Vec& v) { return ref::layernorm(x, v, &b, N, C); })), 1e-5);
+  EXPECT_LT(ref_rel_err(db, fd_of(b, r, [&](const Vec& v) { return ref::layernorm(x, w, &v, N, C); })), 1e-5);
   // Without bias.
   kc::layernorm_forward(y.data(), nullptr, nullptr, xf.data(), wf.data(), nullptr, N, C);
-  EXPECT_LT(rel_err(y, ref::layernorm(x, w, nullptr, N, C)), 1e-5);
+  EXPECT_LT(ref_rel_err(y, ref::layernorm(x, w, nullptr, N, C)), 1e-5);
 }
 
 TEST(Kernels, SoftmaxForward) {
@@ -143,7 +143,7 @@ TEST(Kernels, SoftmaxForward) {
   Vec x = ref::random_vec(N * C, 40, 5.0);
   std::vector<float> xf = ref::to_float(x), y(N * C);
   kc::softmax_forward(y.data(), xf.data(), N, C);
-  EXPECT_LT(rel_err(y, ref::softmax(x, N, C)), 1e-6);
+  EXPECT_LT(ref_rel_err(y, ref::softmax(x, N, C)), 1e-6);
 }
 
 TEST(Kernels, CausalAttentionForwardBackward) {
@@ -152,9 +152,9 @@ TEST(Kernels, CausalAttentionForwardBackward) {
   std::vector<float> qf = ref::to_float(qkv), rf = ref::to_float(r), y(B * T * C), lse(B * NH * T),
       dqkv(B * T * 3 * C, 99.0f);
   kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, NH);
-  EXPECT_LT(rel_err(y, ref::attention(qkv, B, T, C, NH)), 1e-5);
+  EXPECT_LT(ref_rel_err(y, ref::attention(qkv, B, T, C, NH)), 1e-5);
   kc::attention_backward(dqkv.data(), rf.data(), qf.data(), y.data(), lse.data(), B, T, C, NH);
-  EXPECT_LT(rel_err(dqkv, fd_of(qkv, r, [&](const Vec& v) { return ref::attention(v, B, T, C, NH); })), 1e-5);
+  EXPECT_LT(ref_rel_err(dqkv, fd_of(qkv, r, [&](const Vec& v) { return ref::attention(v, B, T, C, NH); })), 1e-5);
   EXPECT_THROW(kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, 5), trident::InvalidArgument);
 }
 
@@ -166,9 +166,10 @@ TEST(Kernels, CausalAttentionVectorPathsMatchReference) {
     std::vector<float> qf = ref::to_float(qkv), rf = ref::to_float(r), y(B * T * C), lse(B * NH * T),
         dqkv(B * T * 3 * C);
     kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, NH);
-    EXPECT_LT(rel_err(y, ref::attention(qkv, B, T, C, NH)), 1e-5) << C;
+    EXPECT_LT(ref_rel_err(y, ref::attention(qkv, B, T, C, NH)), 1e-5) << C;
     kc::attention_backward(dqkv.data(), rf.data(), qf.data(), y.data(), lse.data(), B, T, C, NH);
-    EXPECT_LT(rel_err(dqkv, fd_of(qkv, r, [&](const Vec& v) { return ref::attention(v, B, T, C, NH); })), 1e-4) << C;
+    EXPECT_LT(ref_rel_err(dqkv, fd_of(qkv, r, [&](const Vec& v) { return ref::attention(v, B, T, C, NH); })), 1e-4)
+        << C;
   }
 }
 
@@ -179,15 +180,15 @@ TEST(Kernels, EmbeddingForwardBackward) {
   ref::Params p = {{"wte", wte}, {"wpe", wpe}};
   std::vector<float> wtef = ref::to_float(wte), wpef = ref::to_float(wpe), rf = ref::to_float(r), y(B * T * C);
   kc::embedding_forward(y.data(), tok.data(), wtef.data(), wpef.data(), B, T, C, V);
-  EXPECT_LT(rel_err(y, ref::embed(p, "wte", "wpe", tok, B, T, C)), 1e-7);
+  EXPECT_LT(ref_rel_err(y, ref::embed(p, "wte", "wpe", tok, B, T, C)), 1e-7);
   std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
   kc::embedding_backward(dwte.data(), dwpe.data(), rf.data(), tok.data(), B, T, C);
-  EXPECT_LT(rel_err(dwte, fd_of(wte, r, [&](const Vec& v) {
+  EXPECT_LT(ref_rel_err(dwte, fd_of(wte, r, [&](const Vec& v) {
               ref::Params q = {{"wte", v}, {"wpe", wpe}};
               return ref::embed(q, "wte", "wpe", tok, B, T, C);
             })),
             1e-6);
-  EXPECT_LT(rel_err(dwpe, fd_of(wpe, r, [&](const Vec& v) {
+  EXPECT_LT(ref_rel_err(dwpe, fd_of(wpe, r, [&](const Vec& v) {
               ref::Params q = {{"wte", wte}, {"wpe", v}};
               return ref::embed(q, "wte", "wpe", tok, B, T, C);
             })),
@@ -205,7 +206,7 @@ TEST(Kernels, CrossEntropyFusedForwardBackward) {
   const double sum = kc::cross_entropy_forward_backward(d.data(), lf.data(), tgt.data(), N, V, 1.0f / N);
   EXPECT_NEAR(sum / N, ref::cross_entropy(logits, tgt, N, V), 1e-6);
   Vec g = ref::fd_grad(logits, [&](const Vec& v) { return ref::cross_entropy(v, tgt, N, V); });
-  EXPECT_LT(rel_err(d, g), 1e-5);
+  EXPECT_LT(ref_rel_err(d, g), 1e-5);
   // In place, forward only.
   std::vector<float> inplace = lf;
   kc::cross_entropy_forward_backward(inplace.data(), inplace.data(), tgt.data(), N, V, 1.0f / N);

@@ -40,12 +40,12 @@ class ThreadsScope {
   ThreadsScope& operator=(const ThreadsScope&) = delete;
 };
 
-class IsaScope {
+class PoolIsaScope {
  public:
-  explicit IsaScope(kc::Isa isa) : was_(kc::set_isa(isa)) {}
-  ~IsaScope() { kc::set_isa(was_); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
+  explicit PoolIsaScope(kc::Isa isa) : was_(kc::set_isa(isa)) {}
+  ~PoolIsaScope() { kc::set_isa(was_); }
+  PoolIsaScope(const PoolIsaScope&) = delete;
+  PoolIsaScope& operator=(const PoolIsaScope&) = delete;
 
  private:
   kc::Isa was_;
@@ -53,7 +53,7 @@ class IsaScope {
 
 std::vector<float> rnd(size_t n, uint64_t seed, double scale = 1.0) { return ref::to_float(ref::random_vec(n, seed, scale)); }
 
-double rel_err(const std::vector<float>& got, const Vec& want) {
+double pool_rel_err(const std::vector<float>& got, const Vec& want) {
   double num = 0, den = 1e-30;
   for (size_t i = 0; i < want.size(); ++i) {
     num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
@@ -185,7 +185,7 @@ std::vector<Output> run_all_kernels() {
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+bool pool_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
@@ -262,7 +262,7 @@ TEST(ThreadPool, ForkedChildMakesItsOwnWorkers) {
 TEST(ThreadPool, EveryKernelBitwiseTheSameOnAnyThreadCount) {
   for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) {
     const auto isa = static_cast<kc::Isa>(i);
-    IsaScope level(isa);
+    PoolIsaScope level(isa);
     for (int divisor : {1, 97}) {
       std::vector<Output> base;
       {
@@ -274,7 +274,7 @@ TEST(ThreadPool, EveryKernelBitwiseTheSameOnAnyThreadCount) {
         const auto got = run_all_kernels();
         ASSERT_EQ(got.size(), base.size());
         for (size_t k = 0; k < got.size(); ++k)
-          EXPECT_TRUE(same_bits(got[k].v, base[k].v))
+          EXPECT_TRUE(pool_same_bits(got[k].v, base[k].v))
               << kc::isa_name(isa) << " " << got[k].name << ": " << threads << " threads vs 1, task size / " << divisor;
       }
     }
@@ -285,7 +285,7 @@ TEST(ThreadPool, EveryKernelBitwiseTheSameOnAnyThreadCount) {
 TEST(ThreadPool, SplitKernelsMatchFloat64) {
   for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) {
     const auto isa = static_cast<kc::Isa>(i);
-    IsaScope level(isa);
+    PoolIsaScope level(isa);
     ThreadsScope scope(3, 97);
     const int M = 131, N = 197, K = 71;
     const auto a = rnd(static_cast<size_t>(M) * K, 30), b = rnd(static_cast<size_t>(K) * N, 31);
@@ -301,21 +301,21 @@ TEST(ThreadPool, SplitKernelsMatchFloat64) {
             for (int k = 0; k < K; ++k) s += static_cast<double>(a[r * K + k]) * b[k * N + c];
             want[r * N + c] = s;
           }
-        EXPECT_LT(rel_err(C, want), 2e-6 * (K / 16 + 1)) << kc::isa_name(isa) << " ta " << ta << " tb " << tb;
+        EXPECT_LT(pool_rel_err(C, want), 2e-6 * (K / 16 + 1)) << kc::isa_name(isa) << " ta " << ta << " tb " << tb;
       }
     const int B = 3, T = 13, C = 24, NH = 3;
     const Vec qkv = ref::random_vec(static_cast<size_t>(B) * T * 3 * C, 32, 0.7);
     const auto qf = ref::to_float(qkv);
     std::vector<float> o(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
     kc::attention_forward(o.data(), lse.data(), qf.data(), B, T, C, NH);
-    EXPECT_LT(rel_err(o, ref::attention(qkv, B, T, C, NH)), 1e-5) << kc::isa_name(isa);
+    EXPECT_LT(pool_rel_err(o, ref::attention(qkv, B, T, C, NH)), 1e-5) << kc::isa_name(isa);
     const int R = 67, W = 131;
     const Vec x = ref::random_vec(static_cast<size_t>(R) * W, 33, 2.0), w = ref::random_vec(W, 34),
               bias = ref::random_vec(W, 35);
     const auto xf = ref::to_float(x), wf = ref::to_float(w), bf = ref::to_float(bias);
     std::vector<float> y(xf.size());
     kc::layernorm_forward(y.data(), nullptr, nullptr, xf.data(), wf.data(), bf.data(), R, W);
-    EXPECT_LT(rel_err(y, ref::layernorm(x, w, &bias, R, W)), 2e-5) << kc::isa_name(isa);
+    EXPECT_LT(pool_rel_err(y, ref::layernorm(x, w, &bias, R, W)), 2e-5) << kc::isa_name(isa);
     std::vector<int32_t> tgt(R);
     for (int r = 0; r < R; ++r) tgt[r] = (r * 13) % W;
     const double loss = kc::cross_entropy_forward_backward(nullptr, xf.data(), tgt.data(), R, W, 1.0f);

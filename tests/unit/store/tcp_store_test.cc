@@ -16,7 +16,7 @@
 #include "trident/comm/store/tcp_store.h"
 #include "trident/core/error.h"
 
-namespace trident {
+namespace trident::tcp_store_test {
 namespace {
 
 constexpr const char* kHost = "127.0.0.1";
@@ -485,4 +485,4 @@ TEST(TCPStore, PortInUseIsAStoreError) {
 }
 
 }  // namespace
-}  // namespace trident
+}  // namespace trident::tcp_store_test
