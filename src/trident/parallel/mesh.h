@@ -1,9 +1,6 @@
 // DeviceMesh: the world's ranks laid out on a (tp, dp, pp) grid, with one process group per axis.
 //
-// A rank's coordinates follow from its world rank and the axis order, innermost (stride 1) first. The
-// default "tp-dp-pp" puts tensor-parallel peers on adjacent ranks (one NVLink node), data-parallel replicas
-// next, pipeline stages outermost (Megatron-LM's order):
-//   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+// The shape, the axis order and the rank <-> coordinate arithmetic are in parallel/mesh_shape.h.
 // Groups (each member ordered by its coordinate along the varying axes, so group rank == that coordinate):
 //   tp_group            ranks differing only in tp (size tp)
 //   pp_group            ranks differing only in pp (size pp; group rank == pp_rank)
@@ -22,34 +19,14 @@
 // Timeouts: the groups inherit the world group's timeout.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "trident/comm/process_group.h"
+#include "trident/parallel/mesh_shape.h"
 
 namespace trident::parallel {
-
-struct MeshShape {
-  int tp = 1, pp = 1, dp = 1;
-  std::string order = "tp-dp-pp";  // innermost first: a permutation of tp, dp, pp joined by '-'
-};
-
-// Parses an order string ("tp-dp-pp", "dp-tp-pp", ...); returns the axes innermost first as 0=tp 1=dp 2=pp.
-// Throws InvalidArgument naming the bad string and the allowed form.
-std::array<int, 3> parse_mesh_order(const std::string& order);
-
-// Checks the shape against a world size (product, positive sizes, order); throws InvalidArgument naming the
-// numbers. Pure: no communication.
-void validate_mesh(const MeshShape& shape, int world_size);
-
-// Coordinates of `world_rank` and back (pure functions of the shape).
-struct MeshCoord {
-  int tp = 0, dp = 0, pp = 0;
-};
-MeshCoord mesh_coord(const MeshShape& shape, int world_rank);
-int mesh_rank(const MeshShape& shape, const MeshCoord& c);
 
 class DeviceMesh {
  public:

@@ -8,7 +8,7 @@
 
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
-#include "trident/parallel/mesh.h"
+#include "trident/parallel/mesh_shape.h"
 
 namespace trident::train {
 namespace {
