@@ -1,6 +1,6 @@
 #include "trident/cuda/device.h"
 
-#include <cublas_v2.h>
+#include "trident/cuda/cublas_api.h"
 
 #include "trident/core/log.h"
 
@@ -16,8 +16,8 @@ void throw_cuda_error(cudaError_t rc, const char* call, const char* file, int li
 void throw_cublas_error(int status, const char* call, const char* file, int line) {
   throw CudaError(::trident::detail::with_location(
                       fmt::format("cuBLAS call {} failed: {} ({})", call,
-                                  cublasGetStatusString(static_cast<cublasStatus_t>(status)),
-                                  cublasGetStatusName(static_cast<cublasStatus_t>(status))),
+                                  cublas().status_string(static_cast<cublasStatus_t>(status)),
+                                  cublas().status_name(static_cast<cublasStatus_t>(status))),
                       file, line),
                   status);
 }

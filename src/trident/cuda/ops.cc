@@ -1,13 +1,13 @@
 // Host side of the CUDA kernels: argument checks, cuBLAS calls, stream-ordered scratch, error checks.
 #include "trident/cuda/ops.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <vector>
 
 #include "trident/cuda/check.h"
+#include "trident/cuda/cublas_api.h"
 #include "trident/cuda/launch.h"
 
 namespace trident::cuda {
@@ -22,11 +22,11 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
   if (static_cast<size_t>(dev) >= handles.size()) handles.resize(dev + 1, nullptr);
   if (!handles[dev]) {
-    TRIDENT_CUBLAS_CHECK(cublasCreate(&handles[dev]));
+    TRIDENT_CUBLAS_CHECK(cublas().create(&handles[dev]));
     // Float32 GEMMs stay float32 (no TF32), as the CPU reference.
-    TRIDENT_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
+    TRIDENT_CUBLAS_CHECK(cublas().set_math_mode(handles[dev], CUBLAS_DEFAULT_MATH));
   }
-  TRIDENT_CUBLAS_CHECK(cublasSetStream(handles[dev], stream));
+  TRIDENT_CUBLAS_CHECK(cublas().set_stream(handles[dev], stream));
   return handles[dev];
 }
 
@@ -69,11 +69,11 @@ void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (in_type == CUDA_R_32F) {
-    TRIDENT_CUBLAS_CHECK(cublasSgemm(h, ob, oa, N, M, K, &alpha, static_cast<const float*>(B), ldb,
-                                     static_cast<const float*>(A), lda, &beta, C, ldc));
+    TRIDENT_CUBLAS_CHECK(cublas().sgemm(h, ob, oa, N, M, K, &alpha, static_cast<const float*>(B), ldb,
+                                        static_cast<const float*>(A), lda, &beta, C, ldc));
   } else {
-    TRIDENT_CUBLAS_CHECK(cublasGemmEx(h, ob, oa, N, M, K, &alpha, B, in_type, ldb, A, in_type, lda, &beta, C,
-                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    TRIDENT_CUBLAS_CHECK(cublas().gemm_ex(h, ob, oa, N, M, K, &alpha, B, in_type, ldb, A, in_type, lda, &beta, C,
+                                          CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 
