@@ -120,24 +120,28 @@ void bench_kernels(int iters) {
 // forward 2 products (Q K^T, P V) = 4 B NH hd T(T+1)/2; backward 4 (dV, dP, dS^T Q, dS K) = twice that
 // (the deterministic kernel does 7 products, recomputing Q K^T and dP for dQ, which is not counted).
 void bench_attention(int iters) {
-  std::printf("\n### Attention (median ms; TFLOP/s of the causal FLOPs, float32 on CUDA cores)\n\n"
-              "| shape | head dim | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+  std::printf("\n### Attention (median ms; TFLOP/s of the causal FLOPs; float32 on CUDA cores, bfloat16 on tensor "
+              "cores)\n\n| shape | head dim | precision | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n"
+              "|---|---|---|---|---|---|---|\n");
   struct A {
     int B, T, C, NH;
   };
-  for (const A s : {A{12, 64, 128, 4}, A{8, 1024, 768, 12}, A{8, 1024, 1024, 8}, A{4, 2048, 768, 12},
-                    A{8, 1024, 1152, 12}}) {
+  for (const A s : {A{12, 64, 128, 4}, A{8, 1024, 768, 12}, A{16, 1024, 768, 12}, A{8, 1024, 1024, 8},
+                    A{4, 2048, 768, 12}, A{8, 1024, 1152, 12}}) {
     const size_t nc = size_t(s.B) * s.T * s.C;
     DeviceBuffer<float> qkv(3 * nc), att(nc), lse(size_t(s.B) * s.NH * s.T), dqkv(3 * nc), dout(nc);
     fill(qkv.data(), 3 * nc, 0.1f);
     fill(dout.data(), nc, 0.01f);
-    const double tf = median_ms([&] { attention_forward(att.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH); },
-                                iters);
-    const double tb = median_ms([&] { attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lse.data(),
-                                                         s.B, s.T, s.C, s.NH); }, iters);
-    const double flop = 4.0 * s.B * s.NH * (s.C / s.NH) * (double(s.T) * (s.T + 1) / 2);
-    std::printf("| B=%d T=%d C=%d NH=%d | %d | %.4f | %.1f | %.4f | %.1f |\n", s.B, s.T, s.C, s.NH, s.C / s.NH, tf,
-                flop / tf / 1e9, tb, 2 * flop / tb / 1e9);
+    for (const Precision p : {Precision::kFloat32, Precision::kBFloat16}) {
+      const double tf = median_ms(
+          [&] { attention_forward(att.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, p); }, iters);
+      const double tb = median_ms([&] { attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(),
+                                                           lse.data(), s.B, s.T, s.C, s.NH, p); }, iters);
+      const double flop = 4.0 * s.B * s.NH * (s.C / s.NH) * (double(s.T) * (s.T + 1) / 2);
+      std::printf("| B=%d T=%d C=%d NH=%d | %d | %s | %.4f | %.1f | %.4f | %.1f |\n", s.B, s.T, s.C, s.NH,
+                  s.C / s.NH, p == Precision::kBFloat16 ? "bf16" : "float32", tf, flop / tf / 1e9, tb,
+                  2 * flop / tb / 1e9);
+    }
   }
 }
 

@@ -1,16 +1,64 @@
 #!/usr/bin/env bash
-# Builds the CUDA targets in Release, runs the CUDA unit tests and bench_cuda; logs go to ${OUT:-.}.
-# Usage (repo root, on a machine with a GPU): microbench/cuda/run_device.sh [build-dir]
+# The GPU checks of docs/PERFORMANCE.md ("GPU"), on a machine with a CUDA GPU. Logs and tables go to ${OUT}.
+#   1. test_unit_cuda: every CUDA kernel and the GPU model against the CPU ones (they skip without a GPU).
+#   2. trident train on cpu and on cuda, same config (float32): the loss sequences; the CUDA run's checkpoint
+#      evaluated, sampled (greedy) and resumed on both devices.
+#   3. GPT-2 124M (T = 1024, vocabulary padded to 50304, B = 16) in bf16 and float32: tokens/s, MFU and the
+#      planner's predicted step beside the measured one, as `trident train` prints them.
+#   4. bench_cuda: GEMM, kernel, attention, bandwidth and NCCL tables, and the GPT step.
+# Usage (repo root): microbench/cuda/run_device.sh [build-dir]
+#   DATA: folder with tinyshakespeare/input.txt and gpt2-bpe/{encoder.json,vocab.bpe} (default ../shared/data)
+#   SKIP_BUILD=1: use the binaries already in build-dir (trident, bench_cuda, tests/test_unit_cuda).
 set -u
-OUT=${OUT:-$PWD/cuda-run}
+OUT=${OUT:-$PWD/out/cuda-run}
 B=${1:-build-cuda-release}
+DATA=${DATA:-$PWD/../shared/data}
 mkdir -p "$OUT"
-{ nvidia-smi; nvcc --version; } > "$OUT/device.txt" 2>&1
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=ON > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build "$B" -j16 --target test_unit_cuda bench_cuda > "$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; }
-echo "build ok"
+{ nvidia-smi; nvcc --version; lscpu | grep 'Model name'; } > "$OUT/device.txt" 2>&1
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_BUILD_BENCH=ON > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  cmake --build "$B" -j"$(nproc)" --target trident test_unit_cuda bench_cuda > "$OUT/build.log" 2>&1 ||
+    { grep -E "error" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; }
+  echo "build ok"
+fi
+T=$B/trident
 timeout 300 "$B/tests/test_unit_cuda" > "$OUT/test.log" 2>&1; echo "test_unit_cuda rc=$?"
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst|timeout raised|device 0" "$OUT/test.log"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst" "$OUT/test.log"
 grep -B2 -A6 "Failure" "$OUT/test.log" | head -60
-timeout 240 "$B/bench_cuda" ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1; echo "bench_cuda rc=$?"
+
+W=$(mktemp -d)
+S="--data $DATA/tinyshakespeare/input.txt --eval_interval 1000 --eval_iters 2 --sample_tokens 0 --json"
+timeout 300 "$T" train $S --max_iters 20 --out_dir "$W/cpu" > "$W/cpu.jsonl" 2>&1; echo "train cpu rc=$?"
+timeout 120 "$T" train $S --max_iters 20 --out_dir "$W/cuda" --device cuda > "$W/cuda.jsonl" 2>&1; echo "train cuda rc=$?"
+cp -r "$W/cuda" "$W/on_cpu"; cp -r "$W/cuda" "$W/on_cuda"
+timeout 120 "$T" train $S --max_iters 25 --out_dir "$W/on_cpu" --resume true > "$W/res_cpu.jsonl" 2>&1; echo "resume on cpu rc=$?"
+timeout 120 "$T" train $S --max_iters 25 --out_dir "$W/on_cuda" --resume true --device cuda > "$W/res_cuda.jsonl" 2>&1
+echo "resume on cuda rc=$?"
+for d in cpu cuda; do
+  echo "eval on $d: $(timeout 120 "$T" eval --checkpoint "$W/cuda" --windows 64 --json --device $d 2>&1 | tail -1)"
+  timeout 120 "$T" sample --checkpoint "$W/cuda" --tokens 40 --temperature 0 --device $d > "$W/sample_$d.txt" 2>&1
+done
+cmp -s "$W/sample_cpu.txt" "$W/sample_cuda.txt" && echo "greedy samples: cpu == cuda" || echo "greedy samples differ"
+cat "$W"/cpu.jsonl "$W"/cuda.jsonl "$W"/res_cpu.jsonl "$W"/res_cuda.jsonl > "$OUT/parity.jsonl"
+python3 - "$W" <<'PY'
+import json, sys
+def losses(f):
+    return {r["step"]: r["loss"] for r in (json.loads(l) for l in open(f) if l.startswith("{")) if r.get("type") == "step"}
+def worst(a, b):
+    d = [abs(a[k] - b[k]) / abs(b[k]) for k in a if k in b]
+    return f"{len(d)} steps, worst relative loss difference {max(d):.3g}" if d else "no common steps"
+w = sys.argv[1]
+print("train cpu vs cuda:", worst(losses(f"{w}/cpu.jsonl"), losses(f"{w}/cuda.jsonl")))
+print("cuda checkpoint resumed on cpu vs on cuda:", worst(losses(f"{w}/res_cpu.jsonl"), losses(f"{w}/res_cuda.jsonl")))
+PY
+
+G="--model gpt2 --tokenizer gpt2 --tokenizer_dir $DATA/gpt2-bpe --vocab_multiple 128 --data $DATA/tinyshakespeare/input.txt
+   --device cuda --block_size 1024 --batch_size 16 --eval_interval 100000 --eval_iters 1 --sample_tokens 0 --warmup_iters 5"
+timeout 300 "$T" train $G --dtype bfloat16 --max_iters 50 --log_interval 10 --out_dir "$W/g_bf16" > "$OUT/gpt2_bf16.txt" 2>&1
+echo "gpt2 bf16 rc=$?"; grep -E "^(prediction|measured|done)" "$OUT/gpt2_bf16.txt"
+timeout 300 "$T" train $G --dtype float32 --max_iters 10 --log_interval 5 --out_dir "$W/g_f32" > "$OUT/gpt2_f32.txt" 2>&1
+echo "gpt2 f32 rc=$?"; grep -E "^(prediction|measured|done)" "$OUT/gpt2_f32.txt"
+rm -rf "$W"
+
+timeout 300 "$B/bench_cuda" ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1; echo "bench_cuda rc=$?"
 cat "$OUT/bench.md"

@@ -281,15 +281,6 @@ __device__ inline float group8_sum(float v) {
   return v;
 }
 
-// Block order: the heaviest tiles first (query tile qt sees qt + 1 key tiles), so the tail is short.
-__device__ inline void tile_coords(int nt, int NH, int& t, int& h, int& b, bool heavy_last_index) {
-  const int per = gridDim.x / nt;  // = B * NH
-  const int k = blockIdx.x / per, bh = blockIdx.x % per;
-  t = heavy_last_index ? nt - 1 - k : k;
-  h = bh % NH;
-  b = bh / NH;
-}
-
 template <int HDP>
 constexpr size_t fwd_tile_smem() {
   return (2 * size_t(kTile) * tile_ld<HDP>() + size_t(kTile) * kLdP) * sizeof(float);
@@ -307,7 +298,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_fwd_tile_k(float* out, floa
   float* Ps = KVs + kTile * LD;
   const int hd = C / NH, nt = (T + kTile - 1) / kTile;
   int qt, h, b;
-  tile_coords(nt, NH, qt, h, b, true);
+  detail::attention_tile_coords(nt, NH, true, qt, h, b);
   const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const size_t ld = size_t(3) * C;
   const float* base = qkv + size_t(b) * T * ld + h * hd;
@@ -410,7 +401,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_bwd_q_tile_k(float* dqkv, c
   float* Ss = Vs + kTile * LD;
   const int hd = C / NH, nt = (T + kTile - 1) / kTile;
   int qt, h, b;
-  tile_coords(nt, NH, qt, h, b, true);
+  detail::attention_tile_coords(nt, NH, true, qt, h, b);
   const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const size_t ld = size_t(3) * C;
   const float* base = qkv + size_t(b) * T * ld + h * hd;
@@ -486,7 +477,7 @@ __global__ void __launch_bounds__(kTileThreads) attn_bwd_kv_tile_k(float* dqkv, 
   float* Ds = ls + kTile;
   const int hd = C / NH, nt = (T + kTile - 1) / kTile;
   int kt, h, b;
-  tile_coords(nt, NH, kt, h, b, false);  // key tile kt sees nt - kt query tiles: low kt first
+  detail::attention_tile_coords(nt, NH, false, kt, h, b);  // key tile kt sees nt - kt query tiles: low kt first
   const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
   const size_t ld = size_t(3) * C;
   const float* base = qkv + size_t(b) * T * ld + h * hd;
@@ -547,23 +538,13 @@ __global__ void __launch_bounds__(kTileThreads) attn_bwd_kv_tile_k(float* dqkv, 
   }
 }
 
-bool set_smem(const void* fn, size_t bytes) {
-  if (bytes <= 48 * 1024) return true;
-  int dev = 0, max_optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
-  if (bytes > static_cast<size_t>(max_optin)) return false;
-  return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) ==
-         cudaSuccess;
-}
-
 // Launches the tiled kernels for padded head dim HDP; false when the device lacks the shared memory.
 template <int HDP>
 bool tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale,
                    cudaStream_t s) {
   constexpr int kFwdVw = 4;
   const size_t smem = fwd_tile_smem<HDP>();
-  if (!set_smem(reinterpret_cast<const void*>(&attn_fwd_tile_k<HDP, kFwdVw>), smem)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_fwd_tile_k<HDP, kFwdVw>), smem)) return false;
   const int nt = (T + kTile - 1) / kTile;
   attn_fwd_tile_k<HDP, kFwdVw><<<nt * B * NH, kTileThreads, smem, s>>>(out, lse, qkv, T, C, NH, scale);
   return true;
@@ -574,8 +555,8 @@ bool tiled_backward(float* dqkv, const float* dbuf, const float* dout, const flo
                     int T, int C, int NH, float scale, cudaStream_t s) {
   constexpr int kBwdVw = HDP <= 64 ? 4 : 1;  // at 128 the backward kernels already use ~250 registers
   const size_t smem_q = bwd_q_tile_smem<HDP>(), smem_kv = bwd_kv_tile_smem<HDP>();
-  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_q_tile_k<HDP, kBwdVw>), smem_q)) return false;
-  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_kv_tile_k<HDP, kBwdVw>), smem_kv)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_bwd_q_tile_k<HDP, kBwdVw>), smem_q)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_bwd_kv_tile_k<HDP, kBwdVw>), smem_kv)) return false;
   const int nt = (T + kTile - 1) / kTile;
   attn_bwd_kv_tile_k<HDP, kBwdVw><<<nt * B * NH, kTileThreads, smem_kv, s>>>(dqkv, dbuf, dout, qkv, lse, T, C, NH, scale);
   attn_bwd_q_tile_k<HDP, kBwdVw><<<nt * B * NH, kTileThreads, smem_q, s>>>(dqkv, dbuf, dout, qkv, lse, T, C, NH, scale);
@@ -586,6 +567,13 @@ constexpr int kMaxTiledHd = 128;
 
 }  // namespace
 
+void attention_row_dots(float* dbuf, const float* dout, const float* out, int B, int T, int C, int NH,
+                        cudaStream_t s) {
+  const size_t rows = size_t(B) * T * NH;
+  if (rows == 0) return;
+  attn_bwd_dot_k<<<detail::grid_for(rows * 32, 256, 0x7fffffffu), 256, 0, s>>>(dbuf, dout, out, B, T, C, NH);
+}
+
 bool attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cudaStream_t s) {
   const int hd = C / NH;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
@@ -594,7 +582,7 @@ bool attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   if (hd <= 64) return tiled_forward<64>(out, lse, qkv, B, T, C, NH, scale, s);
   if (hd <= kMaxTiledHd) return tiled_forward<128>(out, lse, qkv, B, T, C, NH, scale, s);
   const size_t smem = (2 * size_t(hd) + T + 32) * sizeof(float);
-  if (!set_smem(reinterpret_cast<const void*>(&attn_fwd_k), smem)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_fwd_k), smem)) return false;
   attn_fwd_k<<<B * NH * T, kThreads, smem, s>>>(out, lse, qkv, T, C, NH, scale);
   return true;
 }
@@ -605,16 +593,15 @@ bool attention_backward(float* dqkv, float* dscratch, const float* dout, const f
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   if (B * T * NH == 0) return true;
   if (hd <= kMaxTiledHd) {
-    const size_t rows = size_t(B) * T * NH;
-    attn_bwd_dot_k<<<detail::grid_for(rows * 32, 256, 0x7fffffffu), 256, 0, s>>>(dscratch, dout, out, B, T, C, NH);
+    attention_row_dots(dscratch, dout, out, B, T, C, NH, s);
     if (hd <= 32) return tiled_backward<32>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
     if (hd <= 64) return tiled_backward<64>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
     return tiled_backward<128>(dqkv, dscratch, dout, qkv, lse, B, T, C, NH, scale, s);
   }
   const size_t smem_a = (2 * size_t(hd) + T + 32) * sizeof(float);
   const size_t smem_b = (2 * size_t(hd) + 2 * size_t(T)) * sizeof(float);
-  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_q_k), smem_a)) return false;
-  if (!set_smem(reinterpret_cast<const void*>(&attn_bwd_kv_k), smem_b)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_bwd_q_k), smem_a)) return false;
+  if (!detail::allow_dynamic_smem(reinterpret_cast<const void*>(&attn_bwd_kv_k), smem_b)) return false;
   attn_bwd_q_k<<<B * NH * T, kThreads, smem_a, s>>>(dqkv, dscratch, dout, qkv, out, lse, T, C, NH, scale);
   attn_bwd_kv_k<<<B * NH * T, kThreads, smem_b, s>>>(dqkv, dscratch, dout, qkv, lse, T, C, NH, scale);
   return true;

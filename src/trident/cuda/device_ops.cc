@@ -154,11 +154,11 @@ const k::DeviceOps kCudaOps = {
     [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean,
        const float* rstd, int N, int C) { cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); },
     [](float* out, const float* inp, int N, int C) { cuda::softmax_forward(out, inp, N, C); },
-    [](float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-      cuda::attention_forward(out, lse, qkv, B, T, C, NH);
+    [](float* out, float* lse, const float* qkv, int B, int T, int C, int NH, Precision p) {
+      cuda::attention_forward(out, lse, qkv, B, T, C, NH, p);
     },
     [](float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,
-       int NH) { cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); },
+       int NH, Precision p) { cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, p); },
     [](float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int V) {
       cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, V);
     },
@@ -181,6 +181,11 @@ const k::DeviceOps kCudaOps = {
     dev_ce_shard_max,
     dev_ce_shard_sumexp,
     dev_ce_shard_finish,
+    [] {
+      int d = 0;
+      TRIDENT_CUDA_CHECK(cudaGetDevice(&d));
+      return cuda::device_description(d);
+    },
 };
 
 }  // namespace

@@ -48,6 +48,19 @@ bool attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 bool attention_backward(float* dqkv, float* dscratch, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH, cudaStream_t s);
 
+// dbuf[b, h, t] = dO . O over head h's columns of row (b, t) (the backward's D).
+void attention_row_dots(float* dbuf, const float* dout, const float* out, int B, int T, int C, int NH,
+                        cudaStream_t s);
+// Tensor-core (bfloat16 operand) kernels, attention_bf16.cu: head dims 32, 64 and 128 only.
+bool attention_bf16_supported(int C, int NH);
+// qkv16 and dout16 are the bf16 roundings of qkv and dout (same layouts); outputs float32. Return false
+// when the device lacks the shared memory (or the head dim is not supported).
+bool attention_forward_bf16(float* out, float* lse, const uint16_t* qkv16, int B, int T, int C, int NH,
+                            cudaStream_t s);
+// dbuf from attention_row_dots.
+bool attention_backward_bf16(float* dqkv, const float* dbuf, const uint16_t* dout16, const uint16_t* qkv16,
+                             const float* lse, int B, int T, int C, int NH, cudaStream_t s);
+
 // *bad is set to 1 + the first bad position seen (any) when a token is outside [0, V).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
                        int V, int* bad, cudaStream_t s);

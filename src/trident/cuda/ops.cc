@@ -118,8 +118,29 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, float dinp_beta, Precision p, cudaStream_t stream) {
   check_dims("linear_backward", N, C, OC);
-  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C, p, stream);
-  if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p, stream);
+  if (p == Precision::kBFloat16 && (dinp || dweight) && N > 0 && C > 0 && OC > 0) {
+    // dout feeds both products: rounded to bfloat16 once (the same bits gemm() would produce twice).
+    const size_t nd = static_cast<size_t>(N) * OC;
+    Scratch<uint16_t> d16(nd, stream);
+    launch::to_bf16(d16.get(), dout, nd, stream);
+    if (dinp) {
+      const size_t nw = static_cast<size_t>(OC) * C;
+      Scratch<uint16_t> w16(nw, stream);
+      launch::to_bf16(w16.get(), weight, nw, stream);
+      check_launch("to_bf16 (linear_backward operands)");
+      gemm_ex(false, false, N, C, OC, 1.0f, d16.get(), OC, w16.get(), C, dinp_beta, dinp, C, CUDA_R_16BF, stream);
+    }
+    if (dweight) {
+      const size_t ni = static_cast<size_t>(N) * C;
+      Scratch<uint16_t> i16(ni, stream);
+      launch::to_bf16(i16.get(), inp, ni, stream);
+      check_launch("to_bf16 (linear_backward operands)");
+      gemm_ex(true, false, OC, C, N, 1.0f, d16.get(), OC, i16.get(), C, 1.0f, dweight, C, CUDA_R_16BF, stream);
+    }
+  } else {
+    if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C, p, stream);
+    if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p, stream);
+  }
   if (dbias && N > 0 && OC > 0) {
     const int chunks = launch::column_chunks(N);
     Scratch<float> partial(static_cast<size_t>(chunks) * OC, stream);
@@ -198,27 +219,59 @@ void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t s)
   check_launch("softmax_forward");
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cudaStream_t s) {
+namespace {
+// The tensor-core kernels serve bfloat16 at head dims 32, 64 and 128; every other case (float32, other head
+// dims) takes the float32 kernels.
+bool use_bf16_attention(Precision p, int C, int NH) {
+  return p == Precision::kBFloat16 && launch::attention_bf16_supported(C, NH);
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, Precision p,
+                       cudaStream_t s) {
   check_dims("attention_forward", B, T, C);
   TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "cuda attention: n_embd {} must be divisible by n_head {}", C,
                 NH);
-  TRIDENT_CHECK(launch::attention_forward(out, lse, qkv, B, T, C, NH, s), Unsupported,
-                "cuda attention_forward: sequence length {} needs more shared memory than this device allows "
-                "(the simple kernel keeps one score row of T floats per block); use a shorter block_size",
-                T);
+  if (use_bf16_attention(p, C, NH)) {
+    const size_t n = static_cast<size_t>(B) * T * 3 * C;
+    Scratch<uint16_t> qkv16(n, s);
+    if (n) launch::to_bf16(qkv16.get(), qkv, n, s);
+    TRIDENT_CHECK(launch::attention_forward_bf16(out, lse, qkv16.get(), B, T, C, NH, s), Unsupported,
+                  "cuda attention_forward (bfloat16): head dim {} needs more shared memory than this device allows",
+                  C / NH);
+  } else {
+    TRIDENT_CHECK(launch::attention_forward(out, lse, qkv, B, T, C, NH, s), Unsupported,
+                  "cuda attention_forward: sequence length {} needs more shared memory than this device allows "
+                  "(the simple kernel keeps one score row of T floats per block); use a shorter block_size",
+                  T);
+  }
   check_launch("attention_forward");
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH, cudaStream_t s) {
+                        int T, int C, int NH, Precision p, cudaStream_t s) {
   check_dims("attention_backward", B, T, C);
   TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "cuda attention: n_embd {} must be divisible by n_head {}", C,
                 NH);
   Scratch<float> dbuf(static_cast<size_t>(B) * NH * T, s);
-  TRIDENT_CHECK(launch::attention_backward(dqkv, dbuf.get(), dout, qkv, out, lse, B, T, C, NH, s), Unsupported,
-                "cuda attention_backward: sequence length {} needs more shared memory than this device allows "
-                "(two score rows of T floats per block); use a shorter block_size",
-                T);
+  if (use_bf16_attention(p, C, NH)) {
+    launch::attention_row_dots(dbuf.get(), dout, out, B, T, C, NH, s);
+    const size_t n = static_cast<size_t>(B) * T * C;
+    Scratch<uint16_t> qkv16(3 * n, s), dout16(n, s);
+    if (n) {
+      launch::to_bf16(qkv16.get(), qkv, 3 * n, s);
+      launch::to_bf16(dout16.get(), dout, n, s);
+    }
+    TRIDENT_CHECK(launch::attention_backward_bf16(dqkv, dbuf.get(), dout16.get(), qkv16.get(), lse, B, T, C, NH, s),
+                  Unsupported,
+                  "cuda attention_backward (bfloat16): head dim {} needs more shared memory than this device allows",
+                  C / NH);
+  } else {
+    TRIDENT_CHECK(launch::attention_backward(dqkv, dbuf.get(), dout, qkv, out, lse, B, T, C, NH, s), Unsupported,
+                  "cuda attention_backward: sequence length {} needs more shared memory than this device allows "
+                  "(two score rows of T floats per block); use a shorter block_size",
+                  T);
+  }
   check_launch("attention_backward");
 }
 

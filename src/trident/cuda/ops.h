@@ -70,16 +70,21 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t stream = nullptr);
 
 // Causal multi-head self-attention, same layout as the CPU kernel: qkv[B,T,3C] (q | k | v), out[B,T,C],
-// lse[B,NH,T] (natural log-sum-exp of the scaled scores). Float32 throughout (no tensor cores); no atomics,
-// deterministic. Head dims <= 128: tiled FlashAttention-2-style kernels (64-row query and key tiles in
+// lse[B,NH,T] (natural log-sum-exp of the scaled scores). No atomics: deterministic.
+// Float32 (p = kFloat32, or a head dim other than 32, 64, 128): CUDA cores, matching the CPU kernel to
+// float32 rounding. Head dims <= 128: tiled FlashAttention-2-style kernels (64-row query and key tiles in
 // shared memory, online softmax; backward recomputes P from lse, dk/dv per key tile and dq per query tile),
 // any T. Larger heads: simple kernels with a row of scores in shared memory, so T is limited by shared memory
 // (two rows of T floats per block: about 28000 on an H100).
+// kBFloat16 at head dims 32, 64, 128: the same algorithm on tensor cores (attention_bf16.cu): q, k, v, dO
+// and the probabilities are rounded to bfloat16 as operands, with float32 accumulation, softmax and lse,
+// as a bf16 autocast attention; any T.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                       cudaStream_t stream = nullptr);
+                       Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
 // dqkv[B,T,3C] (overwritten).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int B, int T, int C, int NH, cudaStream_t stream = nullptr);
+                        int B, int T, int C, int NH, Precision p = Precision::kFloat32,
+                        cudaStream_t stream = nullptr);
 
 // out[B*T,C] = wte[tokens] + wpe[t] (wpe nullable). Out-of-range tokens throw InvalidArgument (this call
 // synchronizes `stream` to check).

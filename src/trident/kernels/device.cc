@@ -149,8 +149,11 @@ const DeviceOps kCpuOps = {
     cpu::layernorm_forward,
     cpu::layernorm_backward,
     cpu::softmax_forward,
-    cpu::attention_forward,
-    cpu::attention_backward,
+    [](float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cpu::Precision) {
+      cpu::attention_forward(out, lse, qkv, B, T, C, NH);
+    },
+    [](float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,
+       int NH, cpu::Precision) { cpu::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); },
     cpu::embedding_forward,
     cpu::embedding_backward,
     cpu::cross_entropy_forward_backward,
@@ -166,6 +169,7 @@ const DeviceOps kCpuOps = {
     cpu_ce_shard_max,
     cpu_ce_shard_sumexp,
     cpu_ce_shard_finish,
+    [] { return std::string("cpu"); },
 };
 
 struct Entry {

@@ -72,9 +72,11 @@ struct DeviceOps {
   void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* weight, const float* mean, const float* rstd, int N, int C);
   void (*softmax_forward)(float* out, const float* inp, int N, int C);
-  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+  // p: the precision of the model's products. The CPU computes attention in float32 at both; CUDA takes
+  // its tensor-core kernels for kBFloat16 (cuda/ops.h).
+  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, cpu::Precision p);
   void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             int B, int T, int C, int NH);
+                             int B, int T, int C, int NH, cpu::Precision p);
   void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                             int C, int V);
   void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
@@ -111,6 +113,10 @@ struct DeviceOps {
   // 3. Returns the sum over rows of -log softmax[target]; dlogits (nullable) = (softmax - onehot) * dscale.
   double (*ce_shard_finish)(float* dlogits, const float* st, const float* mx, const int32_t* targets, int N,
                             int64_t vl, int64_t v0, float dscale);
+
+  // The device in words: "cpu", or CUDA's name of the current GPU with its compute capability, SMs and memory
+  // ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"): what the planner's hardware catalog is matched against.
+  std::string (*describe)();
 };
 
 // The op table of `d`. Throws DeviceUnavailable when this build has no such device or none is visible.

@@ -98,7 +98,7 @@ void GptBlock::forward(const LayerEnv& e, const float* x, LayerActs& a, float* o
   const size_t NC = static_cast<size_t>(N) * C;
   p_.ln1.forward(e, a[kLn1], a[kLn1Mean], a[kLn1Rstd], x, N, C);
   p_.attn.forward(e, a[kQkv], a[kLn1], N, C, 3 * Cl);
-  e.ops.attention_forward(a[kAtty], a[kLse], a[kQkv], B, T, Cl, Hl);
+  e.ops.attention_forward(a[kAtty], a[kLse], a[kQkv], B, T, Cl, Hl, e.precision);
   p_.proj.forward(e, a[kRes2], a[kAtty], N, Cl, C);
   e.ops.add_inplace(a[kRes2], x, NC);
   p_.ln2.forward(e, a[kLn2], a[kLn2Mean], a[kLn2Rstd], a[kRes2], N, C);
@@ -121,7 +121,7 @@ void GptBlock::backward(const LayerEnv& e, float* dres, const float* x, LayerAct
   p_.fc.backward(e, dc, dfch, a[kLn2], N, C, 4 * Cl);
   p_.ln2.backward(e, dres, dc, a[kRes2], a[kLn2Mean], a[kLn2Rstd], N, C);
   p_.proj.backward(e, datty, dres, a[kAtty], N, Cl, C);
-  e.ops.attention_backward(dqkv, datty, a[kQkv], a[kAtty], a[kLse], B, T, Cl, Hl);
+  e.ops.attention_backward(dqkv, datty, a[kQkv], a[kAtty], a[kLse], B, T, Cl, Hl, e.precision);
   p_.attn.backward(e, dc, dqkv, a[kLn1], N, C, 3 * Cl);
   p_.ln1.backward(e, dres, dc, x, a[kLn1Mean], a[kLn1Rstd], N, C);
 }

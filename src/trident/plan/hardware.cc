@@ -1,6 +1,7 @@
 #include "trident/plan/hardware.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -252,6 +253,16 @@ HostSpec this_machine(const HardwareCatalog& cat) {
   if (!__builtin_cpu_supports("avx512f")) h.sgemm_flops_avx512 = h.sgemm_flops_avx2;
 #endif
   return h;
+}
+
+std::string gpu_for_device_name(const std::string& device_name) {
+  std::string n = device_name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (has("h200")) return "h200";
+  if (has("h100")) return has("pcie") || has("nvl") ? std::string() : "h100-sxm";
+  if (has("a100")) return has("80gb") ? "a100-80gb" : "a100-40gb";
+  return {};
 }
 
 }  // namespace trident::plan

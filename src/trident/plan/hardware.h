@@ -89,4 +89,9 @@ class HardwareCatalog {
 // (AVX-512 when present) and the core count from the OS.
 HostSpec this_machine(const HardwareCatalog& cat);
 
+// The built-in GPU entry a CUDA device name denotes ("NVIDIA H100 80GB HBM3" -> "h100-sxm"), matched on the
+// part's name; empty when it is not one of them: H100 PCIe and NVL, whose peaks are lower than the SXM's,
+// and every other GPU (a user's catalog entry is then what gives a peak: `trident plan --hardware-dir`).
+std::string gpu_for_device_name(const std::string& device_name);
+
 }  // namespace trident::plan

@@ -13,6 +13,7 @@
 #include "trident/core/log.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
+#include "trident/kernels/device.h"
 #include "trident/nn/models.h"
 #include "trident/parallel/data_parallel.h"
 #include "trident/parallel/mesh.h"
@@ -20,6 +21,8 @@
 #include "trident/parallel/pipeline.h"
 #include "trident/parallel/profile.h"
 #include "trident/parallel/schedule.h"
+#include "trident/plan/hardware.h"
+#include "trident/plan/planner.h"
 #include "trident/train/health.h"
 #include "trident/train/prediction.h"
 
@@ -51,7 +54,11 @@ struct Loop {
 
   void before(const TrainConfig& cfg, Trainer& t, nn::Model& model, ProcessGroup* pg, const DistributedOptions& opts,
               std::FILE* out) {
-    // The cost model predicts CPU time and host memory: nothing to close the loop on for a GPU run.
+    if (cfg.model == "gpt" && cfg.device == "cuda" && !cfg.eval_only && t.start_step() < cfg.max_iters) {
+      before_gpu(cfg, t, out);
+      return;
+    }
+    // The calibrated cost model predicts CPU time and host memory.
     enabled = cfg.model == "gpt" && cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
     if (!enabled) return;
     const int vocab = t.dataset().tokenizer().vocab_size();
@@ -86,8 +93,101 @@ struct Loop {
     }
   }
 
+  // ---- one GPU: the planner's model of the GPU (plan/planner.h, the catalog's peak and GEMM efficiency)
+  // beside the measured step, and MFU against the catalog's peak for the run's precision ----
+  bool gpu = false;
+  std::string device_name, gpu_name;  // gpu_name empty: the device is not in the catalog
+  double peak_flops = 0;
+  plan::Evaluation gpu_eval;
+
+  void before_gpu(const TrainConfig& cfg, Trainer& t, std::FILE* out) {
+    gpu = true;
+    device_name = kernels::device_ops(kernels::Device::kCuda).describe();
+    gpu_name = plan::gpu_for_device_name(device_name);
+    const bool bf16 = cfg.dtype == "bfloat16";
+    plan::TrainSpec ts;
+    ts.model.name = "gpt";
+    ts.model.layers = cfg.n_layer;
+    ts.model.hidden = cfg.n_embd;
+    ts.model.heads = cfg.n_head;
+    ts.model.vocab = padded_vocab(cfg, t.dataset().tokenizer().vocab_size());
+    ts.model.seq = cfg.block_size;
+    ts.global_batch = cfg.batch_size * cfg.gradient_accumulation_steps;
+    ts.precision = bf16 ? plan::Precision::kMixed : plan::Precision::kFp32;
+    plan::Layout l;
+    l.micro_batch = cfg.batch_size;
+    l.microbatches = cfg.gradient_accumulation_steps;
+    l.recompute = cfg.activation_checkpointing ? plan::Recompute::kFull : plan::Recompute::kNone;
+    plan::ClusterSpec c;  // model FLOPs do not depend on it; step time and MFU need the catalog's GPU
+    if (!gpu_name.empty()) {
+      const auto cat = plan::HardwareCatalog::builtin();
+      c = plan::make_cluster(cat, gpu_name, 1, 1, "", "", "", ts.precision);
+      // trident's float32 GEMMs on CUDA use no TF32: their peak is the CUDA cores'.
+      if (!bf16) c.peak_flops = cat.gpu(gpu_name).peak_fp32_flops;
+      peak_flops = c.peak_flops;
+    }
+    try {
+      gpu_eval = plan::evaluate(ts, c, l);
+    } catch (const std::exception& e) {  // a model the planner cannot lay out still trains
+      gpu = false;
+      if (!cfg.json) std::fprintf(out, "prediction: none: the planner refused this model: %s\n", e.what());
+      return;
+    }
+    nlohmann::json rec = {{"type", "prediction"},
+                          {"device", device_name},
+                          {"gpu", gpu_name},
+                          {"model_flops_per_step", gpu_eval.model_flops_per_iter}};
+    if (!gpu_name.empty()) {
+      rec["step_s"] = gpu_eval.step_time_s;
+      rec["tokens_per_s"] = gpu_eval.tokens_per_s;
+      rec["mfu"] = gpu_eval.mfu;
+      rec["peak_flops"] = peak_flops;
+      rec["matmul_efficiency"] = c.matmul_efficiency;
+    }
+    t.emit_record(rec);
+    if (cfg.json) return;
+    if (gpu_name.empty()) {
+      std::fprintf(out, "prediction: none: '%s' is not a GPU of the hardware catalog (plan/hardware.cc), so there is "
+                        "no peak to predict the step or MFU from\n",
+                   device_name.c_str());
+    } else {
+      std::fprintf(out, "prediction (planner, %s, %s peak %.0f TFLOP/s, GEMMs at %.0f%% of it): step %.1f ms, %.0f "
+                        "tokens/s, MFU %.1f%%\n",
+                   gpu_name.c_str(), bf16 ? "bf16 dense" : "fp32 (no TF32)", peak_flops / 1e12,
+                   100 * c.matmul_efficiency, gpu_eval.step_time_s * 1e3, gpu_eval.tokens_per_s, 100 * gpu_eval.mfu);
+    }
+    std::fflush(out);
+  }
+
+  void after_gpu(const TrainConfig& cfg, Trainer& t, const TrainResult& res, std::FILE* out) {
+    const double tokens = static_cast<double>(cfg.batch_size) * cfg.block_size * cfg.gradient_accumulation_steps;
+    const double step = tokens / res.tokens_per_s, flops = gpu_eval.model_flops_per_iter / step;
+    nlohmann::json rec = {{"type", "measured"},     {"device", device_name},          {"gpu", gpu_name},
+                          {"step_s", step},         {"tokens_per_s", res.tokens_per_s}, {"model_flops_per_s", flops}};
+    if (peak_flops > 0) {
+      rec["mfu"] = flops / peak_flops;
+      rec["predicted_over_measured"] = {{"step_s", gpu_eval.step_time_s / step}};
+    }
+    t.emit_record(rec);
+    if (cfg.json) return;
+    std::fprintf(out, "measured: step %.1f ms", step * 1e3);
+    if (peak_flops > 0)
+      std::fprintf(out, " (predicted %.1f ms, predicted/measured %.2f)", gpu_eval.step_time_s * 1e3,
+                   gpu_eval.step_time_s / step);
+    std::fprintf(out, ", %.0f tokens/s, model FLOPs %.1f TFLOP/s", res.tokens_per_s, flops / 1e12);
+    if (peak_flops > 0)
+      std::fprintf(out, ", MFU %.1f%% of %s's %.0f TFLOP/s", 100 * flops / peak_flops, gpu_name.c_str(),
+                   peak_flops / 1e12);
+    std::fprintf(out, " on %s\n", device_name.c_str());
+    std::fflush(out);
+  }
+
   void after(const TrainConfig& cfg, Trainer& t, const TrainResult& res, int rank, int world,
              std::map<std::string, double> memory, std::map<std::string, double> comm, std::FILE* out) {
+    if (gpu && res.tokens_per_s > 0) {
+      after_gpu(cfg, t, res, out);
+      return;
+    }
     if (!enabled || res.tokens_per_s <= 0) return;
     Measured m;
     m.step_s = static_cast<double>(cfg.batch_size) * cfg.block_size * cfg.gradient_accumulation_steps * world /

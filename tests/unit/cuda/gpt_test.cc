@@ -88,6 +88,30 @@ TEST(CudaModel, MatchesCpuModelLossLogitsAndGradients) {
   }
 }
 
+// bfloat16 at a head dim the tensor-core attention takes (64 / 2 = 32): the GPU rounds attention's operands
+// to bfloat16, the CPU's attention stays float32, so logits and loss agree to about 1% (bounds 3e-2, floored
+// at 0.1 x the largest logit, and 1e-2).
+TEST(CudaModel, Bf16TensorCoreAttentionTracksCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const int B = 2, T = 40, V = 37;
+  nlohmann::json j = {{"kind", "gpt"},     {"n_layer", 2},     {"n_head", 2},         {"n_embd", 64},
+                      {"block_size", 48},  {"vocab_size", V},  {"dtype", "bfloat16"}, {"seed", 7}};
+  auto cpu = nn::make_model(j);
+  j["device"] = "cuda";
+  auto gpu = nn::make_model(j);
+  auto in = random_ints(size_t(B) * T, 5, 0, V), tg = random_ints(size_t(B) * T, 6, 0, V);
+  std::vector<float> lc(size_t(B) * T * V), lg(lc.size());
+  cpu->forward_logits(in.data(), B, T, lc.data());
+  gpu->forward_logits(in.data(), B, T, lg.data());
+  const double e = expect_close(lg, lc, 3e-2, "bf16 logits");
+  cpu->zero_grad();
+  gpu->zero_grad();
+  const float loss_c = cpu->forward_backward(in.data(), tg.data(), B, T, true, 1.0f);
+  const float loss_g = gpu->forward_backward(in.data(), tg.data(), B, T, true, 1.0f);
+  EXPECT_NEAR(loss_g, loss_c, 1e-2 * std::fabs(loss_c));
+  std::printf("gpt bf16 head dim 32: logits worst relative error %.3g, loss cpu %.7f gpu %.7f\n", e, loss_c, loss_g);
+}
+
 // One AdamW step through each table from the same state gives the same parameters (1e-5 relative).
 TEST(CudaModel, OptimizerStepThroughOpTableMatchesCpu) {
   TRIDENT_REQUIRE_GPU();

@@ -293,6 +293,54 @@ TEST(CudaKernels, AttentionForwardBackward) {
   std::printf("attention worst relative error %.3g\n", worst);
 }
 
+// The tensor-core kernels (kBFloat16, head dims 32, 64, 128) against the float32 CPU kernel run on the same
+// bf16-rounded q, k, v and dO: what differs is the rounding of P and dS to bfloat16 as operands and the
+// order of float32 sums, so out and dqkv agree to about 1% of the tensor's scale (bounds 2e-2 and 4e-2,
+// floored at 0.1 x its largest magnitude) and lse, whose scores are exact products of bf16 values summed in
+// float32, to 1e-4. Head dims the tensor cores do not take fall back to the float32 kernels (1e-5).
+TEST(CudaKernels, AttentionBf16TensorCores) {
+  TRIDENT_REQUIRE_GPU();
+  struct S {
+    int B, T, C, NH;
+  };
+  double worst_out = 0, worst_grad = 0;
+  for (const S s : {S{1, 1, 64, 2}, S{2, 7, 96, 3}, S{1, 64, 64, 1}, S{2, 65, 192, 3}, S{1, 257, 128, 2},
+                    S{1, 130, 256, 2}, S{2, 1000, 128, 2}, S{1, 63, 128, 1}, S{1, 9, 48, 1}, S{1, 40, 400, 2}}) {
+    const int hd = s.C / s.NH;
+    const bool tensor_cores = hd == 32 || hd == 64 || hd == 128;
+    const size_t btc = size_t(s.B) * s.T * s.C;
+    auto qkv = random_floats(3 * btc, 71, -2.0f, 2.0f), dout = random_floats(btc, 72);
+    for (auto* v : {&qkv, &dout}) {  // the kernels' own rounding is then exact
+      std::vector<uint16_t> h(v->size());
+      cpu::to_bf16(h.data(), v->data(), h.size());
+      cpu::from_bf16(v->data(), h.data(), h.size());
+    }
+    std::vector<float> out(btc), lse(size_t(s.B) * s.NH * s.T), dqkv(3 * btc);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
+    auto dq = dev(qkv), ddout = dev(dout);
+    DeviceBuffer<float> dOut(btc), dLse(lse.size()), dDqkv(3 * btc), dDqkv2(3 * btc);
+    const auto bf = Precision::kBFloat16;
+    cuda::attention_forward(dOut.data(), dLse.data(), dq.data(), s.B, s.T, s.C, s.NH, bf);
+    cuda::attention_backward(dDqkv.data(), ddout.data(), dq.data(), dOut.data(), dLse.data(), s.B, s.T, s.C, s.NH, bf);
+    cuda::attention_backward(dDqkv2.data(), ddout.data(), dq.data(), dOut.data(), dLse.data(), s.B, s.T, s.C, s.NH,
+                             bf);
+    const std::string tag = fmt::format("bf16 B={} T={} C={} NH={}", s.B, s.T, s.C, s.NH);
+    const double r_out = tensor_cores ? 2e-2 : 1e-5, r_lse = tensor_cores ? 1e-4 : 1e-5,
+                 r_grad = tensor_cores ? 4e-2 : 1e-5;
+    const double eo = expect_close(dOut.to_host(), out, r_out, "attention out " + tag);
+    expect_close(dLse.to_host(), lse, r_lse, "attention lse " + tag);
+    auto g = dDqkv.to_host();
+    const double eg = expect_close(g, dqkv, r_grad, "attention dqkv " + tag);
+    if (tensor_cores) {
+      worst_out = std::max(worst_out, eo);
+      worst_grad = std::max(worst_grad, eg);
+    }
+    EXPECT_EQ(dDqkv2.to_host(), g) << "attention backward is not deterministic " << tag;
+  }
+  std::printf("attention bf16 worst relative error: out %.3g, dqkv %.3g\n", worst_out, worst_grad);
+}
+
 TEST(CudaKernels, EmbeddingForwardBackward) {
   TRIDENT_REQUIRE_GPU();
   struct S {

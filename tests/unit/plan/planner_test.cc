@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trident/core/error.h"
+#include "trident/plan/hardware.h"
 #include "trident/plan/planner.h"
 
 namespace trident::plan {
@@ -34,6 +35,48 @@ std::string run_cli(const std::string& args, int* status) {
 // 0.11 s at 450 GB/s. Convention: Megatron's 2 all-reduces forward + 2 backward per layer, each payload
 // b*s*h bf16 values, summed (payload bytes, not ring bytes on the wire), divided by the NVLink 4
 // per-direction bandwidth.
+// `trident train --device cuda` finds its GPU's catalog entry (peak FLOP/s for MFU, the planner's step) by the
+// name CUDA reports; parts whose peak differs from the entry's (H100 PCIe, NVL) and unknown GPUs get none.
+TEST(Planner, CudaDeviceNamesMatchCatalogGpus) {
+  EXPECT_EQ(gpu_for_device_name("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"), "h100-sxm");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA H200 (sm_90, 132 SMs, 140 GiB)"), "h200");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA A100-SXM4-80GB"), "a100-80gb");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA A100-SXM4-40GB"), "a100-40gb");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA H100 PCIe"), "");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA H100 NVL"), "");
+  EXPECT_EQ(gpu_for_device_name("NVIDIA GeForce RTX 4090"), "");
+  EXPECT_EQ(gpu_for_device_name("cpu"), "");
+  const auto cat = HardwareCatalog::builtin();
+  for (const char* g : {"h100-sxm", "h200", "a100-80gb", "a100-40gb"}) EXPECT_TRUE(cat.has_gpu(g)) << g;
+}
+
+// The single-GPU evaluation the trainer prints for GPT-2 124M (bf16, B = 16, T = 1024): model FLOPs are
+// 6 N per token plus attention's (the planner's count, independent of the GPU: 6 x 124M x 16384 = 12.2
+// TFLOP, within 25%), and MFU is those FLOPs over step time and the bf16 peak.
+TEST(Planner, SingleGpuGpt2Evaluation) {
+  const auto cat = HardwareCatalog::builtin();
+  TrainSpec t;
+  t.model.layers = 12;
+  t.model.hidden = 768;
+  t.model.heads = 12;
+  t.model.vocab = 50304;
+  t.model.seq = 1024;
+  t.global_batch = 16;
+  t.precision = Precision::kMixed;
+  Layout l;
+  l.micro_batch = 16;
+  const ClusterSpec c = make_cluster(cat, "h100-sxm", 1, 1, "", "", "", Precision::kMixed);
+  EXPECT_DOUBLE_EQ(c.peak_flops, 989e12);
+  const Evaluation e = evaluate(t, c, l);
+  EXPECT_TRUE(e.fits);
+  const double six_n = 6.0 * 124e6 * 16 * 1024;
+  EXPECT_GT(e.model_flops_per_iter, 0.75 * six_n);
+  EXPECT_LT(e.model_flops_per_iter, 1.25 * six_n);
+  EXPECT_GT(e.step_time_s, 0);
+  EXPECT_NEAR(e.mfu, e.model_flops_per_iter / (e.step_time_s * c.peak_flops), 1e-9);
+  EXPECT_NEAR(e.tokens_per_s, 16.0 * 1024 / e.step_time_s, 1e-6 * e.tokens_per_s);
+}
+
 TEST(Planner, TensorParallelTrafficExample) {
   ModelSpec m;
   m.layers = 96, m.hidden = 8192, m.heads = 64, m.seq = 2048;
