@@ -186,6 +186,7 @@ const k::DeviceOps kCudaOps = {
       TRIDENT_CUDA_CHECK(cudaGetDevice(&d));
       return cuda::device_description(d);
     },
+    [](int head_dim, Precision p) { return cuda::kernel_summary(head_dim, p); },
 };
 
 }  // namespace

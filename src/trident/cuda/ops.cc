@@ -4,7 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "trident/cuda/check.h"
 #include "trident/cuda/cublas_api.h"
@@ -226,6 +229,20 @@ bool use_bf16_attention(Precision p, int C, int NH) {
   return p == Precision::kBFloat16 && launch::attention_bf16_supported(C, NH);
 }
 }  // namespace
+
+std::string kernel_summary(int head_dim, Precision p) {
+  const bool bf16 = p == Precision::kBFloat16;
+  std::string s = bf16 ? "GEMMs: cuBLAS, bf16 operands (rounded to nearest even), float32 accumulation"
+                       : "GEMMs: cuBLAS float32 (no TF32)";
+  if (head_dim <= 0) return s;
+  s += fmt::format("; attention (head dim {}): ", head_dim);
+  if (bf16 && launch::attention_bf16_supported(head_dim, 1))
+    return s + "tensor cores, bf16 operands, float32 softmax and accumulation (FlashAttention-2 on mma.sync)";
+  s += head_dim <= 128 ? "float32 on CUDA cores, tiled (FlashAttention-2 style)"
+                       : "float32 on CUDA cores, one row of scores per block in shared memory (head dim > 128)";
+  if (bf16) s += "; the tensor-core kernels take head dims 32, 64 and 128";
+  return s;
+}
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, Precision p,
                        cudaStream_t s) {

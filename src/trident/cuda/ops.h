@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "trident/kernels/cpu/ops.h"
 
@@ -68,6 +69,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         cudaStream_t stream = nullptr);
 
 void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t stream = nullptr);
+
+// The GEMM and attention paths a model with head dim `head_dim` (0: none) takes at precision p, in words
+// ("GEMMs: cuBLAS, bf16 operands, float32 accumulation; attention (head dim 64): tensor cores, ...").
+// Needs no GPU.
+std::string kernel_summary(int head_dim, Precision p);
 
 // Causal multi-head self-attention, same layout as the CPU kernel: qkv[B,T,3C] (q | k | v), out[B,T,C],
 // lse[B,NH,T] (natural log-sum-exp of the scaled scores). No atomics: deterministic.

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "trident/kernels/aligned.h"
+#include "trident/kernels/cpu/isa.h"
 
 namespace trident::kernels {
 
@@ -170,6 +171,7 @@ const DeviceOps kCpuOps = {
     cpu_ce_shard_sumexp,
     cpu_ce_shard_finish,
     [] { return std::string("cpu"); },
+    [](int, cpu::Precision) { return cpu::kernel_summary(); },
 };
 
 struct Entry {

@@ -117,6 +117,9 @@ struct DeviceOps {
   // The device in words: "cpu", or CUDA's name of the current GPU with its compute capability, SMs and memory
   // ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"): what the planner's hardware catalog is matched against.
   std::string (*describe)();
+  // The kernels this device runs a model with head dim `head_dim` (0: no attention) at precision `p`, in
+  // words, for the startup log: the CPU's ISA choices, or CUDA's GEMM and attention paths.
+  std::string (*kernel_summary)(int head_dim, cpu::Precision p);
 };
 
 // The op table of `d`. Throws DeviceUnavailable when this build has no such device or none is visible.

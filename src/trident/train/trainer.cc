@@ -199,8 +199,17 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     if (metrics_ == nullptr) TRIDENT_THROW(IoError, "cannot write '{}': {}", mpath, detail::errno_string(errno));
     std::fputs(kept.c_str(), metrics_);
     std::fflush(metrics_);
-    // The machine facts that decide speed: the CPU kernels and the threads they run on.
-    if (model_->device() == kernels::Device::kCpu) {
+    // The machine facts that decide speed: the kernels, the threads (CPU) or the GPU they run on.
+    if (model_->device() != kernels::Device::kCpu) {
+      const auto& ops = kernels::device_ops(model_->device());
+      const int head_dim = cfg_.model == "gpt" && cfg_.n_head > 0 ? cfg_.n_embd / cfg_.n_head : 0;
+      const std::string kernels =
+          ops.kernel_summary(head_dim, cfg_.dtype == "bfloat16" ? kernels::cpu::Precision::kBFloat16
+                                                                : kernels::cpu::Precision::kFloat32);
+      const std::string device = ops.describe();
+      log_info("{} kernels on {}: {}", kernels::device_name(model_->device()), device, kernels);
+      emit({{"type", "run"}, {"device", device}, {"device_kernels", kernels}});
+    } else {
       const std::string kernels = kernels::cpu::kernel_summary();
       log_info("cpu kernels: {}; {} thread(s)", kernels, kernels::cpu::num_threads());
       emit({{"type", "run"},

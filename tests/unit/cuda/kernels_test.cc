@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cuda_test_util.h"
+#include "harness/temp_dir.h"
 #include "trident/cuda/ops.h"
 #include "trident/kernels/cpu/ops.h"
 
@@ -291,6 +292,19 @@ TEST(CudaKernels, AttentionForwardBackward) {
     EXPECT_EQ(dDqkv2.to_host(), g) << "attention backward is not deterministic " << tag;
   }
   std::printf("attention worst relative error %.3g\n", worst);
+}
+
+// The startup line of a CUDA run names the path each op takes; it needs no GPU.
+TEST(CudaKernels, SummaryNamesThePathTaken) {
+  const auto bf = Precision::kBFloat16, f32 = Precision::kFloat32;
+  EXPECT_CONTAINS(cuda::kernel_summary(64, bf), "bf16 operands");
+  EXPECT_CONTAINS(cuda::kernel_summary(64, bf), "attention (head dim 64): tensor cores");
+  EXPECT_CONTAINS(cuda::kernel_summary(48, bf), "attention (head dim 48): float32 on CUDA cores, tiled");
+  EXPECT_CONTAINS(cuda::kernel_summary(48, bf), "the tensor-core kernels take head dims 32, 64 and 128");
+  EXPECT_CONTAINS(cuda::kernel_summary(64, f32), "GEMMs: cuBLAS float32 (no TF32)");
+  EXPECT_CONTAINS(cuda::kernel_summary(64, f32), "float32 on CUDA cores, tiled");
+  EXPECT_CONTAINS(cuda::kernel_summary(200, f32), "head dim > 128");
+  EXPECT_EQ(cuda::kernel_summary(0, f32).find("attention"), std::string::npos);
 }
 
 // The tensor-core kernels (kBFloat16, head dims 32, 64, 128) against the float32 CPU kernel run on the same
