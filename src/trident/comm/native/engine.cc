@@ -928,6 +928,11 @@ void Engine::periodic_checks() {
   // ---- end shared-memory fast path ----
   for (int p : std::vector<int>(active_peers_)) {  // a copy: progress_peer may retire a peer
     const PeerInfo& info = peers_[p];
+    // Only a shared-memory channel needs this check. A TCP peer's exit is not conclusive while its socket
+    // is open: the kernel still delivers what the peer wrote before it exited (up to both socket buffers,
+    // hundreds of KiB) and then the end of stream, or a reset if it was killed, which progress_rx raises
+    // and raise_abort_from_peer names. Declaring death here raced with that delivery on a loaded machine.
+    if (channels_[p] && !channels_[p]->is_shm()) continue;
     if (!info.same_host || !waiting_on(p) || process_alive(info.pid, info.starttime)) continue;
     // Gone. A peer that delivered everything this rank needs from it and then exited (it finished) is
     // not a dead peer: read what it left in the channel, then ask again (as the shm window does).
