@@ -54,13 +54,13 @@ struct Loop {
 
   void before(const TrainConfig& cfg, Trainer& t, nn::Model& model, ProcessGroup* pg, const DistributedOptions& opts,
               std::FILE* out) {
-    if (cfg.model == "gpt" && cfg.device == "cuda" && !cfg.eval_only && t.start_step() < cfg.max_iters) {
+    if (cfg.model != "gpt" || cfg.eval_only || t.start_step() >= cfg.max_iters) return;
+    if (cfg.device == "cuda") {
       before_gpu(cfg, t, out);
       return;
     }
     // The calibrated cost model predicts CPU time and host memory.
-    enabled = cfg.model == "gpt" && cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
-    if (!enabled) return;
+    enabled = true;
     const int vocab = t.dataset().tokenizer().vocab_size();
     PredictionInput in;
     in.num_params = model.num_params();
