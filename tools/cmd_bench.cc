@@ -45,6 +45,7 @@ struct RawFlags {
   bool inplace = false;
   bool outofplace = false;
   std::string buffers = "ordinary";
+  std::string device = "cpu";
   std::string timeout;
   int nproc = 0;
   std::string bind;  // --bind with --nproc ("" = TRIDENT_BIND, else auto)
@@ -89,6 +90,7 @@ trident::bench::CommBenchOptions to_options(const RawFlags& f) {
   o.check = f.check;
   o.json_path = f.json;
   o.buffers = f.buffers;
+  o.device = f.device;
   // Default: both placements, as nccl-tests prints both; either flag alone selects that one.
   if (f.inplace || f.outofplace) {
     o.inplace = f.inplace;
@@ -148,10 +150,10 @@ int run(const RawFlags& f) {
                     f.bind);
       bind = trident::launch::parse_bind(f.bind);
     }
-    if (f.backend != "native" && f.backend != "mpi")
-      TRIDENT_THROW(InvalidArgument,
-                    "--backend '{}' is not one of native, mpi (nccl runs on device buffers: microbench/cuda/run_device.sh)",
-                    f.backend);
+    if (f.backend != "native" && f.backend != "mpi" && f.backend != "nccl")
+      TRIDENT_THROW(InvalidArgument, "--backend '{}' is not one of native, mpi, nccl", f.backend);
+    if (f.backend == "nccl" && f.device != "cuda")
+      TRIDENT_THROW(InvalidArgument, "--backend nccl reduces GPU memory: add --device cuda (one GPU per rank)");
     if (f.backend == "mpi" && f.nproc > 0)
       TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident bench comm "
                     "--backend mpi ...` without --nproc");
@@ -233,7 +235,8 @@ void setup(CLI::App& app) {
       ->capture_default_str();
   comm->add_option("--transport", f->transport, "auto, shm or tcp")->capture_default_str();
   comm->add_option("--backend", f->backend,
-                   "native (trident's algorithms and transports) or mpi (the MPI library, under mpirun)")
+                   "native (trident's algorithms and transports; device buffers staged through host memory), mpi (the "
+                   "MPI library, under mpirun) or nccl (with --device cuda)")
       ->capture_default_str();
   comm->add_flag("--check,-c", f->check,
                  "verify every element of every iteration against an independently computed reference; exit 1 on "
@@ -241,6 +244,9 @@ void setup(CLI::App& app) {
   comm->add_option("--json", f->json, "write one JSON record per (row, placement) to FILE");
   comm->add_flag("--inplace", f->inplace, "run only the in-place form (default: both)");
   comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
+  comm->add_option("--device", f->device,
+                   "cpu, or cuda: the buffers of the timed calls live in GPU memory (LOCAL_RANK picks the GPU)")
+      ->capture_default_str();
   comm->add_option("--buffers", f->buffers,
                    "ordinary (private memory) or shared (the group's registered memory: zero copy on one host)")
       ->capture_default_str();

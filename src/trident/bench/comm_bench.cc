@@ -20,6 +20,7 @@
 
 #include "trident/bench/verifiable.h"
 #include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/device_memory.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/reduce.h"
 #include "trident/core/env.h"
@@ -96,6 +97,25 @@ class Buffer {
   size_t bytes_;
   char* data_ = nullptr;
   std::shared_ptr<RegisteredBuffer> shared_;
+};
+
+// A mirror of a host Buffer in device memory (--device): the timed calls use it; inputs are copied in after
+// the host buffer is filled and outputs copied out before it is checked.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(const DeviceMemory* dm, size_t bytes) : dm_(dm) {
+    if (dm_) p_ = static_cast<char*>(dm_->alloc(std::max<size_t>(bytes, 4096)));
+  }
+  ~DeviceBuffer() {
+    if (dm_ && p_) dm_->free(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  char* data() { return p_; }
+
+ private:
+  const DeviceMemory* dm_;
+  char* p_ = nullptr;
 };
 
 struct Case;
@@ -404,6 +424,17 @@ void validate(const CommBenchOptions& o, int world) {
     TRIDENT_THROW(InvalidArgument, "nothing to run: enable --inplace, --outofplace or both (the default)");
   if (o.buffers != "ordinary" && o.buffers != "shared")
     TRIDENT_THROW(InvalidArgument, "--buffers '{}' is not one of ordinary, shared", o.buffers);
+  if (o.device != "cpu" && o.device != "cuda")
+    TRIDENT_THROW(InvalidArgument, "--device '{}' is not one of cpu, cuda", o.device);
+  if (o.device != "cpu") {
+    const DeviceMemory* dm = device_memory();
+    if (dm == nullptr || dm->alloc == nullptr || o.device != dm->name)
+      TRIDENT_THROW(Unsupported, "--device {}: this build of trident has no {} support (it was configured without "
+                    "nvcc); use --device cpu", o.device, o.device);
+    if (o.buffers == "shared")
+      TRIDENT_THROW(InvalidArgument, "--buffers shared is host memory; with --device {} use --buffers ordinary",
+                    o.device);
+  }
   if (o.transport != "auto" && o.transport != "shm" && o.transport != "tcp")
     TRIDENT_THROW(InvalidArgument, "--transport '{}' is not one of auto, shm, tcp", o.transport);
   if (o.timeout_s && !(*o.timeout_s > 0))
@@ -557,6 +588,8 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
   // One rank has no peer to share with: its buffers are ordinary either way.
   ProcessGroup* shared_from = o.buffers == "shared" && n > 1 ? &pg : nullptr;
   Buffer sendbuf(max_bytes, shared_from), recvbuf(max_bytes, shared_from);
+  const DeviceMemory* dm = o.device == "cpu" ? nullptr : device_memory();  // validate() checked it
+  DeviceBuffer dsend(dm, max_bytes), drecv(dm, max_bytes);
   const std::string transport = effective_transport(pg);
 
   // Who is where: "host pid" of every rank (fixed 64-byte records, gathered once).
@@ -579,6 +612,12 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
     out << fmt::format("# world size {}; backend {}; transport requested {}, in use {}{}; buffers {}\n", n,
                        pg.backend_name(), o.transport, transport, summary.empty() ? "" : " (" + summary + ")",
                        o.buffers == "shared" ? "shared (the group's registered memory, zero copy)" : "ordinary");
+    if (dm)
+      out << fmt::format("# buffers in {} device memory ({} backend: {}); inputs written and outputs checked through "
+                         "host copies outside the timed calls\n",
+                         o.device, pg.backend_name(),
+                         pg.reads_device_memory() ? "the backend reads device memory itself"
+                                                  : "each call staged through host memory");
     out << fmt::format("# group timeout {:.0f} s; date {}\n", pg.timeout().count(), utc_now());
     for (int r = 0; r < n; ++r) {
       std::string rec(all.data() + r * kRec, strnlen(all.data() + r * kRec, kRec));
@@ -629,8 +668,28 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
           if (inplace ? !o.inplace : !o.outofplace) continue;
           if (!inplace && !has_out_of_place(sec.op)) continue;
         }
-        Case cs{&bench_coll(sec.op), inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
-                sendbuf.data(), recvbuf.data()};
+        Case host_case{&bench_coll(sec.op), inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
+                       sendbuf.data(), recvbuf.data()};
+        // With --device the calls run on the device mirrors (same offsets); prepare and verify stay on the host
+        // buffers and copy the span every call touches (count x world elements of each buffer).
+        Case call_case = host_case;
+        const size_t span = sec.op == OpKind::kBarrier ? 0 : c * static_cast<size_t>(n) * es;
+        if (dm) call_case.sendbuf = dsend.data(), call_case.recvbuf = drecv.data();
+        struct {
+          const Case& h;
+          const Case& d;
+          const DeviceMemory* dm;
+          size_t span;
+          void prepare(int iter) const {
+            h.prepare(iter);
+            if (dm && span) dm->to_device(d.sendbuf, h.sendbuf, span), dm->to_device(d.recvbuf, h.recvbuf, span);
+          }
+          uint64_t verify(int iter) const {
+            if (dm && span) dm->to_host(h.sendbuf, d.sendbuf, span), dm->to_host(h.recvbuf, d.recvbuf, span);
+            return h.verify(iter);
+          }
+          void call(ProcessGroup& g, const CallOptions& co) const { d.call(g, co); }
+        } cs{host_case, call_case, dm, span};
         // Warm-up calls (iterations -1, -2, ...) are checked too; the timed ones are 1..iters.
         uint64_t wrong = 0;
         if (!o.check) cs.prepare(0);

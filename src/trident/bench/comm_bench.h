@@ -57,6 +57,9 @@ struct CommBenchOptions {
   // --buffers: "ordinary" (private anonymous memory, as most callers have) or "shared" (the group's
   // registered memory, ProcessGroup::alloc_shared: zero copy on one host; refused where the group has none).
   std::string buffers = "ordinary";
+  // --device: where the buffers of the timed calls live: "cpu", or "cuda" (device memory of this rank's GPU,
+  // comm/device_memory.h; inputs are written and outputs checked through host copies outside the timed calls).
+  std::string device = "cpu";
   std::optional<double> timeout_s;
   // --tune FILE: rank 0 writes a tuning file (comm/tuning.h) from the p50 latency of every forced-algorithm
   // record (in-place where both placements ran). "" = none.

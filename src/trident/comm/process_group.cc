@@ -1,11 +1,157 @@
 #include "trident/comm/process_group.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+#include "trident/comm/device_memory.h"
 #include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 
 namespace trident {
+
+// ---- buffers in memory the backend cannot read: device memory on native/mpi, host memory on nccl ----
+namespace {
+
+// Bytes of this rank's send and receive buffers in call `a` (0 for a buffer this rank does not pass or
+// whose contents do not matter: a broadcast's buffer is read at the root and written elsewhere).
+std::pair<size_t, size_t> buffer_bytes(const CollArgs& a, int rank, int size) {
+  const size_t es = dtype_size(a.dtype), n = a.count * es, all = n * static_cast<size_t>(size);
+  const bool root = rank == a.root;
+  switch (a.op) {
+    case OpKind::kBroadcast: return root ? std::pair{n, size_t{0}} : std::pair{size_t{0}, n};
+    case OpKind::kReduce: return {n, root ? n : 0};
+    case OpKind::kAllReduce: return {n, n};
+    case OpKind::kGather: return {n, root ? all : 0};
+    case OpKind::kScatter: return {root ? all : 0, n};
+    case OpKind::kAllGather: return {n, all};
+    case OpKind::kAllGatherV: {
+      size_t total = 0;
+      for (size_t c : *a.counts) total += c;
+      return {(*a.counts)[static_cast<size_t>(rank)] * es, total * es};
+    }
+    case OpKind::kReduceScatter: return {all, n};
+    case OpKind::kAllToAll: return {all, all};
+    case OpKind::kSend: return {n, 0};
+    case OpKind::kRecv: return {0, n};
+    case OpKind::kBarrier: return {0, 0};
+  }
+  return {0, 0};
+}
+
+}  // namespace
+
+// Copies of one call's buffers in memory the backend reads: host copies of device buffers (native, mpi) or
+// device copies of host buffers (nccl). Made (and filled) before the call; results copied back after it.
+struct ProcessGroup::HostStaging {
+  const DeviceMemory* dm = nullptr;
+  bool to_device = false;  // the copies are device memory (of host buffers), else host memory
+  // One temporary region per side; recv is null when the call works in place on `send`.
+  struct Region {
+    const DeviceMemory* dm = nullptr;
+    bool device = false;
+    std::unique_ptr<std::byte[]> host;
+    void* dev = nullptr;
+    Region() = default;
+    Region(const Region&) = delete;
+    Region& operator=(const Region&) = delete;
+    ~Region() {
+      if (dev) dm->free(dev);
+    }
+    void* get() const { return device ? dev : static_cast<void*>(host.get()); }
+  };
+  std::unique_ptr<Region> send, recv;
+  void* recv_orig = nullptr;  // where the results go back (null: nothing to copy back)
+  size_t recv_bytes = 0;
+
+  std::unique_ptr<Region> make(size_t bytes) const {
+    auto r = std::make_unique<Region>();
+    r->dm = dm;
+    r->device = to_device;
+    bytes = std::max<size_t>(bytes, 1);
+    if (to_device) r->dev = dm->alloc(bytes);
+    else r->host.reset(new std::byte[bytes]);
+    return r;
+  }
+  // A copy from the caller's memory into a region, or back.
+  void copy_in(void* region, const void* orig, size_t bytes) const {
+    if (bytes == 0) return;
+    if (to_device) dm->to_device(region, orig, bytes);
+    else dm->to_host(region, orig, bytes);
+  }
+  void copy_back() const {
+    if (recv_orig == nullptr || recv_bytes == 0) return;
+    const void* from = (recv ? recv : send)->get();
+    if (to_device) dm->to_host(recv_orig, from, recv_bytes);
+    else dm->to_device(recv_orig, from, recv_bytes);
+  }
+};
+
+std::unique_ptr<ProcessGroup::HostStaging> ProcessGroup::stage(CollArgs& a) const {
+  const bool host_ok = reads_host_memory(), device_ok = reads_device_memory();
+  if (host_ok && device_ok) return nullptr;
+  const DeviceMemory* dm = device_memory();
+  if (dm == nullptr) return nullptr;  // no device: every buffer is host memory (or the backend says why not)
+  const auto [sb, rb] = buffer_bytes(a, rank_, size_);
+  if (sb == 0 && rb == 0) return nullptr;  // nothing is read or written: the pointers are never used
+  // A buffer needs a copy when it lies where the backend cannot read: in device memory for a host backend,
+  // in host memory for a device one (a side this rank does not use needs none).
+  auto needs = [&](const void* p, size_t bytes) {
+    if (p == nullptr || bytes == 0) return false;
+    if (dm->alloc == nullptr && !host_ok) return false;  // cannot make device copies: the backend reports it
+    return dm->contains(p) ? !device_ok : !host_ok;
+  };
+  const bool in_place = a.send == a.recv;
+  const bool send_moves = needs(a.send, in_place ? std::max(sb, rb) : sb);
+  const bool recv_moves = in_place ? send_moves : needs(a.recv, rb);
+  if (!send_moves && !recv_moves) return nullptr;
+  auto st = std::make_unique<HostStaging>();
+  st->dm = dm;
+  st->to_device = !host_ok;
+  if (in_place) {  // one copy serves both sides
+    st->send = st->make(std::max(sb, rb));
+    st->copy_in(st->send->get(), a.send, sb);
+    st->recv_orig = a.recv;
+    st->recv_bytes = rb;
+    a.send = a.recv = st->send->get();
+    return st;
+  }
+  if (send_moves) {
+    st->send = st->make(sb);
+    st->copy_in(st->send->get(), a.send, sb);
+    a.send = st->send->get();
+  }
+  if (recv_moves) {
+    st->recv = st->make(rb);
+    st->recv_orig = a.recv;
+    st->recv_bytes = rb;
+    a.recv = st->recv->get();
+  }
+  return st;
+}
+
+// The caller's Work of a staged async call: it completes once the results are back in the caller's memory
+// (or with the call's error, or the copy's).
+std::shared_ptr<Work> ProcessGroup::after_staging(std::shared_ptr<Work> inner, std::unique_ptr<HostStaging> staged) {
+  auto outer = std::make_shared<Work>(inner->description());
+  std::shared_ptr<HostStaging> st = std::move(staged);
+  inner->on_finish([outer, st](Work& w) {
+    std::exception_ptr e = w.error();
+    if (!e) {
+      try {
+        st->copy_back();
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    outer->mark_started(w.started_ns());
+    outer->finish(e);
+  });
+  return outer;
+}
+// ---- end device buffers
 
 ProcessGroup::ProcessGroup(int rank, int size, std::string name, Seconds timeout)
     : rank_(rank), size_(size), name_(std::move(name)), timeout_(timeout),
@@ -28,15 +174,20 @@ void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
 }
 
 void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
-  if (!flight_) return run_blocking(a, o);
-  a.record = record_enqueue(a);
-  try {
+  const std::unique_ptr<HostStaging> staged = stage(a);
+  if (!flight_) {
     run_blocking(a, o);
-  } catch (...) {
-    flight_->finished(a.record, Timeline::now_ns(), std::current_exception());
-    throw;
+  } else {
+    a.record = record_enqueue(a);
+    try {
+      run_blocking(a, o);
+    } catch (...) {
+      flight_->finished(a.record, Timeline::now_ns(), std::current_exception());
+      throw;
+    }
+    flight_->finished(a.record, Timeline::now_ns(), nullptr);
   }
-  flight_->finished(a.record, Timeline::now_ns(), nullptr);
+  if (staged) staged->copy_back();
 }
 // ---- end flight recorder
 
@@ -109,17 +260,21 @@ void ProcessGroup::validate(const CollArgs& a) const {
 
 std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opts, bool blocking) {
   validate(args);
-  if (!flight_) return post(args, opts, blocking);
-  args.record = record_enqueue(args);
+  std::unique_ptr<HostStaging> staged = stage(args);
   std::shared_ptr<Work> work;
-  try {
+  if (!flight_) {
     work = post(args, opts, blocking);
-  } catch (...) {
-    flight_->finished(args.record, Timeline::now_ns(), std::current_exception());
-    throw;
+  } else {
+    args.record = record_enqueue(args);
+    try {
+      work = post(args, opts, blocking);
+    } catch (...) {
+      flight_->finished(args.record, Timeline::now_ns(), std::current_exception());
+      throw;
+    }
+    work->record_to(flight_, args.record);
   }
-  work->record_to(flight_, args.record);
-  return work;
+  return staged ? after_staging(std::move(work), std::move(staged)) : work;
 }
 
 #define TRIDENT_PG_ASYNC_AND_BLOCKING(NAME, PARAMS, ARGS, FILL)                       \

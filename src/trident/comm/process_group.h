@@ -80,6 +80,11 @@ class ProcessGroup {
   Seconds timeout() const { return timeout_; }
   void set_timeout(Seconds t) { timeout_ = t; }
   virtual std::string backend_name() const = 0;
+  // Which memory the backend reads and writes itself: host memory (native, mpi) or device memory (nccl).
+  // A buffer in the other kind (device memory as comm/device_memory.h registers it, or host memory) is
+  // copied around the call, here, for every backend: callers pass host and device buffers to any group.
+  virtual bool reads_host_memory() const { return true; }
+  virtual bool reads_device_memory() const { return false; }
   // Global rank (in the world group) of this group's rank r.
   virtual int global_rank(int r) const { return r; }
   // This rank's transports. Backends that leave transports to their library (mpi, nccl) report no shm or
@@ -180,6 +185,11 @@ class ProcessGroup {
   virtual void run_blocking(const CollArgs& args, const CallOptions& opts) { post(args, opts, true)->wait(); }
 
  private:
+  struct HostStaging;
+  // Rewrites the buffers of `a` that the backend cannot read to copies it can (filled with the caller's
+  // data); null when the call needs none (see reads_host_memory / reads_device_memory).
+  std::unique_ptr<HostStaging> stage(CollArgs& a) const;
+  static std::shared_ptr<Work> after_staging(std::shared_ptr<Work> inner, std::unique_ptr<HostStaging> staged);
   std::shared_ptr<Work> submit(CollArgs args, const CallOptions& opts, bool blocking);
   void run_recorded(CollArgs& args, const CallOptions& opts);  // a validated blocking call
   uint64_t record_enqueue(const CollArgs& a);

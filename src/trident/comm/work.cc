@@ -43,8 +43,20 @@ void Work::finish(std::exception_ptr error) {
   }
   done_ = true;
   error_ = error;
+  std::function<void(Work&)> then = std::move(on_finish_);
   lock.unlock();
   cv_.notify_all();
+  if (then) then(*this);
+}
+
+void Work::on_finish(std::function<void(Work&)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    on_finish_ = std::move(fn);
+    return;
+  }
+  lock.unlock();
+  fn(*this);
 }
 
 void Work::record_to(std::shared_ptr<FlightRing> ring, uint64_t id) {

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,8 +40,14 @@ class Work {
 
   // Called by the backend exactly once (records finished_ns()).
   void finish(std::exception_ptr error = nullptr);
-  // Called by the backend when it begins running the collective (after any queueing).
+  // Called by the backend when it begins running the collective (after any queueing); the second form
+  // carries a start already taken elsewhere (a Work that stands for another one).
   void mark_started();
+  void mark_started(int64_t ns) { started_ns_.store(ns, std::memory_order_release); }
+  // Runs fn(*this) once the Work finished: on the thread that calls finish(), after waiters are released, or
+  // at once on this thread when it already finished. One callback per Work (a second replaces the first
+  // while the Work runs). fn must not throw.
+  void on_finish(std::function<void(Work&)> fn);
   int64_t started_ns() const { return started_ns_.load(std::memory_order_acquire); }
   int64_t finished_ns() const { return finished_ns_.load(std::memory_order_acquire); }
   // Reports the start (mark_started) and the end (finish) to call `id` of a flight recorder; when the
@@ -55,6 +62,7 @@ class Work {
   std::string description_;
   std::atomic<int64_t> started_ns_{0}, finished_ns_{0};
   std::shared_ptr<FlightRing> ring_;  // guarded by mu_
+  std::function<void(Work&)> on_finish_;  // guarded by mu_
   uint64_t record_ = 0;
 };
 

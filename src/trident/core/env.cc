@@ -50,6 +50,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_ISA", "auto",
        "CPU kernels' instruction set: auto (the highest this CPU supports) | amx | avx512bf16 | avx512 | avx2 | "
        "portable; a level above the CPU's is an error (`trident env` prints the chosen kernels)"},
+      {"TRIDENT_CUDA_POOL_RELEASE", "0",
+       "1 = the CUDA kernels' stream-ordered scratch pool returns unused memory to the driver at every "
+       "synchronisation (CUDA's default); 0 = it keeps it for the next step"},
       {"TRIDENT_FLIGHT_RECORDER_SIZE", "2048",
        "calls (collectives and send/recv) each process group keeps in its flight recorder ring; 0 = off"},
       {"TRIDENT_FLIGHT_RECORDER_DIR", "",

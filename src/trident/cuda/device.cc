@@ -2,6 +2,8 @@
 
 #include "trident/cuda/cublas_api.h"
 
+#include <cstdlib>
+
 #include "trident/core/log.h"
 
 namespace trident::cuda {
@@ -31,6 +33,23 @@ int device_count() {
   }
   return n;
 }
+
+int process_device() {
+  static const int d = [] {
+    const int n = device_count();
+    const char* lr = std::getenv("LOCAL_RANK");
+    if (n <= 0 || lr == nullptr || *lr == '\0') return 0;
+    char* end = nullptr;
+    const long r = std::strtol(lr, &end, 10);
+    if (*end != '\0' || r < 0)
+      TRIDENT_THROW(InvalidArgument, "LOCAL_RANK='{}' is not a non-negative integer (the launcher sets it: "
+                    "trident launch, torchrun, or the mpirun/Slurm mapping)", lr);
+    return static_cast<int>(r % n);
+  }();
+  return d;
+}
+
+void select_device() { TRIDENT_CUDA_CHECK(cudaSetDevice(process_device())); }
 
 std::string no_device_reason() {
   int n = 0;

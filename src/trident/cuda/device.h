@@ -31,6 +31,14 @@ std::string device_description(int d);
 // The CUDA op table (kernels/device.h): cuda/ops.h's kernels and cudaMalloc'd memory on the legacy
 // default stream. kernels::device_ops(Device::kCuda) returns it where a GPU is visible.
 const kernels::DeviceOps& device_ops();
+// True once the op table allocated device memory in this process: before that no buffer can be device
+// memory of ours, so callers can tell host from device memory without starting the CUDA runtime.
+bool allocated_device_memory();
+// The device this process computes on: LOCAL_RANK modulo the visible devices (torchrun's convention: one
+// rank per GPU of a node, several ranks sharing a GPU where there are fewer), 0 without LOCAL_RANK. Made
+// current on the calling thread by select_device(), which the op table's probe calls.
+int process_device();
+void select_device();
 
 // A kernels::DeviceArray in CUDA memory (cudaMalloc, zero-filled), with blocking host copies.
 template <typename T>

@@ -2,6 +2,7 @@
 // memory through cudaMalloc. register_device.cc registers it with the kernels layer.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <vector>
 
 #include "trident/cuda/check.h"
@@ -15,8 +16,11 @@ namespace {
 
 namespace k = kernels;
 
+std::atomic<bool> g_allocated{false};
+
 void* dev_alloc(size_t bytes) {
   void* p = nullptr;
+  g_allocated.store(true, std::memory_order_relaxed);
   TRIDENT_CUDA_CHECK(cudaMalloc(&p, bytes));  // 256-byte aligned
   TRIDENT_CUDA_CHECK(cudaMemset(p, 0, bytes));
   return p;
@@ -192,5 +196,7 @@ const k::DeviceOps kCudaOps = {
 }  // namespace
 
 const kernels::DeviceOps& device_ops() { return kCudaOps; }
+
+bool allocated_device_memory() { return g_allocated.load(std::memory_order_relaxed); }
 
 }  // namespace trident::cuda

@@ -4,11 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "trident/core/env.h"
 #include "trident/cuda/check.h"
 #include "trident/cuda/cublas_api.h"
 #include "trident/cuda/launch.h"
@@ -33,13 +36,31 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   return handles[dev];
 }
 
+// The device's default memory pool (where cudaMallocAsync draws scratch) keeps what it freed: by default it
+// hands unused memory back to the driver at every synchronisation, and training synchronises every step,
+// so each step would map its scratch afresh. TRIDENT_CUDA_POOL_RELEASE=1 keeps CUDA's default.
+void keep_pool_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (env::param_bool("TRIDENT_CUDA_POOL_RELEASE")) return;
+    int dev = 0;
+    TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaMemPool_t pool = nullptr;
+    TRIDENT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = UINT64_MAX;
+    TRIDENT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  });
+}
+
 // Stream-ordered scratch: allocated on `stream`, freed on it when the owner goes out of scope (the free
 // is ordered after every kernel already queued on the stream that uses it).
 template <typename T>
 class Scratch {
  public:
   Scratch(size_t n, cudaStream_t s) : s_(s) {
-    if (n) TRIDENT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
+    if (n == 0) return;
+    keep_pool_memory();
+    TRIDENT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), s));
   }
   ~Scratch() {
     if (p_) cudaFreeAsync(p_, s_);

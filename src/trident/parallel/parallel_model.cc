@@ -382,7 +382,7 @@ void ParallelModel::sync_tied_gradients() {
   const size_t n = params_[idx].numel;
   const int W = embedding_group_->size();
   ScopedSpan span(SpanKind::kComm, "all_reduce(embedding)", -1, -1, 2.0 * (W - 1) / W * n * sizeof(float));
-  all_reduce_on_device(*embedding_group_, ops(), G(idx), n, ReduceOp::kSum);
+  if (n > 0) embedding_group_->all_reduce(G(idx), n, DType::kFloat32, ReduceOp::kSum);
 }
 
 void ParallelModel::load_from_full(const nn::Model& full) {

@@ -1,8 +1,5 @@
 #include "trident/parallel/tensor_parallel.h"
 
-#include <cstring>
-#include <vector>
-
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 
@@ -17,28 +14,11 @@ ShardRange shard_range(int64_t n, int rank, int size) {
   return {per * rank, per * (rank + 1)};
 }
 
-bool group_takes_device_memory(const ProcessGroup& group, const kernels::DeviceOps& ops) {
-  return ops.device == kernels::Device::kCpu || group.backend_name() == "nccl";
-}
-
-void all_reduce_on_device(ProcessGroup& group, const kernels::DeviceOps& ops, float* buf, size_t n, ReduceOp op) {
-  if (n == 0) return;
-  if (group_takes_device_memory(group, ops)) {
-    group.all_reduce(buf, n, DType::kFloat32, op);
-    return;
-  }
-  std::vector<float> host(n);
-  ops.to_host(host.data(), buf, n * sizeof(float));
-  group.all_reduce(host.data(), n, DType::kFloat32, op);
-  ops.to_device(buf, host.data(), n * sizeof(float));
-}
-
 TpComm::TpComm(std::shared_ptr<ProcessGroup> group, const kernels::DeviceOps& ops)
     : group_(std::move(group)), ops_(&ops) {
   if (group_) {
     rank_ = group_->rank();
     size_ = group_->size();
-    direct_ = group_takes_device_memory(*group_, ops);
   }
 }
 
@@ -47,7 +27,7 @@ void TpComm::all_reduce(float* buf, size_t n, ReduceOp op, int microbatch, int c
   // Bytes this rank sends under a bandwidth-optimal all-reduce: 2 (T-1)/T x size (DESIGN.md).
   const double bytes = 2.0 * (size_ - 1) / size_ * static_cast<double>(n) * sizeof(float);
   ScopedSpan span(SpanKind::kComm, "all_reduce(tp)", microbatch, chunk, bytes);
-  all_reduce_on_device(*group_, *ops_, buf, n, op);
+  group_->all_reduce(buf, n, DType::kFloat32, op);
 }
 
 void TpComm::all_reduce_sum(float* buf, size_t n, int microbatch, int chunk) {
@@ -64,14 +44,7 @@ void TpComm::all_gather(const float* send, float* recv, size_t n, int microbatch
   }
   const double bytes = static_cast<double>(size_ - 1) * static_cast<double>(n) * sizeof(float);
   ScopedSpan span(SpanKind::kComm, "all_gather(tp)", microbatch, chunk, bytes);
-  if (direct_) {
-    group_->all_gather(send, recv, n, DType::kFloat32);
-    return;
-  }
-  std::vector<float> hs(n), hr(n * static_cast<size_t>(size_));
-  ops_->to_host(hs.data(), send, n * sizeof(float));
-  group_->all_gather(hs.data(), hr.data(), n, DType::kFloat32);
-  ops_->to_device(recv, hr.data(), hr.size() * sizeof(float));
+  group_->all_gather(send, recv, n, DType::kFloat32);
 }
 
 }  // namespace trident::parallel

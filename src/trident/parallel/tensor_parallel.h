@@ -7,9 +7,9 @@
 // A vocab shard of rank t holds rows [t*V/T, (t+1)*V/T) of the embedding; a column-parallel Linear holds a
 // block of output rows (and of its bias); a row-parallel Linear holds a block of input columns.
 //
-// Device memory: the collectives take buffers of the layers' device (TpComm's op table). The nccl
-// backend reduces device memory itself; every other backend's transport reads host memory, so there a
-// buffer of another device is staged through a host copy (all_reduce_on_device).
+// Device memory: the collectives take buffers of the layers' device (TpComm's op table) and hand them to the
+// group as they are: the nccl backend reduces device memory itself, every other backend stages it through
+// host memory (ProcessGroup, comm/device_memory.h).
 //
 // Ownership: TpComm shares its group (null or size 1: every collective is a no-op, nothing recorded).
 // Blocking: every collective blocks the calling thread until done (the group's deadline applies; a dead
@@ -34,13 +34,6 @@ struct ShardRange {
 };
 ShardRange shard_range(int64_t n, int rank, int size);
 
-// True when `group` reduces buffers of `ops`'s device in place (host memory everywhere; device memory
-// only on the nccl backend).
-bool group_takes_device_memory(const ProcessGroup& group, const kernels::DeviceOps& ops);
-// In-place all-reduce of n floats in `ops`'s device memory over `group`, through a host copy where the
-// group cannot read that memory.
-void all_reduce_on_device(ProcessGroup& group, const kernels::DeviceOps& ops, float* buf, size_t n, ReduceOp op);
-
 // The tensor-parallel collectives of nn's layers (nn/layers.h) over a ProcessGroup, on buffers of the
 // device of `ops`.
 class TpComm final : public nn::TpGroup {
@@ -60,7 +53,6 @@ class TpComm final : public nn::TpGroup {
   void all_reduce(float* buf, size_t n, ReduceOp op, int microbatch, int chunk);
   std::shared_ptr<ProcessGroup> group_;
   const kernels::DeviceOps* ops_;
-  bool direct_ = true;  // the group reads the device's memory itself
   int rank_ = 0;
   int size_ = 1;
 };

@@ -77,7 +77,7 @@ const std::vector<Key>& keys() {
       {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
       {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
       {"device", &TrainConfig::device, "cpu|cuda",
-       "where the model, its gradients and the optimizer state live (cuda: one GPU, single process)"},
+       "where the model, its gradients and the optimizer state live (cuda: the GPU LOCAL_RANK modulo the visible GPUs; ranks may share one)"},
       {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
        "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
       {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
@@ -352,12 +352,12 @@ void TrainConfig::validate() const {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
   }
   if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
-  if (device != "cpu" && (tp * pp > 1 || param_dtype != "float32")) {
+  if (device != "cpu" && param_dtype != "float32") {
     TRIDENT_THROW(Unsupported,
-                  "device={} trains in one process on one GPU for now, but tp={} x pp={} and param_dtype={} were "
-                  "asked for: tensor/pipeline parallelism and bfloat16 parameter storage run on the CPU only; use "
-                  "--device cpu, or --tp 1 --pp 1 --param_dtype float32",
-                  device, tp, pp, param_dtype);
+                  "device={} keeps parameters and gradients in float32 for now, but param_dtype={} was asked for: "
+                  "bfloat16 parameter storage runs on the CPU only; use --param_dtype float32 (bf16 compute on "
+                  "the GPU is --dtype bfloat16), or --device cpu",
+                  device, param_dtype);
   }
   if (param_dtype != "float32" && tp * pp > 1) {
     TRIDENT_THROW(InvalidArgument,

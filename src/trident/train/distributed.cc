@@ -46,6 +46,21 @@ int zero_stage(const std::string& parallel) {
   return 0;
 }
 
+// A model's flat parameter buffer to and from host memory (it lives in the memory of the model's device).
+std::vector<float> params_to_host(const nn::Model& m) {
+  std::vector<float> v(m.num_params());
+  kernels::device_ops(m.device()).to_host(v.data(), const_cast<nn::Model&>(m).param_data(), v.size() * sizeof(float));
+  return v;
+}
+void params_from_host(nn::Model& m, const std::vector<float>& v) {
+  TRIDENT_CHECK(v.size() == m.num_params(), InvalidArgument, "{} values for a model of {} parameters", v.size(),
+                m.num_params());
+  kernels::device_ops(m.device()).to_device(m.param_data(), v.data(), v.size() * sizeof(float));
+}
+void zero_params(nn::Model& m) {
+  kernels::device_ops(m.device()).memset_zero(m.param_data(), m.num_params() * sizeof(float));
+}
+
 // Closing the loop (train/prediction.h): calibrate on the real model (and group), print and record the
 // prediction before training; print and record the measured figures beside it after.
 struct Loop {
@@ -56,7 +71,8 @@ struct Loop {
               std::FILE* out) {
     if (cfg.model != "gpt" || cfg.eval_only || t.start_step() >= cfg.max_iters) return;
     if (cfg.device == "cuda") {
-      before_gpu(cfg, t, out);
+      // The GPU model is of one process on one GPU; ranks may share a GPU, which it does not model.
+      if (pg == nullptr || pg->size() == 1) before_gpu(cfg, t, out);
       return;
     }
     // The calibrated cost model predicts CPU time and host memory.
@@ -461,13 +477,12 @@ struct ModelParallelRun {
   // The logical model's slices of a flat buffer in the shard's layout (moments): put them in the shard's
   // parameter buffer, gather, take them out of the full model (values restored afterwards).
   void gather_flat(const std::vector<float>& local, std::vector<float>* out_full) {
-    const size_t n = pm->num_params();
-    std::vector<float> keep(pm->param_data(), pm->param_data() + n);
-    std::copy(local.begin(), local.end(), pm->param_data());
-    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
+    const std::vector<float> keep = params_to_host(*pm);
+    params_from_host(*pm, local);
+    if (full) zero_params(*full);
     pm->gather_to_full(full.get(), *mp_group, 0);
-    if (full) out_full->assign(full->param_data(), full->param_data() + full->num_params());
-    std::copy(keep.begin(), keep.end(), pm->param_data());
+    if (full) *out_full = params_to_host(*full);
+    params_from_host(*pm, keep);
   }
   void ensure_full() {
     if (is_root && !full) full = nn::make_model(pm->config());
@@ -514,16 +529,15 @@ void ModelParallelRun::install_model_hooks(TrainerHooks& hooks) {
   hooks.load_checkpoint = [this](nn::Model&, optim::AdamW& opt, const LoadedCheckpoint& ck) {
     // Every rank reads the logical checkpoint and keeps its slices (of the weights and of the moments).
     auto logical = nn::make_model(ck.meta.model_config);
-    const size_t n = pm->num_params();
     if (ck.meta.has_optimizer) {
       std::vector<float> m, v;
       load_optimizer_moments(*logical, ck.optimizer, m, v, ck.dir);
-      std::copy(m.begin(), m.end(), logical->param_data());
+      params_from_host(*logical, m);
       pm->load_from_full(*logical);
-      std::vector<float> ml(pm->param_data(), pm->param_data() + n);
-      std::copy(v.begin(), v.end(), logical->param_data());
+      const std::vector<float> ml = params_to_host(*pm);
+      params_from_host(*logical, v);
       pm->load_from_full(*logical);
-      std::vector<float> vl(pm->param_data(), pm->param_data() + n);
+      const std::vector<float> vl = params_to_host(*pm);
       opt.load_state(ml, vl, ck.meta.optimizer_step);
     }
     load_weights(*logical, ck.weights, ck.dir);
@@ -542,9 +556,10 @@ void ModelParallelRun::install_model_hooks(TrainerHooks& hooks) {
     if (!gather_root) return view;  // only replica 0 gathers (its ranks hold what the others hold)
     ensure_full();
     auto& opt = trainer->optimizer();
+    opt.sync_state_to_host();
     gather_flat(opt.exp_avg(), &full_m);
     gather_flat(opt.exp_avg_sq(), &full_v);
-    if (full) std::fill(full->param_data(), full->param_data() + full->num_params(), 0.0f);
+    if (full) zero_params(*full);
     pm->gather_to_full(full.get(), *mp_group, 0);
     if (is_root) {
       view.model = full.get();
@@ -603,6 +618,7 @@ void ModelParallelRun::build_around_model(nn::Model& model) {
     dp = std::make_unique<parallel::DataParallel>(model, mesh->dp_group(), dpo);
     dp->broadcast_parameters();
     auto& opt = trainer->optimizer();
+    opt.sync_state_to_host();  // device moments into exp_avg()/exp_avg_sq() (a no-op on the CPU)
     dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
   }
   timeline().enable(true);
@@ -645,9 +661,8 @@ void ModelParallelRun::install_step_hooks(TrainerHooks& hooks) {
     const double norm = std::sqrt(ss);
     const double coef = max_norm > 0 ? static_cast<double>(max_norm) / (norm + 1e-6) : 1.0;
     if (coef < 1.0) {
-      float* g = pm->grad_data();
-      const float c = static_cast<float>(coef);
-      for (size_t i = 0, n = pm->num_params(); i < n; ++i) g[i] *= c;
+      // On the model's device (its gradients may be device memory).
+      kernels::device_ops(pm->device()).scale_inplace(pm->grad_data(), static_cast<float>(coef), pm->num_params());
     }
     return norm;
   };
@@ -807,20 +822,10 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   return train_distributed(cfg, opts, std::move(hooks), init_process_group());
 }
 
-// Training on a GPU is single-process for now: the data-parallel wrappers reduce host memory.
-void check_device_world(const TrainConfig& cfg, int world_size) {
-  if (cfg.device == "cpu" || world_size <= 1) return;
-  TRIDENT_THROW(Unsupported,
-                "device={} with {} processes: multi-process training (DDP, ZeRO, tensor and pipeline parallelism) "
-                "runs on the CPU only for now; train on one GPU with one process (no --nproc), or use --device cpu",
-                cfg.device, world_size);
-}
-
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
                               std::shared_ptr<ProcessGroup> world) {
   std::FILE* out = hooks.out != nullptr ? hooks.out : stdout;
   Loop loop;
-  check_device_world(cfg, world ? world->size() : 1);
   if (world && cfg.tp * cfg.pp > 1) return train_model_parallel(cfg, opts, std::move(hooks), world);
   if (world && world->size() > 1 && cfg.dp > 0 && cfg.dp != world->size()) cfg.resolved_dp(world->size());
   if (!world || (world->size() <= 1 && cfg.param_dtype == "float32")) {
@@ -871,6 +876,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     dp = std::make_unique<parallel::DataParallel>(model, pg, dpo);
     dp->broadcast_parameters();
     auto& opt = trainer->optimizer();
+    opt.sync_state_to_host();  // device moments into exp_avg()/exp_avg_sq() (a no-op on the CPU)
     dp->load_optimizer_state(opt.exp_avg(), opt.exp_avg_sq(), opt.step_count());
     // DataParallel owns the (possibly sharded) moments from here on: the trainer's full copy is freed and
     // refilled only around checkpoint writes (before_save), then freed again after the next step.
@@ -954,7 +960,6 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
 
 void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size) {
   cfg.validate();
-  check_device_world(cfg, world_size);
   const int dp_size = cfg.resolved_dp(world_size);
   parallel::validate_mesh({cfg.tp, cfg.pp, dp_size, cfg.mesh_order}, world_size);
   if (cfg.tp * cfg.pp == 1) return;

@@ -123,16 +123,24 @@ TEST(NcclProcessGroup, OtherDtypesAndAsyncWorks) {
   EXPECT_EQ(dd.to_host(), xd);
 }
 
-TEST(NcclProcessGroup, HostBuffersAreRejectedByName) {
+// Host buffers reach NCCL through device copies (ProcessGroup's staging, comm/device_memory.h): the
+// training loop's host scalars (loss averages, norms, health) run on the same group as the gradients.
+TEST(NcclProcessGroup, HostBuffersAreStagedThroughTheDevice) {
   TRIDENT_REQUIRE_GPU();
   auto pg = world1();
-  std::vector<float> host(8, 1.0f);
-  try {
-    pg->all_reduce(host.data(), host.size(), DType::kFloat32, ReduceOp::kSum);
-    FAIL() << "a host buffer was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("host memory"), std::string::npos) << e.what();
-  }
+  std::vector<float> host = iota_floats(13, 1.0f);
+  const std::vector<float> want = host;  // one rank: the sum is the input
+  pg->all_reduce(host.data(), host.size(), DType::kFloat32, ReduceOp::kSum);
+  expect_same(host, want, "blocking all_reduce on a host buffer");
+  pg->all_reduce_async(host.data(), host.size(), DType::kFloat32, ReduceOp::kMax)->wait();
+  expect_same(host, want, "async all_reduce on a host buffer");
+  double scalar = 2.5;
+  pg->all_reduce(&scalar, 1, DType::kFloat64, ReduceOp::kAvg);
+  EXPECT_EQ(scalar, 2.5);
+  // Mixed: a host send buffer gathered into device memory.
+  DeviceBuffer<float> dev(13);
+  pg->all_gather(host.data(), dev.data(), host.size(), DType::kFloat32);
+  expect_same(dev.to_host(), want, "all_gather host -> device");
 }
 
 TEST(NcclProcessGroup, SubgroupsFromCommSplit) {

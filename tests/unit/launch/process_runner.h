@@ -39,6 +39,13 @@ inline std::vector<std::string> make_env(const std::vector<std::string>& drop, c
   return out;
 }
 
+// How many times `needle` occurs in `text` (e.g. the step records a training job has printed so far).
+inline size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
 inline std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);

@@ -55,13 +55,7 @@ TEST_P(RankDeath, KilledRankEndsTheJobNamedAndLeavesNothingBehind) {
   for (std::string f; flags >> f;) argv.push_back(f);
   ProcessRunner job(argv, trident::testing::make_env({}, {}));
   // Training is under way on every rank once rank 0 has logged a few steps.
-  auto steps = [&] {
-    size_t n = 0;
-    for (size_t at = job.out().find("\"type\":\"step\""); at != std::string::npos;
-         at = job.out().find("\"type\":\"step\"", at + 1))
-      ++n;
-    return n;
-  };
+  auto steps = [&] { return trident::testing::count_of(job.out(), "\"type\":\"step\""); };
   ASSERT_TRUE(job.read_until([&] { return steps() >= 3; }, 120)) << job.out() << job.err();
   const auto ranks = trident::testing::ranks_of(job.pid());
   ASSERT_EQ(static_cast<int>(ranks.size()), l.nproc) << "the launcher's children: " << ranks.size();

@@ -148,6 +148,8 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend_name() const override { return "nccl"; }
+  bool reads_host_memory() const override { return false; }
+  bool reads_device_memory() const override { return true; }
   int global_rank(int r) const override { return globals_.empty() ? r : globals_.at(r); }
 
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name) override {

@@ -1,0 +1,276 @@
+// Device buffers on a backend whose transports read host memory (comm/device_memory.h): ProcessGroup
+// stages them through host memory around every collective, sync and async. The device here is a stand-in
+// whose memory holds every byte inverted: a backend that read or wrote it directly would compute garbage,
+// so a correct result proves that the call ran on the host copies, and that results went back before the
+// call (or its Work) completed. Ranks run as threads over the native backend at world sizes 1, 2, 3 and 5,
+// with counts 0, 1, 7 and 13; expected values come from the rank formula, not from another collective.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "harness/multiproc.h"
+#include "trident/comm/device_memory.h"
+#include "trident/comm/process_group.h"
+#include "trident/comm/store/store.h"
+
+namespace trident {
+namespace {
+
+constexpr size_t kArenaBytes = 8 << 20;
+constexpr std::byte kMask{0xA5};
+
+// The stand-in device: one arena, handed out by a bump allocator; contents stored XOR kMask.
+struct FakeDevice {
+  static std::byte* arena() {
+    static std::vector<std::byte> a(kArenaBytes);
+    return a.data();
+  }
+  static inline std::atomic<size_t> used{0};
+  static inline std::atomic<int> to_host_calls{0}, to_device_calls{0};
+
+  static void* alloc(size_t bytes) {
+    const size_t off = used.fetch_add((bytes + 63) / 64 * 64 + 64);
+    if (off + bytes > kArenaBytes) throw std::runtime_error("fake device arena exhausted");
+    return arena() + off;
+  }
+  static bool contains(const void* p) {
+    auto* b = static_cast<const std::byte*>(p);
+    return b >= arena() && b < arena() + kArenaBytes;
+  }
+  static void code(void* dst, const void* src, size_t bytes) {
+    auto* d = static_cast<std::byte*>(dst);
+    auto* s = static_cast<const std::byte*>(src);
+    for (size_t i = 0; i < bytes; ++i) d[i] = s[i] ^ kMask;
+  }
+  static void to_host(void* dst, const void* src, size_t bytes) {
+    if (!contains(src) || contains(dst)) throw std::runtime_error("to_host: not device -> host");
+    ++to_host_calls;
+    code(dst, src, bytes);
+  }
+  static void to_device(void* dst, const void* src, size_t bytes) {
+    if (!contains(dst) || contains(src)) throw std::runtime_error("to_device: not host -> device");
+    ++to_device_calls;
+    code(dst, src, bytes);
+  }
+};
+
+const DeviceMemory kFake{"fake", FakeDevice::contains, FakeDevice::to_host, FakeDevice::to_device};
+
+// Installs the stand-in for one test and restores what was registered before (the CUDA memory, in a build
+// whose test binary links it).
+class DeviceStaging : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prev_ = register_device_memory(&kFake);
+    FakeDevice::used = 0;
+    FakeDevice::to_host_calls = 0;
+    FakeDevice::to_device_calls = 0;
+  }
+  void TearDown() override { register_device_memory(prev_); }
+  const DeviceMemory* prev_ = nullptr;
+};
+
+// A device array of n int32 on the stand-in.
+struct DevInts {
+  explicit DevInts(size_t n) : n(n), p(static_cast<int32_t*>(FakeDevice::alloc(std::max<size_t>(n, 1) * 4))) {}
+  void set(const std::vector<int32_t>& v) { FakeDevice::code(p, v.data(), v.size() * 4); }
+  std::vector<int32_t> get() const {
+    std::vector<int32_t> v(n);
+    FakeDevice::code(v.data(), p, n * 4);
+    return v;
+  }
+  size_t n;
+  int32_t* p;
+};
+
+int32_t value(int rank, size_t i) { return rank * 1000 + static_cast<int32_t>(i) + 1; }
+std::vector<int32_t> values(int rank, size_t n, size_t base = 0) {
+  std::vector<int32_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = value(rank, base + i);
+  return v;
+}
+
+#define CHECK_VEC(got, want, what) \
+  TRIDENT_RANK_CHECK((got) == (want), "{}: rank {} count {} {}", what, rank, n, async ? "async" : "sync")
+
+// Every collective once, each buffer on the device (and one call mixing host and device buffers).
+void sweep(ProcessGroup& pg, size_t n, bool async) {
+  const int rank = pg.rank(), W = pg.size();
+  const size_t Wn = n * static_cast<size_t>(W);
+  auto run = [&](auto&& sync_call, auto&& async_call) {
+    if (async) async_call()->wait();
+    else sync_call();
+  };
+  const DType i32 = DType::kInt32;
+  std::vector<int32_t> sum(n, 0);
+  for (int r = 0; r < W; ++r)
+    for (size_t i = 0; i < n; ++i) sum[i] += value(r, i);
+
+  {  // all_reduce in place
+    DevInts b(n);
+    b.set(values(rank, n));
+    run([&] { pg.all_reduce(b.p, n, i32, ReduceOp::kSum); },
+        [&] { return pg.all_reduce_async(b.p, n, i32, ReduceOp::kSum); });
+    CHECK_VEC(b.get(), sum, "all_reduce in place");
+  }
+  {  // all_reduce from host memory into device memory
+    std::vector<int32_t> send = values(rank, n);
+    DevInts recv(n);
+    run([&] { pg.all_reduce(send.data(), recv.p, n, i32, ReduceOp::kSum); },
+        [&] { return pg.all_reduce_async(send.data(), recv.p, n, i32, ReduceOp::kSum); });
+    CHECK_VEC(recv.get(), sum, "all_reduce host -> device");
+    CHECK_VEC(send, values(rank, n), "all_reduce's host send buffer");
+  }
+  {  // broadcast from the last rank
+    DevInts b(n);
+    b.set(values(rank, n));
+    run([&] { pg.broadcast(b.p, n, i32, W - 1); }, [&] { return pg.broadcast_async(b.p, n, i32, W - 1); });
+    CHECK_VEC(b.get(), values(W - 1, n), "broadcast");
+  }
+  {  // reduce to rank 0
+    DevInts send(n), recv(n);
+    send.set(values(rank, n));
+    run([&] { pg.reduce(send.p, recv.p, n, i32, ReduceOp::kSum, 0); },
+        [&] { return pg.reduce_async(send.p, recv.p, n, i32, ReduceOp::kSum, 0); });
+    if (rank == 0) CHECK_VEC(recv.get(), sum, "reduce");
+  }
+  std::vector<int32_t> every;  // every rank's values(r, n), rank order
+  for (int r = 0; r < W; ++r) {
+    auto v = values(r, n);
+    every.insert(every.end(), v.begin(), v.end());
+  }
+  {  // all_gather
+    DevInts send(n), recv(Wn);
+    send.set(values(rank, n));
+    run([&] { pg.all_gather(send.p, recv.p, n, i32); }, [&] { return pg.all_gather_async(send.p, recv.p, n, i32); });
+    CHECK_VEC(recv.get(), every, "all_gather");
+  }
+  {  // gather to rank 0 (the others pass no receive buffer), then scatter it back
+    DevInts send(n), all(Wn), back(n);
+    send.set(values(rank, n));
+    int32_t* recv = rank == 0 ? all.p : nullptr;
+    run([&] { pg.gather(send.p, recv, n, i32, 0); }, [&] { return pg.gather_async(send.p, recv, n, i32, 0); });
+    if (rank == 0) CHECK_VEC(all.get(), every, "gather");
+    const int32_t* from = rank == 0 ? all.p : nullptr;
+    run([&] { pg.scatter(from, back.p, n, i32, 0); }, [&] { return pg.scatter_async(from, back.p, n, i32, 0); });
+    CHECK_VEC(back.get(), values(rank, n), "scatter");
+  }
+  {  // reduce_scatter: block r of every rank's W x n values, summed, lands on rank r
+    DevInts send(Wn), recv(n);
+    send.set(values(rank, Wn));
+    run([&] { pg.reduce_scatter(send.p, recv.p, n, i32, ReduceOp::kSum); },
+        [&] { return pg.reduce_scatter_async(send.p, recv.p, n, i32, ReduceOp::kSum); });
+    std::vector<int32_t> want(n, 0);
+    for (int r = 0; r < W; ++r)
+      for (size_t i = 0; i < n; ++i) want[i] += value(r, static_cast<size_t>(rank) * n + i);
+    CHECK_VEC(recv.get(), want, "reduce_scatter");
+  }
+  {  // all_to_all: block s of rank r goes to rank s
+    DevInts send(Wn), recv(Wn);
+    send.set(values(rank, Wn));
+    run([&] { pg.all_to_all(send.p, recv.p, n, i32); }, [&] { return pg.all_to_all_async(send.p, recv.p, n, i32); });
+    std::vector<int32_t> want;
+    for (int r = 0; r < W; ++r) {
+      auto v = values(r, n, static_cast<size_t>(rank) * n);
+      want.insert(want.end(), v.begin(), v.end());
+    }
+    CHECK_VEC(recv.get(), want, "all_to_all");
+  }
+  {  // all_gatherv: rank r contributes r + n values
+    std::vector<size_t> counts(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) counts[static_cast<size_t>(r)] = static_cast<size_t>(r) + n;
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    DevInts send(counts[static_cast<size_t>(rank)]), recv(total);
+    send.set(values(rank, send.n));
+    run([&] { pg.all_gatherv(send.p, recv.p, counts, i32); },
+        [&] { return pg.all_gatherv_async(send.p, recv.p, counts, i32); });
+    std::vector<int32_t> want;
+    for (int r = 0; r < W; ++r) {
+      auto v = values(r, counts[static_cast<size_t>(r)]);
+      want.insert(want.end(), v.begin(), v.end());
+    }
+    TRIDENT_RANK_CHECK(recv.get() == want, "all_gatherv: rank {} count {}", rank, n);
+  }
+  if (W > 1) {  // a ring of sends: rank r sends to r + 1 and receives from r - 1
+    DevInts send(n), recv(n);
+    send.set(values(rank, n));
+    const int to = (rank + 1) % W, from = (rank + W - 1) % W;
+    auto r = pg.recv_async(recv.p, n, i32, from, 3);
+    if (async) pg.send_async(send.p, n, i32, to, 3)->wait();
+    else pg.send(send.p, n, i32, to, 3);
+    r->wait();
+    CHECK_VEC(recv.get(), values(from, n), "send/recv");
+  }
+}
+
+class DeviceStagingWorlds : public DeviceStaging, public ::testing::WithParamInterface<int> {};
+
+TEST_P(DeviceStagingWorlds, EveryCollectiveSyncAndAsync) {
+  const int world = GetParam();
+  auto res = testing::run_threads(world, [](int rank, int size, std::shared_ptr<Store> store) {
+    GroupOptions o;
+    o.timeout = Seconds(120);
+    o.name = "staging";
+    auto pg = new_process_group(store, rank, size, o);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{13}})
+      for (bool async : {false, true}) sweep(*pg, n, async);
+  });
+  EXPECT_EQ(testing::failures(res), "");
+  // Count 0 copies nothing; every other call copied in and out.
+  EXPECT_GT(FakeDevice::to_host_calls.load(), 0);
+  EXPECT_GT(FakeDevice::to_device_calls.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeviceStagingWorlds, ::testing::Values(1, 2, 3, 5));
+
+TEST_F(DeviceStaging, HostBuffersAreNeverCopied) {
+  auto res = testing::run_threads(3, [](int rank, int size, std::shared_ptr<Store> store) {
+    auto pg = new_process_group(store, rank, size, {});
+    std::vector<float> v(7, 1.0f + rank);
+    pg->all_reduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+    pg->all_reduce_async(v.data(), v.size(), DType::kFloat32, ReduceOp::kMax)->wait();
+    TRIDENT_RANK_CHECK(v[6] == 6.0f, "all_reduce gave {}", v[6]);
+  });
+  EXPECT_EQ(testing::failures(res), "");
+  EXPECT_EQ(FakeDevice::to_host_calls.load(), 0);
+  EXPECT_EQ(FakeDevice::to_device_calls.load(), 0);
+}
+
+// A copy that fails (a device error) fails the call's Work with that error, on every rank where it happens.
+const DeviceMemory kBrokenBack{"broken", FakeDevice::contains, FakeDevice::to_host,
+                               [](void*, const void*, size_t) { throw std::runtime_error("device copy failed"); }};
+
+TEST_F(DeviceStaging, AFailedCopyBackFailsTheWork) {
+  register_device_memory(&kBrokenBack);
+  auto res = testing::run_threads(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    auto pg = new_process_group(store, rank, size, {});
+    DevInts b(5);
+    b.set(values(rank, 5));
+    auto w = pg->all_reduce_async(b.p, 5, DType::kInt32, ReduceOp::kSum);
+    bool threw = false;
+    try {
+      w->wait();
+    } catch (const std::runtime_error& e) {
+      threw = std::string(e.what()) == "device copy failed";
+    }
+    TRIDENT_RANK_CHECK(threw, "the async call's Work did not carry the copy's error");
+    TRIDENT_RANK_CHECK(w->completed() && w->error() != nullptr, "the Work is not finished with the error");
+    threw = false;
+    try {
+      pg->all_reduce(b.p, 5, DType::kInt32, ReduceOp::kSum);
+    } catch (const std::runtime_error&) {
+      threw = true;
+    }
+    TRIDENT_RANK_CHECK(threw, "the blocking call did not throw the copy's error");
+  });
+  EXPECT_EQ(testing::failures(res), "");
+}
+
+}  // namespace
+}  // namespace trident
