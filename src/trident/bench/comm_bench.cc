@@ -671,9 +671,9 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
         Case host_case{&bench_coll(sec.op), inplace, c, n, me, op_rooted(sec.op) ? o.root : 0, o.dtype, o.redop, es,
                        sendbuf.data(), recvbuf.data()};
         // With --device the calls run on the device mirrors (same offsets); prepare and verify stay on the host
-        // buffers and copy the span every call touches (count x world elements of each buffer).
+        // buffers and copy the span every call touches (the row's size in bytes, of each buffer).
         Case call_case = host_case;
-        const size_t span = sec.op == OpKind::kBarrier ? 0 : c * static_cast<size_t>(n) * es;
+        const size_t span = c * size_multiplier(sec.op, n) * es;  // what the host buffers hold of this row
         if (dm) call_case.sendbuf = dsend.data(), call_case.recvbuf = drecv.data();
         struct {
           const Case& h;

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <utility>
 
 #include "trident/comm/device_memory.h"
 #include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
+#include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 
@@ -132,6 +134,136 @@ std::unique_ptr<ProcessGroup::HostStaging> ProcessGroup::stage(CollArgs& a) cons
   return st;
 }
 
+// ---- the device path: ranks of one host read each other's device buffers (comm/device_memory.h, CUDA IPC)
+// A rank's part of the handshake of one device-path call: whether it can take part, and its buffers' handles.
+struct DeviceRecord {
+  int32_t ok = 0;
+  int32_t pad = 0;
+  DeviceHandle send, recv;
+};
+
+bool ProcessGroup::run_on_device(const CollArgs& a) {
+  if (size_ == 1 || reads_device_memory()) return false;
+  if (a.op != OpKind::kAllReduce && a.op != OpKind::kReduceScatter && a.op != OpKind::kAllGather &&
+      a.op != OpKind::kAllGatherV && a.op != OpKind::kBroadcast)
+    return false;
+  const DeviceMemory* dm = device_memory();
+  if (dm == nullptr || dm->export_handle == nullptr || dm->open_handle == nullptr || dm->reduce == nullptr ||
+      dm->copy == nullptr || dm->synchronize == nullptr)
+    return false;
+  // Small calls stage (DeviceMemory::direct_min_bytes, or TRIDENT_CUDA_IPC_MIN_BYTES). The size is the
+  // call's largest buffer, the same on every rank.
+  size_t elems = a.count;
+  if (a.op == OpKind::kAllGatherV) {
+    elems = 0;
+    for (size_t k : *a.counts) elems += k;
+  } else if (a.op == OpKind::kAllGather || a.op == OpKind::kReduceScatter) {
+    elems *= static_cast<size_t>(size_);
+  }
+  static const int64_t min_override =
+      env::param_string("TRIDENT_CUDA_IPC_MIN_BYTES").empty() ? -1 : env::param_size("TRIDENT_CUDA_IPC_MIN_BYTES");
+  const size_t min_bytes = min_override >= 0 ? static_cast<size_t>(min_override) : dm->direct_min_bytes;
+  if (elems == 0 || elems * dtype_size(a.dtype) < min_bytes) return false;
+  // Every buffer this rank passes is device memory (ranks pass the same kinds: a rank with a host buffer here
+  // while its peers pass device buffers is named by the group's mismatch check on the handshake).
+  // (all_gatherv: a rank that contributes nothing may pass no send buffer; its receive buffer stands in.)
+  const void* send_buf = a.send != nullptr ? a.send : a.recv;
+  if (!dm->contains(a.recv) || (send_buf != a.recv && !dm->contains(send_buf))) return false;
+  static const bool enabled = env::param_bool("TRIDENT_CUDA_IPC");
+  if (!enabled) return false;
+  const TransportInfo t = transport_info();
+  if (t.tcp_peers != 0 || t.shm_peers != size_ - 1) return false;  // not every peer on this host
+
+  // Handshake (host memory, blocking): after this rank's device work is done, so that when it returns every
+  // rank's inputs are ready. A rank that cannot share its memory, or reduce this dtype, makes all stage.
+  dm->synchronize();
+  DeviceRecord mine;
+  const bool reduces = a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
+  mine.ok = dm->export_handle(send_buf, &mine.send) && dm->export_handle(a.recv, &mine.recv) &&
+            (!reduces || dm->reduce(nullptr, nullptr, size_, 0, a.dtype, a.redop));
+  std::vector<DeviceRecord> all(static_cast<size_t>(size_));
+  all_gather(&mine, all.data(), sizeof(DeviceRecord), DType::kUInt8);
+  for (const auto& r : all)
+    if (!r.ok) return false;
+
+  // Every rank's buffers, mapped here (this rank's own as they are), released on every way out.
+  struct Mapped {
+    const DeviceMemory* dm;
+    std::vector<void*> bases;
+    ~Mapped() {
+      for (void* b : bases) dm->close_handle(b);
+    }
+  } mapped{dm, {}};
+  std::vector<const char*> send(static_cast<size_t>(size_));
+  std::vector<char*> recv(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) {
+      send[q] = static_cast<const char*>(send_buf);
+      recv[q] = static_cast<char*>(a.recv);
+      continue;
+    }
+    const DeviceRecord& r = all[static_cast<size_t>(q)];
+    char* sb = static_cast<char*>(dm->open_handle(r.send));
+    mapped.bases.push_back(sb);
+    send[q] = sb + r.send.offset;
+    if (std::memcmp(r.send.bytes, r.recv.bytes, sizeof r.send.bytes) == 0) {  // one allocation holds both
+      recv[q] = sb + r.recv.offset;
+    } else {
+      char* rb = static_cast<char*>(dm->open_handle(r.recv));
+      mapped.bases.push_back(rb);
+      recv[q] = rb + r.recv.offset;
+    }
+  }
+  const size_t es = dtype_size(a.dtype), c = a.count, W = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  std::vector<const void*> srcs(W);
+  // Each phase ends with this rank's device work done and every rank past the same point: the next phase
+  // (or the caller, which may overwrite its buffers) starts only once peers stopped reading them.
+  auto phase_done = [&] {
+    dm->synchronize();
+    barrier();
+  };
+  switch (a.op) {
+    case OpKind::kAllReduce: {
+      // Reduce-scatter by reads: this rank reduces slice `me` of every rank's input into its own output;
+      // then gathers the other slices from their owners' outputs.
+      auto lo = [&](size_t q) { return c * q / W; };
+      for (size_t q = 0; q < W; ++q) srcs[q] = send[q] + lo(me) * es;
+      dm->reduce(recv[me] + lo(me) * es, srcs.data(), size_, lo(me + 1) - lo(me), a.dtype, a.redop);
+      phase_done();
+      for (size_t q = 0; q < W; ++q)
+        if (q != me) dm->copy(recv[me] + lo(q) * es, recv[q] + lo(q) * es, (lo(q + 1) - lo(q)) * es);
+      phase_done();
+      break;
+    }
+    case OpKind::kReduceScatter:
+      for (size_t q = 0; q < W; ++q) srcs[q] = send[q] + me * c * es;
+      dm->reduce(recv[me], srcs.data(), size_, c, a.dtype, a.redop);
+      phase_done();
+      break;
+    case OpKind::kAllGather:
+      for (size_t q = 0; q < W; ++q) dm->copy(recv[me] + q * c * es, send[q], c * es);
+      phase_done();
+      break;
+    case OpKind::kBroadcast:
+      if (rank_ != a.root) dm->copy(recv[me], recv[static_cast<size_t>(a.root)], c * es);
+      phase_done();
+      break;
+    case OpKind::kAllGatherV: {
+      size_t at = 0;
+      for (size_t q = 0; q < W; ++q) {
+        const size_t k = (*a.counts)[q];
+        dm->copy(recv[me] + at * es, send[q], k * es);
+        at += k;
+      }
+      phase_done();
+      break;
+    }
+    default: break;
+  }
+  return true;
+}
+// ---- end device path
+
 // The caller's Work of a staged async call: it completes once the results are back in the caller's memory
 // (or with the call's error, or the copy's).
 std::shared_ptr<Work> ProcessGroup::after_staging(std::shared_ptr<Work> inner, std::unique_ptr<HostStaging> staged) {
@@ -174,6 +306,7 @@ void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
 }
 
 void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
+  if (run_on_device(a)) return;
   const std::unique_ptr<HostStaging> staged = stage(a);
   if (!flight_) {
     run_blocking(a, o);
@@ -260,6 +393,11 @@ void ProcessGroup::validate(const CollArgs& a) const {
 
 std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opts, bool blocking) {
   validate(args);
+  if (run_on_device(args)) {  // ran here, on this thread: the Work is done
+    auto done = std::make_shared<Work>(describe(args));
+    done->finish();
+    return done;
+  }
   std::unique_ptr<HostStaging> staged = stage(args);
   std::shared_ptr<Work> work;
   if (!flight_) {

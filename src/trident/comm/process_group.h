@@ -186,6 +186,10 @@ class ProcessGroup {
 
  private:
   struct HostStaging;
+  // The device path: a collective on device buffers whose ranks share a host runs in device kernels that
+  // read the peers' buffers (comm/device_memory.h), on this thread. False: the call was not run (some rank
+  // cannot take part, or the op has no device path) and goes to the backend, staged.
+  bool run_on_device(const CollArgs& a);
   // Rewrites the buffers of `a` that the backend cannot read to copies it can (filled with the caller's
   // data); null when the call needs none (see reads_host_memory / reads_device_memory).
   std::unique_ptr<HostStaging> stage(CollArgs& a) const;

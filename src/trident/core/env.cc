@@ -50,6 +50,12 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_ISA", "auto",
        "CPU kernels' instruction set: auto (the highest this CPU supports) | amx | avx512bf16 | avx512 | avx2 | "
        "portable; a level above the CPU's is an error (`trident env` prints the chosen kernels)"},
+      {"TRIDENT_CUDA_IPC", "1",
+       "1 = all_reduce, reduce_scatter, all_gather and broadcast on GPU buffers of ranks on one host read each "
+       "other's memory (CUDA IPC); 0 = they move through host memory"},
+      {"TRIDENT_CUDA_IPC_MIN_BYTES", "",
+       "smallest collective (bytes of its largest buffer) on the CUDA IPC path; smaller ones move through host "
+       "memory (\"\" = the device's crossover, 1M for CUDA)"},
       {"TRIDENT_CUDA_POOL_RELEASE", "0",
        "1 = the CUDA kernels' stream-ordered scratch pool returns unused memory to the driver at every "
        "synchronisation (CUDA's default); 0 = it keeps it for the next step"},

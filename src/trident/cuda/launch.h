@@ -16,6 +16,14 @@ inline int column_chunks(int N) { return (N + kColumnChunkRows - 1) / kColumnChu
 // Blocks of the first stage of sum_squares (fixed, so the reduction order depends only on n).
 inline constexpr int kSumSquaresBlocks = 1024;
 
+// dst[i] = srcs[0][i] op srcs[1][i] op ... (nsrc <= kMaxReduceSources sources, n elements of `dtype`, one
+// of the kReduce* codes); op 0 sum, 1 max, 2 min, 3 prod; divide: the result is divided by nsrc (avg).
+// False (nothing launched) for a dtype, op or source count it has no kernel for.
+inline constexpr int kMaxReduceSources = 16;
+inline constexpr int kReduceFloat32 = 0, kReduceFloat64 = 1, kReduceInt32 = 4, kReduceInt64 = 5;
+bool reduce_sources(void* dst, const void* const* srcs, int nsrc, size_t n, int dtype, int op, int divide,
+                    cudaStream_t s);
+
 void fill_bias_rows(float* out, const float* bias, int N, int OC, cudaStream_t s);
 // partial[k][c] = sum of x[r][c] over rows r of chunk k (x has N rows of C).
 void column_sums_partial(float* partial, const float* x, int N, int C, cudaStream_t s);

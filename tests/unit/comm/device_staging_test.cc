@@ -1,15 +1,18 @@
 // Device buffers on a backend whose transports read host memory (comm/device_memory.h): ProcessGroup
-// stages them through host memory around every collective, sync and async. The device here is a stand-in
-// whose memory holds every byte inverted: a backend that read or wrote it directly would compute garbage,
-// so a correct result proves that the call ran on the host copies, and that results went back before the
-// call (or its Work) completed. Ranks run as threads over the native backend at world sizes 1, 2, 3 and 5,
-// with counts 0, 1, 7 and 13; expected values come from the rank formula, not from another collective.
+// stages them through host memory around every collective, sync and async, or, where the device lets ranks
+// of one host map each other's memory, runs all_reduce, reduce_scatter, all_gather and broadcast on the
+// device itself (the device path). The device here is a stand-in whose memory holds every byte XOR 0xA5: a
+// backend that read or wrote it directly would compute garbage, so a correct result proves that the call
+// ran on the host copies (or in the stand-in's own reduce and copy), and that results were in place before
+// the call (or its Work) completed. Ranks run as threads over the native backend at world sizes 1, 2, 3 and
+// 5, with counts 0, 1, 7 and 13; expected values come from the rank formula, not from another collective.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -61,6 +64,48 @@ struct FakeDevice {
 };
 
 const DeviceMemory kFake{"fake", FakeDevice::contains, FakeDevice::to_host, FakeDevice::to_device};
+
+// The stand-in with a device path: threads share an address space, so a handle is the pointer itself; the
+// reduce decodes int32 sources and encodes the sum or maximum, the copy moves encoded bytes as they are.
+// A rank whose `refuse_export` is set cannot share its memory: every rank must then stage.
+thread_local bool refuse_export = false;
+std::atomic<int> reduce_calls{0}, copy_calls{0};
+DeviceMemory make_fake_ipc() {
+  DeviceMemory m = kFake;
+  m.name = "fake-ipc";
+  m.export_handle = [](const void* p, DeviceHandle* h) {
+    if (refuse_export) return false;
+    std::memcpy(h->bytes, &p, sizeof p);
+    h->offset = 0;
+    return true;
+  };
+  m.open_handle = [](const DeviceHandle& h) {
+    void* p = nullptr;
+    std::memcpy(&p, h.bytes, sizeof p);
+    return p;
+  };
+  m.close_handle = [](void*) {};
+  m.synchronize = [] {};
+  m.reduce = [](void* dst, const void* const* srcs, int nsrc, size_t count, DType dtype, ReduceOp op) {
+    if (dtype != DType::kInt32 || (op != ReduceOp::kSum && op != ReduceOp::kMax)) return false;
+    if (count == 0) return true;
+    ++reduce_calls;
+    std::vector<int32_t> acc(count), x(count);
+    FakeDevice::code(acc.data(), srcs[0], count * 4);
+    for (int k = 1; k < nsrc; ++k) {
+      FakeDevice::code(x.data(), srcs[k], count * 4);
+      for (size_t i = 0; i < count; ++i) acc[i] = op == ReduceOp::kSum ? acc[i] + x[i] : std::max(acc[i], x[i]);
+    }
+    FakeDevice::code(dst, acc.data(), count * 4);
+    return true;
+  };
+  m.copy = [](void* dst, const void* src, size_t bytes) {
+    ++copy_calls;
+    if (dst != src) std::memmove(dst, src, bytes);
+  };
+  return m;
+}
+const DeviceMemory kFakeIpc = make_fake_ipc();
 
 // Installs the stand-in for one test and restores what was registered before (the CUDA memory, in a build
 // whose test binary links it).
@@ -188,8 +233,9 @@ void sweep(ProcessGroup& pg, size_t n, bool async) {
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     DevInts send(counts[static_cast<size_t>(rank)]), recv(total);
     send.set(values(rank, send.n));
-    run([&] { pg.all_gatherv(send.p, recv.p, counts, i32); },
-        [&] { return pg.all_gatherv_async(send.p, recv.p, counts, i32); });
+    const int32_t* from = send.n == 0 ? nullptr : send.p;  // a rank contributing nothing may pass no buffer
+    run([&] { pg.all_gatherv(from, recv.p, counts, i32); },
+        [&] { return pg.all_gatherv_async(from, recv.p, counts, i32); });
     std::vector<int32_t> want;
     for (int r = 0; r < W; ++r) {
       auto v = values(r, counts[static_cast<size_t>(r)]);
@@ -228,6 +274,39 @@ TEST_P(DeviceStagingWorlds, EveryCollectiveSyncAndAsync) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DeviceStagingWorlds, ::testing::Values(1, 2, 3, 5));
+
+// The device path: all_reduce, reduce_scatter, all_gather and broadcast run in the device's own reduce and
+// copy (no host copies of theirs); the other collectives still stage. With one rank unable to share its
+// memory, every rank stages (the handshake decides for all), and the results are the same.
+class DevicePathWorlds : public DeviceStaging, public ::testing::WithParamInterface<int> {};
+
+TEST_P(DevicePathWorlds, EveryCollectiveWithAndWithoutTheDevicePath) {
+  const int world = GetParam();
+  register_device_memory(&kFakeIpc);
+  for (int refusing : {-1, world - 1}) {
+    reduce_calls = 0;
+    copy_calls = 0;
+    auto res = testing::run_threads(world, [refusing](int rank, int size, std::shared_ptr<Store> store) {
+      refuse_export = rank == refusing;
+      GroupOptions o;
+      o.timeout = Seconds(120);
+      o.name = "device_path";
+      auto pg = new_process_group(store, rank, size, o);
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{13}})
+        for (bool async : {false, true}) sweep(*pg, n, async);
+    });
+    EXPECT_EQ(testing::failures(res), "") << "refusing rank " << refusing;
+    if (world > 1 && refusing < 0) {
+      EXPECT_GT(reduce_calls.load(), 0) << "the device path never reduced";
+      EXPECT_GT(copy_calls.load(), 0) << "the device path never copied";
+    } else {
+      EXPECT_EQ(reduce_calls.load(), 0) << "world " << world << ", refusing rank " << refusing;
+      EXPECT_EQ(copy_calls.load(), 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DevicePathWorlds, ::testing::Values(1, 2, 3, 5));
 
 TEST_F(DeviceStaging, HostBuffersAreNeverCopied) {
   auto res = testing::run_threads(3, [](int rank, int size, std::shared_ptr<Store> store) {

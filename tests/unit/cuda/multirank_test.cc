@@ -1,6 +1,7 @@
-// Several ranks of `trident train --device cuda` on one GPU: the native backend stages device buffers
-// through host memory (comm/device_memory.h), so every data-parallel strategy, tensor and pipeline
-// parallelism run on a machine with a single GPU (NCCL refuses two ranks on one device). Each layout
+// Several ranks of `trident train --device cuda` on one GPU: the native backend reads peers' device buffers
+// through CUDA IPC (or stages them through host memory: TRIDENT_CUDA_IPC=0; comm/device_memory.h), so every
+// data-parallel strategy, tensor and pipeline parallelism run on a machine with a single GPU (NCCL refuses
+// two ranks on one device). Each layout
 // reproduces the loss sequence of ONE CUDA process training on the same global batch within 1e-4 relative,
 // the one-process CUDA run reproduces the CPU run within 1e-4 (float32), the checkpoint of a TP 2 x PP 2 run
 // on the GPU evaluates on the CPU in one process to the loss of the one-process GPU run's checkpoint, and a
@@ -75,11 +76,16 @@ class CudaMultiRank : public ::testing::Test {
   }
 
   // The per-step losses of one run (metrics.jsonl); fails the test with the run's stderr when it failed.
-  static std::vector<double> run(const std::string& name, int batch, const std::string& flags) {
+  static std::vector<double> run(const std::string& name, int batch, const std::string& flags,
+                                 const std::vector<std::string>& env = {}) {
     const fs::path out = dir_->path / name;
     std::vector<std::string> argv = base_args(out, batch);
     for (auto& f : split(flags)) argv.push_back(f);
-    ProcessRunner job(argv, trident::testing::make_env({}, {}));
+    // Every collective on device buffers takes the device path (not only those above its size crossover),
+    // unless the run turns the path off.
+    std::vector<std::string> vars = {"TRIDENT_CUDA_IPC_MIN_BYTES=0"};
+    vars.insert(vars.end(), env.begin(), env.end());
+    ProcessRunner job(argv, trident::testing::make_env({"TRIDENT_CUDA_IPC", "TRIDENT_CUDA_IPC_MIN_BYTES"}, vars));
     auto status = job.wait(300);
     EXPECT_TRUE(status.has_value()) << name << ": did not finish within 300 s\n" << job.err();
     if (!status.has_value()) return {};
@@ -118,8 +124,9 @@ class CudaMultiRank : public ::testing::Test {
   }
 
   // `nproc` ranks of `flags` at per-rank batch 4 against one process at the global batch 4 x dp.
-  static void check_layout(const std::string& name, int nproc, int dp, const std::string& flags) {
-    auto got = run(name, 4, fmt::format("--device cuda --nproc {} {}", nproc, flags));
+  static void check_layout(const std::string& name, int nproc, int dp, const std::string& flags,
+                           const std::vector<std::string>& env = {}) {
+    auto got = run(name, 4, fmt::format("--device cuda --nproc {} {}", nproc, flags), env);
     const auto& want = reference(4 * dp);
     expect_same(got, want, name);
     const double v = final_val_[name], w = final_val_[fmt::format("ref{}", 4 * dp)];
@@ -166,6 +173,9 @@ TEST_F(CudaMultiRank, DataParallelEveryStrategy) {
   check_layout("zero2_2", 2, 2, "--parallel zero2");
   check_layout("zero3_2", 2, 2, "--parallel zero3");
   check_layout("zero2_3", 3, 3, "--parallel zero2");
+  // The same through host memory (the device path off): the staged collectives give the same sequence.
+  check_layout("zero3_2_staged", 2, 2, "--parallel zero3", {"TRIDENT_CUDA_IPC=0"});
+  check_layout("tp2_staged", 2, 1, "--tp 2", {"TRIDENT_CUDA_IPC=0"});
 }
 
 TEST_F(CudaMultiRank, TensorAndPipelineParallel) {
