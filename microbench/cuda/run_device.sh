@@ -6,6 +6,8 @@
 #   3. GPT-2 124M (T = 1024, vocabulary padded to 50304, B = 16) in bf16 and float32: tokens/s, MFU and the
 #      planner's predicted step beside the measured one, as `trident train` prints them.
 #   4. bench_cuda: GEMM, kernel, attention, bandwidth and NCCL tables, and the GPT step.
+#   5. Collectives on GPU buffers, 2 ranks on GPU 0: the CUDA IPC device path and staged through host memory
+#      (trident bench comm --device cuda), and GPT-2 124M bf16 with 2 ranks sharing the GPU (DDP, ZeRO-2).
 # Usage (repo root): microbench/cuda/run_device.sh [build-dir]
 #   DATA: folder with tinyshakespeare/input.txt and gpt2-bpe/{encoder.json,vocab.bpe} (default ../shared/data)
 #   SKIP_BUILD=1: use the binaries already in build-dir (trident, bench_cuda, tests/test_unit_cuda).
@@ -62,3 +64,16 @@ rm -rf "$W"
 
 timeout 300 "$B/bench_cuda" ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1; echo "bench_cuda rc=$?"
 cat "$OUT/bench.md"
+
+for ipc in 1 0; do
+  TRIDENT_CUDA_IPC=$ipc timeout 120 "$T" bench comm --nproc 2 --device cuda --op all_reduce,all_gather -b 8 -e 256M \
+    -f 16 --iters 10 --warmup 2 > "$OUT/comm_cuda_ipc$ipc.txt" 2>&1
+  echo "bench comm --device cuda (TRIDENT_CUDA_IPC=$ipc) rc=$?"; grep -vE "^# (Rank|op|time|group|note)" "$OUT/comm_cuda_ipc$ipc.txt"
+done
+W=$(mktemp -d)
+for p in ddp zero2; do
+  timeout 300 "$T" train $G --dtype bfloat16 --batch_size 8 --max_iters 8 --nproc 2 --parallel $p --out_dir "$W/$p" \
+    > "$OUT/gpt2_${p}_2ranks.txt" 2>&1
+  echo "gpt2 bf16, 2 ranks on one GPU, $p rc=$?"; grep -E "^done" "$OUT/gpt2_${p}_2ranks.txt"
+done
+rm -rf "$W"
