@@ -65,6 +65,10 @@ void setup_train(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--parallel", pf->dist.parallel, "data-parallel strategy (default ddp)")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+  sub->add_option("--backend", pf->dist.backend,
+                  "the ranks' process-group backend: native (default; GPU buffers of ranks on one host through CUDA "
+                  "IPC), nccl (--device cuda, one GPU per rank) or mpi (under mpirun)")
+      ->check(CLI::IsMember({"native", "nccl", "mpi"}));
   sub->add_option("--bucket-mb,--bucket_mb", pf->dist.bucket_mb, "gradient bucket size in MiB (default 25)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--first-bucket-mb,--first_bucket_mb", pf->dist.first_bucket_mb,
@@ -106,6 +110,10 @@ void setup_train(CLI::App& app) {
       train::TrainConfig cfg = train::parse_train_args(sub->remaining(), defaults);  // checked before any rank starts
       // --device cuda on a build or machine without one fails here, before any data is read or rank started.
       kernels::device_ops(kernels::parse_device(cfg.device));
+      train::check_backend(cfg, pf->dist);
+      if (pf->dist.backend == "mpi" && pf->nproc > 1)
+        TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident train "
+                      "--backend mpi ...` without --nproc");
       if (!launched && (pf->nproc > 1 || cfg.tp * cfg.pp > 1)) {
         // The model-parallel layout against the world and the model, before any rank starts. The vocabulary
         // matters only when it is padded to an explicit multiple (by default it is padded to one of tp).
@@ -138,6 +146,7 @@ void setup_train(CLI::App& app) {
         lo.command = {self_exe(), "train"};
         for (auto& a : sub->remaining()) lo.command.push_back(a);
         lo.command.push_back("--parallel=" + pf->dist.parallel);
+        lo.command.push_back("--backend=" + pf->dist.backend);
         lo.command.push_back(fmt::format("--bucket-mb={}", pf->dist.bucket_mb));
         lo.command.push_back(fmt::format("--first-bucket-mb={}", pf->dist.first_bucket_mb));
         if (!pf->dist.overlap) lo.command.push_back("--no-overlap");

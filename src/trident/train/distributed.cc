@@ -810,16 +810,19 @@ TrainResult train_model_parallel(const TrainConfig& cfg, const DistributedOption
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks) {
   RendezvousInfo info = rendezvous_from_env();
   flight_recorder::set_dump_dir((std::filesystem::path(cfg.out_dir) / "flight_recorder").string());
-  if (info.world_size <= 1) {
+  check_backend(cfg, opts);
+  GroupOptions go;
+  go.backend = opts.backend;
+  if (info.world_size <= 1 && opts.backend != "mpi") {  // (mpi: the world comes from MPI, not the environment)
     if (cfg.tp * cfg.pp > 1) {
       TRIDENT_THROW(InvalidArgument, "tp={} x pp={} needs at least {} processes; start them with --nproc {}", cfg.tp,
                     cfg.pp, cfg.tp * cfg.pp, cfg.tp * cfg.pp);
     }
     // bfloat16 storage lives in the data-parallel wrapper: one process runs it over a group of one.
-    if (cfg.param_dtype != "float32") return train_distributed(cfg, opts, std::move(hooks), init_process_group());
+    if (cfg.param_dtype != "float32") return train_distributed(cfg, opts, std::move(hooks), init_process_group(go));
     return train_distributed(cfg, opts, std::move(hooks), nullptr);
   }
-  return train_distributed(cfg, opts, std::move(hooks), init_process_group());
+  return train_distributed(cfg, opts, std::move(hooks), init_process_group(go));
 }
 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
@@ -958,8 +961,19 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   return res;
 }
 
+void check_backend(const TrainConfig& cfg, const DistributedOptions& opts) {
+  if (opts.backend != "native" && opts.backend != "mpi" && opts.backend != "nccl")
+    TRIDENT_THROW(InvalidArgument, "--backend '{}' is not one of native, mpi, nccl", opts.backend);
+  if (opts.backend == "nccl" && cfg.device != "cuda")
+    TRIDENT_THROW(InvalidArgument,
+                  "--backend nccl reduces GPU memory, but device={}: add --device cuda (one GPU per rank), or use "
+                  "--backend native",
+                  cfg.device);
+}
+
 void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size) {
   cfg.validate();
+  check_backend(cfg, opts);
   const int dp_size = cfg.resolved_dp(world_size);
   parallel::validate_mesh({cfg.tp, cfg.pp, dp_size, cfg.mesh_order}, world_size);
   if (cfg.tp * cfg.pp == 1) return;

@@ -34,6 +34,9 @@ namespace trident::train {
 
 struct DistributedOptions {
   std::string parallel = "ddp";  // ddp | zero1 | zero2 | zero3 (used when there is more than one rank)
+  // The world group's backend (comm/init.cc's table): native (trident's own; device buffers moved by the
+  // group, comm/device_memory.h), mpi (under mpirun) or nccl (one GPU per rank, --device cuda).
+  std::string backend = "native";
   double bucket_mb = 25;
   double first_bucket_mb = 1;  // ddp/zero1: the first bucket's size (PyTorch's 1 MiB; 0: as bucket_mb)
   bool overlap = true;
@@ -45,6 +48,8 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
                               std::shared_ptr<ProcessGroup> world);
 
+// Checks the backend against the device (nccl needs cuda); throws InvalidArgument naming the fix. Pure.
+void check_backend(const TrainConfig& cfg, const DistributedOptions& opts);
 // Checks the model-parallel layout of cfg against a world size and the model (vocab_size: the tokenizer's;
 // the model pads it as model_config_json does); throws InvalidArgument saying what would divide. Pure.
 void check_parallel_layout(const TrainConfig& cfg, const DistributedOptions& opts, int world_size, int vocab_size);

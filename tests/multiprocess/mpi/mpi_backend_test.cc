@@ -1,6 +1,7 @@
 // The MPI backend under mpirun: the same collective sweep the native backend passes
 // (tests/harness/collective_sweep.h, one algorithm per collective since MPI chooses its own), plus in-place
-// forms, async ordering, subgroups and deadlines, at 1, 2, 3 and 4 ranks.
+// forms, async ordering, subgroups and deadlines, at 1, 2, 3 and 4 ranks; and `trident train --backend mpi`
+// under mpirun, whose loss sequence is the native backend's.
 //
 // This one executable plays both parts. Run normally, the MpiBackend tests start
 //   mpirun --allow-run-as-root --oversubscribe -np N -x TRIDENT_MPI_WORKER=1 <this executable>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,8 +23,14 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "harness/collective_sweep.h"
 #include "harness/skip.h"
+#include "harness/synthetic_data.h"
+#include "harness/temp_dir.h"
 #include "trident/comm/backends/mpi_pg.h"
 #include "trident/comm/process_group.h"
 #include "trident/core/env.h"
@@ -475,6 +483,59 @@ TEST(MpiBackendCheck, CollectiveSweepWithTheCheckOn) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
   EXPECT_EQ(count_ok(r.output), 3) << r.output;
+}
+
+// `trident train --backend mpi` under mpirun trains as the native backend under trident's launcher: the same
+// loss sequence within 1e-4 relative (the reductions' order may differ), for ZeRO-2 and for TP 2.
+std::vector<double> step_losses(const std::filesystem::path& out) {
+  std::vector<double> v;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto r = nlohmann::json::parse(line, nullptr, false);
+    if (r.is_object() && r.value("type", "") == "step" && r.contains("loss")) v.push_back(r["loss"].get<double>());
+  }
+  return v;
+}
+
+TEST(MpiBackendTrain, TrainUnderMpirunMatchesTheNativeBackend) {
+  if (is_worker()) GTEST_SKIP() << "driver test; not run inside a worker";
+  bool skip;
+  skip_unless_mpi(skip);
+  if (skip) return;
+  testing::TempDir dir("mpi-train");
+  const std::string corpus = testing::write_word_corpus(dir.path);
+  const std::string args = fmt::format(
+      "train --data {} --n_layer 2 --n_head 2 --n_embd 16 --block_size 16 --batch_size 4 --max_iters 8 "
+      "--warmup_iters 2 --lr_decay_iters 8 --learning_rate 3e-3 --grad_clip 0.1 --eval_interval 1000 --eval_iters 1 "
+      "--sample_tokens 0 --threads 1 --json",
+      corpus);
+  for (const char* layout : {"--parallel zero2", "--tp 2"}) {
+    const auto mpi_out = dir.path / fmt::format("mpi{}", layout[2]), native_out = dir.path / fmt::format("native{}", layout[2]);
+    RunResult m = run_command(fmt::format("timeout -k 5 150 {} --allow-run-as-root --oversubscribe -np 2 {} {} {} "
+                                          "--backend mpi --out_dir {}",
+                                          find_mpirun(), TRIDENT_BIN, args, layout, mpi_out.string()));
+    ASSERT_EQ(m.exit_code, 0) << layout << "\n" << m.output;
+    RunResult n = run_command(fmt::format("timeout -k 5 150 {} {} {} --nproc 2 --out_dir {}", TRIDENT_BIN, args, layout,
+                                          native_out.string()));
+    ASSERT_EQ(n.exit_code, 0) << layout << "\n" << n.output;
+    const auto a = step_losses(mpi_out), b = step_losses(native_out);
+    ASSERT_EQ(a.size(), 8u) << layout << "\n" << m.output;
+    ASSERT_EQ(b.size(), 8u) << layout << "\n" << n.output;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_LE(std::abs(a[i] - b[i]), 1e-4 * std::abs(b[i])) << layout << " step " << i << ": mpi " << a[i]
+                                                             << ", native " << b[i];
+  }
+}
+
+// The backend is checked before any rank starts: nccl without --device cuda, mpi with --nproc.
+TEST(MpiBackendTrain, BadBackendCombinationsAreRefusedByName) {
+  if (is_worker()) GTEST_SKIP() << "driver test; not run inside a worker";
+  RunResult r = run_command(fmt::format("{} train --backend nccl --max_iters 1", TRIDENT_BIN));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("add --device cuda"), std::string::npos) << r.output;
+  r = run_command(fmt::format("{} train --backend mpi --nproc 2 --max_iters 1", TRIDENT_BIN));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("mpirun -np N trident train --backend mpi"), std::string::npos) << r.output;
 }
 
 }  // namespace

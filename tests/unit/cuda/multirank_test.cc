@@ -1,17 +1,18 @@
 // Several ranks of `trident train --device cuda` on one GPU: the native backend reads peers' device buffers
 // through CUDA IPC (or stages them through host memory: TRIDENT_CUDA_IPC=0; comm/device_memory.h), so every
-// data-parallel strategy, tensor and pipeline parallelism run on a machine with a single GPU (NCCL refuses
-// two ranks on one device). Each layout
-// reproduces the loss sequence of ONE CUDA process training on the same global batch within 1e-4 relative,
-// the one-process CUDA run reproduces the CPU run within 1e-4 (float32), the checkpoint of a TP 2 x PP 2 run
-// on the GPU evaluates on the CPU in one process to the loss of the one-process GPU run's checkpoint, and a
-// rank killed mid-training ends the job with the rank named. The runs are the real command (the launcher forks ranks that start CUDA
-// themselves). Skipped without a GPU; the binary is TRIDENT_TEST_BIN when set (a test binary copied to a
-// GPU machine), else this build's.
+// data-parallel strategy (the GPT and the MLP; ZeRO-3 with activation checkpointing and accumulation), tensor
+// and pipeline parallelism run on a machine with a single GPU (NCCL refuses two ranks on one device). Each
+// layout reproduces the loss sequence of ONE CUDA process training on the same global batch within 1e-4
+// relative, the one-process CUDA run reproduces the CPU run within 1e-4 (float32), the checkpoint of a TP 2 x
+// PP 2 run on the GPU evaluates on the CPU in one process to the loss of the one-process GPU run's
+// checkpoint, and a rank killed mid-training ends the job with the rank named. The runs are the real command
+// (the launcher forks ranks that start CUDA themselves). Skipped without a GPU; the binary is
+// TRIDENT_TEST_BIN when set (a test binary copied to a GPU machine), else this build's.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -105,11 +106,17 @@ class CudaMultiRank : public ::testing::Test {
     return losses;
   }
 
-  // One CUDA process at global batch `batch` (run once per batch).
-  static const std::vector<double>& reference(int batch) {
-    auto& r = refs_[batch];
-    if (r.empty()) r = run(fmt::format("ref{}", batch), batch, "--device cuda");
+  // One CUDA process at global batch `batch` with `model` flags (run once per pair).
+  static const std::vector<double>& reference(int batch, const std::string& model = "") {
+    auto& r = refs_[fmt::format("{}|{}", batch, model)];
+    if (r.empty()) r = run(reference_name(batch, model), batch, "--device cuda " + model);
     return r;
+  }
+  static std::string reference_name(int batch, const std::string& model) {
+    std::string n = fmt::format("ref{}", batch);
+    for (char ch : model)
+      if (std::isalnum(static_cast<unsigned char>(ch))) n += ch;
+    return n;
   }
 
   static void expect_same(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
@@ -124,12 +131,13 @@ class CudaMultiRank : public ::testing::Test {
   }
 
   // `nproc` ranks of `flags` at per-rank batch 4 against one process at the global batch 4 x dp.
+  // `model` flags (the model, checkpointing, accumulation) apply to the reference too.
   static void check_layout(const std::string& name, int nproc, int dp, const std::string& flags,
-                           const std::vector<std::string>& env = {}) {
-    auto got = run(name, 4, fmt::format("--device cuda --nproc {} {}", nproc, flags), env);
-    const auto& want = reference(4 * dp);
+                           const std::vector<std::string>& env = {}, const std::string& model = "") {
+    auto got = run(name, 4, fmt::format("--device cuda --nproc {} {} {}", nproc, flags, model), env);
+    const auto& want = reference(4 * dp, model);
     expect_same(got, want, name);
-    const double v = final_val_[name], w = final_val_[fmt::format("ref{}", 4 * dp)];
+    const double v = final_val_[name], w = final_val_[reference_name(4 * dp, model)];
     EXPECT_LE(std::abs(v - w), 1e-4 * std::abs(w)) << name << ": final validation loss " << v << " want " << w;
   }
 
@@ -150,12 +158,12 @@ class CudaMultiRank : public ::testing::Test {
 
   static trident::testing::TempDir* dir_;
   static std::string corpus_;
-  static std::map<int, std::vector<double>> refs_;
+  static std::map<std::string, std::vector<double>> refs_;
   static std::map<std::string, double> final_val_;
 };
 trident::testing::TempDir* CudaMultiRank::dir_ = nullptr;
 std::string CudaMultiRank::corpus_;
-std::map<int, std::vector<double>> CudaMultiRank::refs_;
+std::map<std::string, std::vector<double>> CudaMultiRank::refs_;
 std::map<std::string, double> CudaMultiRank::final_val_;
 
 TEST_F(CudaMultiRank, OneCudaProcessReproducesTheCpu) {
@@ -176,6 +184,11 @@ TEST_F(CudaMultiRank, DataParallelEveryStrategy) {
   // The same through host memory (the device path off): the staged collectives give the same sequence.
   check_layout("zero3_2_staged", 2, 2, "--parallel zero3", {"TRIDENT_CUDA_IPC=0"});
   check_layout("tp2_staged", 2, 1, "--tp 2", {"TRIDENT_CUDA_IPC=0"});
+  // The MLP, and ZeRO-3 with activation checkpointing and two accumulation steps (its block hooks gather
+  // parameters for the recomputation too).
+  check_layout("mlp_ddp2", 2, 2, "--parallel ddp", {}, "--model mlp");
+  check_layout("zero3_2_ckpt_accum", 2, 2, "--parallel zero3", {},
+               "--activation_checkpointing true --gradient_accumulation_steps 2");
 }
 
 TEST_F(CudaMultiRank, TensorAndPipelineParallel) {
