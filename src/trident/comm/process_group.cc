@@ -47,7 +47,7 @@ std::pair<size_t, size_t> buffer_bytes(const CollArgs& a, int rank, int size) {
 
 // Copies of one call's buffers in memory the backend reads: host copies of device buffers (native, mpi) or
 // device copies of host buffers (nccl). Made (and filled) before the call; results copied back after it.
-struct ProcessGroup::HostStaging {
+struct ProcessGroup::Staging {
   const DeviceMemory* dm = nullptr;
   bool to_device = false;  // the copies are device memory (of host buffers), else host memory
   // One temporary region per side; recv is null when the call works in place on `send`.
@@ -91,7 +91,7 @@ struct ProcessGroup::HostStaging {
   }
 };
 
-std::unique_ptr<ProcessGroup::HostStaging> ProcessGroup::stage(CollArgs& a) const {
+std::unique_ptr<ProcessGroup::Staging> ProcessGroup::stage(CollArgs& a) const {
   const bool host_ok = reads_host_memory(), device_ok = reads_device_memory();
   if (host_ok && device_ok) return nullptr;
   const DeviceMemory* dm = device_memory();
@@ -109,7 +109,7 @@ std::unique_ptr<ProcessGroup::HostStaging> ProcessGroup::stage(CollArgs& a) cons
   const bool send_moves = needs(a.send, in_place ? std::max(sb, rb) : sb);
   const bool recv_moves = in_place ? send_moves : needs(a.recv, rb);
   if (!send_moves && !recv_moves) return nullptr;
-  auto st = std::make_unique<HostStaging>();
+  auto st = std::make_unique<Staging>();
   st->dm = dm;
   st->to_device = !host_ok;
   if (in_place) {  // one copy serves both sides
@@ -266,9 +266,9 @@ bool ProcessGroup::run_on_device(const CollArgs& a) {
 
 // The caller's Work of a staged async call: it completes once the results are back in the caller's memory
 // (or with the call's error, or the copy's).
-std::shared_ptr<Work> ProcessGroup::after_staging(std::shared_ptr<Work> inner, std::unique_ptr<HostStaging> staged) {
+std::shared_ptr<Work> ProcessGroup::after_staging(std::shared_ptr<Work> inner, std::unique_ptr<Staging> staged) {
   auto outer = std::make_shared<Work>(inner->description());
-  std::shared_ptr<HostStaging> st = std::move(staged);
+  std::shared_ptr<Staging> st = std::move(staged);
   inner->on_finish([outer, st](Work& w) {
     std::exception_ptr e = w.error();
     if (!e) {
@@ -307,7 +307,7 @@ void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
 
 void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
   if (run_on_device(a)) return;
-  const std::unique_ptr<HostStaging> staged = stage(a);
+  const std::unique_ptr<Staging> staged = stage(a);
   if (!flight_) {
     run_blocking(a, o);
   } else {
@@ -393,12 +393,14 @@ void ProcessGroup::validate(const CollArgs& a) const {
 
 std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opts, bool blocking) {
   validate(args);
-  if (run_on_device(args)) {  // ran here, on this thread: the Work is done
+  const int64_t t0 = Timeline::now_ns();
+  if (run_on_device(args)) {  // ran here, on this thread (it blocked the caller): the Work is done
     auto done = std::make_shared<Work>(describe(args));
+    done->mark_started(t0);
     done->finish();
     return done;
   }
-  std::unique_ptr<HostStaging> staged = stage(args);
+  std::unique_ptr<Staging> staged = stage(args);
   std::shared_ptr<Work> work;
   if (!flight_) {
     work = post(args, opts, blocking);

@@ -185,15 +185,15 @@ class ProcessGroup {
   virtual void run_blocking(const CollArgs& args, const CallOptions& opts) { post(args, opts, true)->wait(); }
 
  private:
-  struct HostStaging;
+  struct Staging;
   // The device path: a collective on device buffers whose ranks share a host runs in device kernels that
   // read the peers' buffers (comm/device_memory.h), on this thread. False: the call was not run (some rank
   // cannot take part, or the op has no device path) and goes to the backend, staged.
   bool run_on_device(const CollArgs& a);
   // Rewrites the buffers of `a` that the backend cannot read to copies it can (filled with the caller's
   // data); null when the call needs none (see reads_host_memory / reads_device_memory).
-  std::unique_ptr<HostStaging> stage(CollArgs& a) const;
-  static std::shared_ptr<Work> after_staging(std::shared_ptr<Work> inner, std::unique_ptr<HostStaging> staged);
+  std::unique_ptr<Staging> stage(CollArgs& a) const;
+  static std::shared_ptr<Work> after_staging(std::shared_ptr<Work> inner, std::unique_ptr<Staging> staged);
   std::shared_ptr<Work> submit(CollArgs args, const CallOptions& opts, bool blocking);
   void run_recorded(CollArgs& args, const CallOptions& opts);  // a validated blocking call
   uint64_t record_enqueue(const CollArgs& a);
