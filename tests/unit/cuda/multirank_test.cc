@@ -52,7 +52,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 class CudaMultiRank : public ::testing::Test {
- protected:
+ public:
   static void SetUpTestSuite() {
     dir_ = new trident::testing::TempDir("cuda-mr");
     corpus_ = trident::testing::write_word_corpus(dir_->path);
@@ -204,10 +204,11 @@ TEST_F(CudaMultiRank, TensorAndPipelineParallel) {
   std::printf("cpu eval of the cuda checkpoints: tp2 x pp2 %.7f, one process %.7f\n", sharded, single);
 }
 
-TEST_F(CudaMultiRank, AKilledRankEndsTheJobNamed) {
-  const fs::path out = dir_->path / "death";
-  std::vector<std::string> argv = base_args(out, 4);
-  for (auto& f : split("--device cuda --nproc 2 --parallel zero2 --max_iters 1000000 --lr_decay_iters 1000000"))
+// Rank 1 of a 2-rank ZeRO-2 job on `backend` is SIGKILLed mid-training: the job ends within 10 s, naming it.
+void kill_rank_one(const fs::path& out, const std::string& backend) {
+  std::vector<std::string> argv = CudaMultiRank::base_args(out, 4);
+  for (auto& f : split("--device cuda --nproc 2 --parallel zero2 --max_iters 1000000 --lr_decay_iters 1000000 "
+                       "--backend " + backend))
     argv.push_back(f);
   ProcessRunner job(argv, trident::testing::make_env({}, {}));
   auto steps = [&] { return trident::testing::count_of(job.out(), "\"type\":\"step\""); };
@@ -223,11 +224,45 @@ TEST_F(CudaMultiRank, AKilledRankEndsTheJobNamed) {
   auto status = job.wait(60);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(status.has_value()) << "the job did not end within 60 s of rank 1 dying:\n" << job.err();
-  std::printf("the job ended %.2f s after rank 1 was killed\n", s);
+  std::printf("%s: the job ended %.2f s after rank 1 was killed\n", backend.c_str(), s);
   EXPECT_LT(s, 10.0) << job.err();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << "status " << *status << "\n" << job.err();
   EXPECT_NE(job.err().find(fmt::format("rank 1 (pid {})", victim)), std::string::npos) << job.err();
 }
+
+TEST_F(CudaMultiRank, AKilledRankEndsTheJobNamed) { kill_rank_one(dir_->path / "death", "native"); }
+
+// ---- NCCL with one GPU per rank: runs where the machine has 2 GPUs or more (NCCL refuses two ranks on one
+// device), and skips elsewhere saying so. The same layouts and checks as above, on --backend nccl. ----
+class CudaNcclTwoGpus : public CudaMultiRank {
+ protected:
+  void SetUp() override {
+    CudaMultiRank::SetUp();
+    if (IsSkipped()) return;
+    if (device_count() < 2)
+      GTEST_SKIP() << "machine: needs 2 GPUs (NCCL refuses two ranks on one device); this one has " << device_count();
+  }
+};
+
+TEST_F(CudaNcclTwoGpus, EveryCollectiveChecked) {
+  ProcessRunner job({trident_bin(), "bench", "comm", "--nproc", "2", "--device", "cuda", "--backend", "nccl", "--op",
+                     "all_reduce,reduce,broadcast,all_gather,reduce_scatter,gather,scatter,all_to_all", "-b", "4", "-e",
+                     "1M", "-f", "16", "--iters", "2", "--warmup", "1", "--check"},
+                    trident::testing::make_env({}, {}));
+  auto status = job.wait(240);
+  ASSERT_TRUE(status.has_value()) << job.err();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << job.out() << job.err();
+  EXPECT_NE(job.out().find("Out of bounds values : 0 OK"), std::string::npos) << job.out() << job.err();
+}
+
+TEST_F(CudaNcclTwoGpus, EveryLayoutMatchesOneProcess) {
+  check_layout("nccl_ddp2", 2, 2, "--backend nccl --parallel ddp");
+  check_layout("nccl_zero3_2", 2, 2, "--backend nccl --parallel zero3");
+  check_layout("nccl_tp2", 2, 1, "--backend nccl --tp 2");
+  check_layout("nccl_pp2", 2, 1, "--backend nccl --pp 2 --schedule 1f1b --microbatches 4");
+}
+
+TEST_F(CudaNcclTwoGpus, AKilledRankEndsTheJobNamed) { kill_rank_one(dir_->path / "nccl_death", "nccl"); }
 
 }  // namespace
 }  // namespace trident::cuda
