@@ -240,7 +240,8 @@ class CudaNcclTwoGpus : public CudaMultiRank {
     CudaMultiRank::SetUp();
     if (IsSkipped()) return;
     if (device_count() < 2)
-      GTEST_SKIP() << "machine: needs 2 GPUs (NCCL refuses two ranks on one device); this one has " << device_count();
+      TRIDENT_SKIP_MACHINE(fmt::format("needs 2 GPUs (NCCL refuses two ranks on one device); this one has {}",
+                                       device_count()));
   }
 };
 
