@@ -28,6 +28,20 @@ namespace {
 constexpr size_t kArenaBytes = 8 << 20;
 constexpr std::byte kMask{0xA5};
 
+// Ranks are threads here, and the barriers between the device path's phases run over shared memory that each
+// rank maps at an address of its own, where ThreadSanitizer cannot see them order anything; yet the device
+// path's ranks read each other's arena memory directly. So the stand-in orders its own accesses, as a real
+// device's synchronize does: each is bracketed by read-modify-writes of one counter, and an access that
+// follows another in time (after the barrier) follows it in ThreadSanitizer's happens-before too. An access
+// without the barrier would still read wrong bytes, which the value checks catch.
+std::atomic<uint64_t> device_order{0};
+struct Ordered {
+  Ordered() { device_order.fetch_add(1, std::memory_order_acq_rel); }
+  ~Ordered() { device_order.fetch_add(1, std::memory_order_acq_rel); }
+  Ordered(const Ordered&) = delete;
+  Ordered& operator=(const Ordered&) = delete;
+};
+
 // The stand-in device: one arena, handed out by a bump allocator; contents stored XOR kMask.
 struct FakeDevice {
   static std::byte* arena() {
@@ -47,6 +61,7 @@ struct FakeDevice {
     return b >= arena() && b < arena() + kArenaBytes;
   }
   static void code(void* dst, const void* src, size_t bytes) {
+    const Ordered ordered;
     auto* d = static_cast<std::byte*>(dst);
     auto* s = static_cast<const std::byte*>(src);
     for (size_t i = 0; i < bytes; ++i) d[i] = s[i] ^ kMask;
@@ -101,6 +116,7 @@ DeviceMemory make_fake_ipc() {
   };
   m.copy = [](void* dst, const void* src, size_t bytes) {
     ++copy_calls;
+    const Ordered ordered;
     if (dst != src) std::memmove(dst, src, bytes);
   };
   return m;
