@@ -5,7 +5,8 @@
 //
 // Peak = GHz x FLOPs/cycle of the level, with GHz measured (a chain of dependent integer adds: one per
 // cycle) and FLOPs/cycle nominal: two vector FMA pipes of the level's width (x86-64: 4 lanes, avx2: 8,
-// avx512: 16, 2 FLOPs each); vdpbf16ps counts 4 FLOPs per lane; AMX-BF16 1024 per cycle (Sapphire
+// avx512: 16, 2 FLOPs each); vdpbf16ps counts 4 FLOPs per lane (where the level runs bfloat16 on it:
+// isa.h, TRIDENT_BF16_DOT); AMX-BF16 1024 per cycle (Sapphire
 // Rapids). Parts with one 512-bit FMA pipe, or 512-bit ops split in two (Zen 4), peak at half of that.
 // Times are this thread's CPU time (best of 3 rounds). Memory-bound kernels report GB/s (bytes each
 // must read and write) beside memcpy of the same bytes.
@@ -159,7 +160,7 @@ double flops_per_cycle(kc::Isa isa, bool bf16) {
     case kc::Isa::kAvx512:
       return 16 * 2 * 2;
     case kc::Isa::kAvx512Bf16:
-      return bf16 ? 16 * 4 * 2 : 16 * 2 * 2;
+      return bf16 && kc::bf16_dot_in_use() ? 16 * 4 * 2 : 16 * 2 * 2;  // on FMAs where vdpbf16ps is slower
     case kc::Isa::kAmx:
       return bf16 ? 1024 : 16 * 2 * 2;
   }

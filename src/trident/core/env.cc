@@ -50,6 +50,9 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_ISA", "auto",
        "CPU kernels' instruction set: auto (the highest this CPU supports) | amx | avx512bf16 | avx512 | avx2 | "
        "portable; a level above the CPU's is an error (`trident env` prints the chosen kernels)"},
+      {"TRIDENT_BF16_DOT", "auto",
+       "bfloat16 GEMMs at ISA level avx512bf16: auto (vdpbf16ps where it measures at least 1.25x the float32 "
+       "FMAs' rate on this CPU; `trident env` prints both) | on | off (float32 FMAs on bf16-rounded operands)"},
       {"TRIDENT_CUDA_IPC", "1",
        "1 = all_reduce, reduce_scatter, all_gather and broadcast on GPU buffers of ranks on one host read each "
        "other's memory (CUDA IPC); 0 = they move through host memory"},
@@ -239,5 +242,6 @@ std::string socket_addr() { return param_string("TRIDENT_SOCKET_ADDR"); }
 bool mpi_check() { return param_bool("TRIDENT_MPI_CHECK"); }
 bool mpi_serialize() { return param_bool("TRIDENT_MPI_SERIALIZE"); }
 std::string isa() { return param_string("TRIDENT_ISA"); }
+std::string bf16_dot() { return param_string("TRIDENT_BF16_DOT"); }
 
 }  // namespace trident::env

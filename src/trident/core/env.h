@@ -67,5 +67,6 @@ std::string socket_addr();        // TRIDENT_SOCKET_ADDR: address other hosts re
 bool mpi_check();                 // TRIDENT_MPI_CHECK: backend mpi fingerprints every collective
 bool mpi_serialize();             // TRIDENT_MPI_SERIALIZE: backend mpi serializes every MPI call
 std::string isa();                // TRIDENT_ISA: auto|amx|avx512bf16|avx512|avx2|portable
+std::string bf16_dot();           // TRIDENT_BF16_DOT: auto|on|off
 
 }  // namespace trident::env

@@ -27,17 +27,42 @@ std::vector<kc::Isa> levels() {
   return out;
 }
 
-// Runs the kernels at one level (one thread) for a scope.
+// Runs the kernels at one level (one thread), and with a bfloat16-dot mode, for a scope.
 class IsaScope {
  public:
-  explicit IsaScope(kc::Isa isa) : was_(kc::set_isa(isa)) { kc::set_num_threads(1); }
-  ~IsaScope() { kc::set_isa(was_); }
+  explicit IsaScope(kc::Isa isa, kc::Bf16Dot dot = kc::bf16_dot_mode())
+      : was_(kc::set_isa(isa)), dot_was_(kc::set_bf16_dot(dot)) {
+    kc::set_num_threads(1);
+  }
+  ~IsaScope() {
+    kc::set_bf16_dot(dot_was_);
+    kc::set_isa(was_);
+  }
   IsaScope(const IsaScope&) = delete;
   IsaScope& operator=(const IsaScope&) = delete;
 
  private:
   kc::Isa was_;
+  kc::Bf16Dot dot_was_;
 };
+
+// Every bfloat16 GEMM path this machine has: each level, and level avx512bf16 both on vdpbf16ps and on
+// FMAs (whichever of the two auto picks on this CPU, both are checked).
+struct Path {
+  kc::Isa isa;
+  kc::Bf16Dot dot;
+  std::string name() const {
+    return std::string(kc::isa_name(isa)) + (isa == kc::Isa::kAvx512Bf16 ? std::string(" dot ") + kc::bf16_dot_name(dot) : "");
+  }
+};
+std::vector<Path> paths() {
+  std::vector<Path> out;
+  for (kc::Isa l : levels()) {
+    out.push_back({l, kc::Bf16Dot::kOn});
+    if (l == kc::Isa::kAvx512Bf16) out.push_back({l, kc::Bf16Dot::kOff});
+  }
+  return out;
+}
 
 // max |got - want| / max(max |want|, floor).
 double rel_err(const std::vector<float>& got, const Vec& want, double floor = 1e-30) {
@@ -92,11 +117,56 @@ TEST(IsaKernels, LevelsNamesAndForcingAboveTheMachine) {
   std::printf("machine: %s; features: %s\n", kc::isa_name(kc::machine_isa()), kc::cpu_features().c_str());
 }
 
+// Level avx512bf16 takes vdpbf16ps only where it measures clearly faster than the FMAs; on and off force
+// it; the summary line says which and why; a bad TRIDENT_BF16_DOT value is named with the accepted ones.
+TEST(IsaKernels, Bf16DotFollowsTheMeasuredRates) {
+  EXPECT_FALSE(kc::bf16_dot_pays({0, 175}));    // no instruction
+  EXPECT_FALSE(kc::bf16_dot_pays({86, 175}));   // half the FMA rate (the Xeon measured here)
+  EXPECT_FALSE(kc::bf16_dot_pays({200, 175}));  // within the margin: not worth numerics of its own
+  EXPECT_TRUE(kc::bf16_dot_pays({262, 175}));   // about 1.5x and more (Zen 5)
+  for (const char* m : {"auto", "on", "off"}) EXPECT_STREQ(kc::bf16_dot_name(kc::parse_bf16_dot(m)), m);
+  try {
+    kc::parse_bf16_dot("yes");
+    ADD_FAILURE() << "parse_bf16_dot accepted yes";
+  } catch (const trident::InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("TRIDENT_BF16_DOT"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("auto"), std::string::npos) << msg;
+  }
+  const kc::Bf16DotRates r = kc::bf16_dot_rates();
+  if (kc::machine_isa() < kc::Isa::kAvx512Bf16) {
+    EXPECT_EQ(r.dpbf16_gflops, 0.0);
+    return;
+  }
+  EXPECT_GT(r.dpbf16_gflops, 0.0);
+  EXPECT_GT(r.fma_gflops, 0.0);
+  std::printf("vdpbf16ps %.1f GFLOP/s, FMA %.1f GFLOP/s: auto %s\n", r.dpbf16_gflops, r.fma_gflops,
+              kc::bf16_dot_pays(r) ? "uses vdpbf16ps" : "uses FMAs");
+  {
+    IsaScope s(kc::Isa::kAvx512Bf16, kc::Bf16Dot::kOn);
+    EXPECT_TRUE(kc::bf16_dot_in_use());
+    EXPECT_NE(kc::kernel_summary().find("gemm bfloat16 avx512bf16-dpbf16"), std::string::npos) << kc::kernel_summary();
+  }
+  {
+    IsaScope s(kc::Isa::kAvx512Bf16, kc::Bf16Dot::kOff);
+    EXPECT_FALSE(kc::bf16_dot_in_use());
+    EXPECT_NE(kc::kernel_summary().find("gemm bfloat16 bf16-rounded operands on avx512-fma"), std::string::npos)
+        << kc::kernel_summary();
+  }
+  {
+    IsaScope s(kc::Isa::kAvx512Bf16, kc::Bf16Dot::kAuto);
+    EXPECT_EQ(kc::bf16_dot_in_use(), kc::bf16_dot_pays(r));
+    const std::string summary = kc::kernel_summary();
+    EXPECT_NE(summary.find(kc::bf16_dot_pays(r) ? "(faster: used)" : "(not faster here"), std::string::npos) << summary;
+  }
+}
+
 TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
   // M, N, K: ones, primes, 64+3, past the 6-row tiles, 64-column panels and 128/256-deep k blocks.
   const int shapes[][3] = {{1, 1, 1}, {7, 13, 1}, {1, 7, 13}, {13, 7, 67}, {67, 67, 13}, {67, 130, 300}, {6, 64, 257}};
-  for (kc::Isa l : levels()) {
-    IsaScope scope(l);
+  for (const Path& path : paths()) {
+    const kc::Isa l = path.isa;
+    IsaScope scope(l, path.dot);
     for (const auto& s : shapes) {
       const int M = s[0], N = s[1], K = s[2];
       const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 31 + M));
@@ -125,7 +195,7 @@ TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
                 }
               // float32 accumulation of K products: a few float32 ulps of the magnitude sum per 16 terms.
               EXPECT_LT(worst, 2e-6 * std::max(1, K / 16))
-                  << kc::isa_name(l) << (bf ? " bfloat16" : " float32") << " M " << M << " N " << N << " K " << K
+                  << path.name() << (bf ? " bfloat16" : " float32") << " M " << M << " N " << N << " K " << K
                   << " trans_a " << ta << " trans_b " << tb << " beta " << acc;
             }
       }
@@ -253,14 +323,14 @@ TEST(IsaKernels, GptStepInBfloat16EveryLevelTracksFloat32) {
   }
   nlohmann::json cfg = base;
   cfg["dtype"] = "bfloat16";
-  for (kc::Isa l : levels()) {
-    IsaScope scope(l);
+  for (const Path& path : paths()) {
+    IsaScope scope(path.isa, path.dot);
     auto m = trident::nn::make_model(cfg);
     m->zero_grad();
     const double loss = m->forward_backward(x.data(), y.data(), B, T, true);
-    EXPECT_NEAR(loss, f32_loss, 2e-2 * f32_loss) << kc::isa_name(l);
+    EXPECT_NEAR(loss, f32_loss, 2e-2 * f32_loss) << path.name();
     double g2 = 0;
     for (size_t i = 0; i < m->num_params(); ++i) g2 += static_cast<double>(m->grad_data()[i]) * m->grad_data()[i];
-    EXPECT_TRUE(std::isfinite(g2) && g2 > 0) << kc::isa_name(l);
+    EXPECT_TRUE(std::isfinite(g2) && g2 > 0) << path.name();
   }
 }

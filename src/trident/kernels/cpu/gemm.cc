@@ -80,16 +80,21 @@ const GemmEntry kGemmTable[] = {
      "avx512bf16-dpbf16 (float32 accumulation)"},                                                     // avx512bf16
     {gemm_f32_native, "avx512-fma", detail::gemm_amx_bf16, "amx-bf16 tiles (float32 accumulation)"},  // amx
 };
-const GemmEntry& gemm_entry() { return kGemmTable[detail::isa_level()]; }
+// Level avx512bf16 where vdpbf16ps is not faster than the FMAs (isa.h, bf16_dot_in_use).
+const GemmEntry kAvx512Bf16OnFma = {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"};
+const GemmEntry& entry_for(int level) {
+  if (level == static_cast<int>(Isa::kAvx512Bf16) && !bf16_dot_in_use()) return kAvx512Bf16OnFma;
+  return kGemmTable[level];
+}
+const GemmEntry& gemm_entry() { return entry_for(detail::isa_level()); }
 }  // namespace
 
 namespace detail {
 bool native_kernels_enabled() { return isa_level() >= static_cast<int>(Isa::kAvx512); }
-const char* gemm_f32_kernel(Isa isa) { return kGemmTable[static_cast<int>(isa)].f32_name; }
+const char* gemm_f32_kernel(Isa isa) { return entry_for(static_cast<int>(isa)).f32_name; }
 const char* gemm_bf16_kernel(Isa isa) {
-  return cblas_sbgemm != nullptr && kGemmTable[static_cast<int>(isa)].bf16 == nullptr
-             ? "openblas sbgemm"
-             : kGemmTable[static_cast<int>(isa)].bf16_name;
+  const GemmEntry& e = entry_for(static_cast<int>(isa));
+  return cblas_sbgemm != nullptr && e.bf16 == nullptr ? "openblas sbgemm" : e.bf16_name;
 }
 }  // namespace detail
 
@@ -193,7 +198,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
-    if (native && e.f32 != nullptr) return run_native(e.f32, a32.data(), ac, b32.data(), bc, kFlopsPerTask);
+    if (native && e.f32 != nullptr)
+      return run_packed_f32(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc);
     return run_blas(a32.data(), ac, b32.data(), bc);
   }
   thread_local std::vector<uint16_t> a16, b16;

@@ -18,9 +18,13 @@
 // for disjoint C.
 #include "trident/kernels/cpu/gemm_avx512.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "trident/kernels/cpu/isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -509,6 +513,71 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const flo
   bf16_entry(dpbf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
+namespace {
+constexpr int kProbeAcc = 24;     // independent accumulators: more than latency x issue rate on any x86 core
+constexpr int kProbeIters = 1500;  // per run: 36k instructions
+constexpr int kProbeRuns = 7;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Each run: kProbeIters rounds of one instruction on every accumulator. The empty asm keeps the compiler
+// from folding the loop (the operand "changes" every round); the final sum keeps the results alive.
+TRIDENT_BF16_FN double dpbf16_run() {
+  __m512 acc[kProbeAcc];
+  for (int i = 0; i < kProbeAcc; ++i) acc[i] = _mm512_setzero_ps();
+  __m512i x = _mm512_set1_epi32(0x3f803f80);  // bf16 pairs (1, 1)
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < kProbeIters; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kProbeAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)x, (__m512bh)x);
+    __asm__ volatile("" : "+v"(x));
+  }
+  const double s = seconds_since(t0);
+  __m512 sum = acc[0];
+  for (int i = 1; i < kProbeAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return 2.0 * 32 * kProbeAcc * kProbeIters / s * 1e-9;
+}
+
+TRIDENT_AVX512_FN double fma_run() {
+  __m512 acc[kProbeAcc];
+  for (int i = 0; i < kProbeAcc; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 x = _mm512_set1_ps(1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < kProbeIters; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kProbeAcc; ++i) acc[i] = _mm512_fmadd_ps(x, x, acc[i]);
+    __asm__ volatile("" : "+v"(x));
+  }
+  const double s = seconds_since(t0);
+  __m512 sum = acc[0];
+  for (int i = 1; i < kProbeAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return 2.0 * 16 * kProbeAcc * kProbeIters / s * 1e-9;
+}
+
+template <class F>
+double best_of_runs(F run) {
+  for (int i = 0; i < 3; ++i) fma_run();  // warm-up: the core raises its AVX-512 power state first
+  double best = 0;
+  for (int i = 0; i < kProbeRuns; ++i) best = std::max(best, run());
+  return best;
+}
+}  // namespace
+
+double probe_dpbf16_gflops() {
+  if (static_cast<int>(machine_isa()) < static_cast<int>(Isa::kAvx512Bf16)) return 0;
+  return best_of_runs(dpbf16_run);
+}
+double probe_fma_gflops() {
+  if (static_cast<int>(machine_isa()) < static_cast<int>(Isa::kAvx512)) return 0;
+  return best_of_runs(fma_run);
+}
+
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                  bool accumulate, float* C, int ldc, Tri tri) {
   if (M <= 0 || N <= 0) return;
@@ -548,6 +617,8 @@ void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, i
 void gemm_avx512_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
 size_t gemm_avx512_packed_b_floats(int, int) { return 0; }
+double probe_dpbf16_gflops() { return 0; }
+double probe_fma_gflops() { return 0; }
 void gemm_avx512_pack_b(bool, int, int, const float*, int, float*, int, int) {}
 void gemm_avx512_packed(bool, int, int, int, const float*, int, const float*, int, int, bool, float*, int) {}
 

@@ -43,4 +43,11 @@ void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const flo
 void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                    bool accumulate, float* C, int ldc);
 
+// One core's issue rate of vdpbf16ps and of vfmadd231ps on zmm registers, in GFLOP/s (2 flops per product;
+// 24 independent accumulators, so throughput rather than latency): the best of several runs of about 20 us
+// each, after a warm-up that lets the core settle at its AVX-512 clock. 0 where the CPU lacks the
+// instruction. Blocks the calling thread for about half a millisecond.
+double probe_dpbf16_gflops();
+double probe_fma_gflops();
+
 }  // namespace trident::kernels::cpu::detail

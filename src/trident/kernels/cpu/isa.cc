@@ -1,11 +1,15 @@
 // CPU feature detection and the active ISA level of the kernels (see isa.h).
 #include "trident/kernels/cpu/isa.h"
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "trident/core/env.h"
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/gemm_avx512.h"
 #include "trident/kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -172,6 +176,63 @@ int init_isa() {
 }
 }  // namespace detail
 
+Bf16Dot parse_bf16_dot(const std::string& name) {
+  if (name == "auto") return Bf16Dot::kAuto;
+  if (name == "on") return Bf16Dot::kOn;
+  if (name == "off") return Bf16Dot::kOff;
+  TRIDENT_THROW(InvalidArgument,
+                "TRIDENT_BF16_DOT='{}': use auto (vdpbf16ps where it measures faster than float32 FMAs), on or off",
+                name);
+}
+
+const char* bf16_dot_name(Bf16Dot mode) {
+  return mode == Bf16Dot::kOn ? "on" : mode == Bf16Dot::kOff ? "off" : "auto";
+}
+
+Bf16DotRates bf16_dot_rates() {
+  static const Bf16DotRates r = [] {
+    Bf16DotRates m;
+    m.fma_gflops = detail::probe_fma_gflops();
+    m.dpbf16_gflops = detail::probe_dpbf16_gflops();
+    return m;
+  }();
+  return r;
+}
+
+bool bf16_dot_pays(const Bf16DotRates& r) {
+  return r.dpbf16_gflops > 0 && r.dpbf16_gflops >= kBf16DotMinGain * r.fma_gflops;
+}
+
+namespace {
+std::atomic<int> g_bf16_dot{-1};
+}  // namespace
+
+Bf16Dot bf16_dot_mode() {
+  int v = g_bf16_dot.load(std::memory_order_relaxed);
+  if (v < 0) {
+    std::lock_guard<std::mutex> lock(g_init_mu);
+    v = g_bf16_dot.load(std::memory_order_relaxed);
+    if (v < 0) {
+      v = static_cast<int>(parse_bf16_dot(env::bf16_dot()));
+      g_bf16_dot.store(v, std::memory_order_relaxed);
+    }
+  }
+  return static_cast<Bf16Dot>(v);
+}
+
+Bf16Dot set_bf16_dot(Bf16Dot mode) {
+  const Bf16Dot before = bf16_dot_mode();
+  g_bf16_dot.store(static_cast<int>(mode), std::memory_order_relaxed);
+  return before;
+}
+
+bool bf16_dot_in_use() {
+  const Bf16Dot m = bf16_dot_mode();
+  if (m != Bf16Dot::kAuto) return m == Bf16Dot::kOn;
+  static const bool pays = bf16_dot_pays(bf16_dot_rates());
+  return pays;
+}
+
 std::string kernel_summary() {
   const Isa isa = active_isa();
   const int clone = isa >= Isa::kAvx512 ? 2 : static_cast<int>(isa);
@@ -180,6 +241,14 @@ std::string kernel_summary() {
                   detail::gemm_f32_kernel(isa) + ", gemm bfloat16 " + detail::gemm_bf16_kernel(isa) + ", attention " +
                   (isa >= Isa::kAvx512 ? "avx512 (gemm-blocked)" : "row-blocked ") +
                   (isa >= Isa::kAvx512 ? "" : clone_name) + ", layernorm/gelu/softmax-xent/adamw " + clone_name;
+  if (isa == Isa::kAvx512Bf16) {
+    const Bf16DotRates r = bf16_dot_rates();
+    s += fmt::format("; bfloat16 dot: TRIDENT_BF16_DOT={}, vdpbf16ps {:.0f} against FMA {:.0f} GFLOP/s on one core{}",
+                     bf16_dot_name(bf16_dot_mode()), r.dpbf16_gflops, r.fma_gflops,
+                     bf16_dot_mode() != Bf16Dot::kAuto ? ""
+                     : bf16_dot_in_use()               ? " (faster: used)"
+                                                       : " (not faster here: bfloat16 GEMMs run on FMAs)");
+  }
   return s;
 }
 

@@ -35,6 +35,31 @@ Isa active_isa();
 // above machine_isa() throws InvalidArgument.
 Isa set_isa(Isa isa);
 
+// Whether the bfloat16 GEMMs of level avx512bf16 run on vdpbf16ps or on float32 FMAs over bf16-rounded
+// operands (the same products, summed in float32). Having the instruction is not enough: the Intel Xeon
+// cores measured here (Emerald Rapids, AMX hidden by the hypervisor) issue it at half the flop rate of
+// their FMAs, AMD's Zen 5 at about twice. So both rates are measured once, on first use (about half a
+// millisecond), and vdpbf16ps is taken where it runs at least kBf16DotMinGain x the FMAs (auto); on and
+// off force the choice (TRIDENT_BF16_DOT, or set_bf16_dot for tests). Level amx is not affected.
+enum class Bf16Dot : int { kAuto = 0, kOn = 1, kOff = 2 };
+struct Bf16DotRates {
+  double dpbf16_gflops = 0, fma_gflops = 0;  // one core; zeros below level avx512bf16
+};
+inline constexpr double kBf16DotMinGain = 1.25;
+// "auto", "on" or "off"; anything else throws InvalidArgument naming the accepted values.
+Bf16Dot parse_bf16_dot(const std::string& name);
+const char* bf16_dot_name(Bf16Dot mode);
+// This core's rates, measured on the first call (later calls return the same figures).
+Bf16DotRates bf16_dot_rates();
+// auto's rule on given rates.
+bool bf16_dot_pays(const Bf16DotRates& r);
+// The mode now: TRIDENT_BF16_DOT at first use, then whatever set_bf16_dot chose. set_bf16_dot returns the
+// previous mode and, like set_isa, must not race kernel calls.
+Bf16Dot bf16_dot_mode();
+Bf16Dot set_bf16_dot(Bf16Dot mode);
+// Whether level avx512bf16's bfloat16 GEMM is the vdpbf16ps kernel: mode on, or auto and it pays here.
+bool bf16_dot_in_use();
+
 // One line naming the level and the kernel each operation runs on it, e.g. "isa avx512bf16 (machine
 // avx512bf16): gemm float32 avx512-fma, gemm bfloat16 avx512bf16-dpbf16, ...".
 std::string kernel_summary();
