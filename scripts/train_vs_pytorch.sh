@@ -3,7 +3,9 @@
 # PyTorch DDP (gloo) 2 ranks; nanoGPT CPU config, one thread per rank, OPENBLAS_CORETYPE unset on every side;
 # prints the median per-step tokens/s (trident: after the first 10 steps). usage: scripts/train_vs_pytorch.sh [TRIDENT_BIN] [ROUNDS]
 # Needs ../shared (beside this repository; not part of it): PEERS=its peers folder (ref_train.py), DATA=the
-# tinyshakespeare text. Per-run JSON goes to OUT (default out/train-vs-pytorch).
+# tinyshakespeare text. Per-run JSON goes to OUT (default out/train-vs-pytorch). PT_CORETYPE=NAME also runs
+# PyTorch with OPENBLAS_CORETYPE=NAME: where Debian's OpenBLAS does not know the CPU model it falls back to
+# its slowest kernels (Prescott on an Emerald Rapids Xeon), and a forced core type gives the fair peer.
 set -u
 B=${1:-build/trident}; REPS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +18,9 @@ for r in $(seq 1 $REPS); do
   env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --json > $OUTD/t1_$r.jsonl 2>/dev/null
   echo "trident 1 rank: $(med $OUTD/t1_$r.jsonl)"
   (cd $P && env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 2>&1 | grep tokens_per_s | sed 's/^/pytorch 1 rank: /')
+  [ -n "${PT_CORETYPE:-}" ] && (cd $P && env OPENBLAS_CORETYPE=$PT_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 2>&1 | grep tokens_per_s | sed "s/^/pytorch 1 rank, OPENBLAS_CORETYPE=$PT_CORETYPE: /")
   env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters 300 --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --nproc 2 --parallel ddp --json > $OUTD/t2_$r.jsonl 2>/dev/null
   echo "trident ddp 2: $(med $OUTD/t2_$r.jsonl)"
   (cd $P && env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 --nproc 2 2>&1 | grep tokens_per_s | sed 's/^/pytorch ddp 2: /')
+  [ -n "${PT_CORETYPE:-}" ] && (cd $P && env OPENBLAS_CORETYPE=$PT_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 ref_train.py --data $D --iters 300 --nproc 2 2>&1 | grep tokens_per_s | sed "s/^/pytorch ddp 2, OPENBLAS_CORETYPE=$PT_CORETYPE: /")
 done
