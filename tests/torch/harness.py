@@ -16,7 +16,7 @@ import torch.distributed as dist
 import trident_torch  # noqa: F401  registers backend "trident"
 
 
-def _child(fn, rank, world, backend, port, args, q, init_timeout):
+def _child(fn, rank, world, backend, port, args, q, init_timeout, finishers):
     torch.set_num_threads(1)
     try:
         # Rank 0 hosts torch's store on a port the kernel picks and tells the others (nothing picks a port and
@@ -37,6 +37,18 @@ def _child(fn, rank, world, backend, port, args, q, init_timeout):
         result = fn(rank, world, *args)
         dist.destroy_process_group()
         q.put((rank, "ok", result))
+        # Rank 0's process hosts the store: were it to exit first, a rank still polling the store (the end of
+        # init_process_group's barrier, when fn communicates nothing) would get "Broken pipe". So every rank
+        # that finishes says so, and rank 0 waits for the `finishers` expected (bounded: never a hang).
+        # Best effort: this rank's result is already reported.
+        try:
+            store.add("harness/finished", 1)
+            if rank == 0:
+                deadline = time.monotonic() + 30
+                while store.add("harness/finished", 0) < finishers and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        except Exception:  # noqa: BLE001  the store's host is gone: nothing left to wait for
+            pass
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
         # os._exit skips the queue's feeder thread: flush the report first, or the parent waits its timeout.
@@ -52,7 +64,9 @@ def spawn(fn, world, backend="trident", args=(), timeout=120, dying=(), init_tim
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = ctx.Value("i", 0)  # rank 0's store port, once it listens
-    procs = [ctx.Process(target=_child, args=(fn, r, world, backend, port, args, q, init_timeout)) for r in range(world)]
+    finishers = world - len(dying)
+    procs = [ctx.Process(target=_child, args=(fn, r, world, backend, port, args, q, init_timeout, finishers))
+             for r in range(world)]
     for p in procs:
         p.start()
     results, errors = {}, []
