@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "trident/core/error.h"
+#include "trident/core/json_int.h"
 #include "trident/data/file_io.h"
 #include "trident/data/gpt2_bpe.h"
 #include "trident/data/sentencepiece_model.h"
@@ -185,12 +186,16 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j) {
       }
       return t;
     }
-    auto cps = j.at("code_points").get<std::vector<uint32_t>>();
+    std::vector<uint32_t> cps;
+    if (!json_int::to_ints(j.at("code_points"), &cps))
+      TRIDENT_THROW(InvalidArgument, "tokenizer: code_points must be a list of integers in [0, 2^32)");
     Tokenizer t = char_level_from_vocab(cps);
     if (t.chars_.size() != cps.size()) TRIDENT_THROW(InvalidArgument, "tokenizer: code_points are not unique");
-    if (j.contains("vocab_size") && j["vocab_size"].get<int>() != t.vocab_size()) {
-      TRIDENT_THROW(InvalidArgument, "tokenizer: vocab_size {} does not match {} code points",
-                    j["vocab_size"].get<int>(), t.vocab_size());
+    if (j.contains("vocab_size")) {
+      int vocab = 0;
+      if (!json_int::to_int(j["vocab_size"], &vocab) || vocab != t.vocab_size())
+        TRIDENT_THROW(InvalidArgument, "tokenizer: vocab_size {} does not match {} code points", j["vocab_size"].dump(),
+                      t.vocab_size());
     }
     return t;
   } catch (const nlohmann::json::exception& e) {

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "trident/core/error.h"
+#include "trident/core/json_int.h"
 #include "trident/nn/models.h"
 
 namespace trident::nn {
@@ -27,9 +28,13 @@ namespace {
 int get_int(const nlohmann::json& j, const char* key, int fallback, int min_value) {
   if (!j.contains(key)) return fallback;
   const auto& v = j.at(key);
-  TRIDENT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
-                InvalidArgument, "model config: '{}' must be an integer >= {}, got {}", key, min_value, v.dump());
-  const int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  // A whole float (12.0) is accepted; it is range-checked before the cast (1e300 would be undefined).
+  const bool whole_float = v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) &&
+                           std::fabs(v.get<double>()) <= static_cast<double>(int64_t{1} << 30);
+  int64_t x = 0;
+  TRIDENT_CHECK(json_int::to_int(v, &x) || whole_float, InvalidArgument,
+                "model config: '{}' must be an integer >= {}, got {}", key, min_value, v.dump());
+  if (whole_float) x = static_cast<int64_t>(v.get<double>());
   TRIDENT_CHECK(x >= min_value && x <= (int64_t{1} << 30), InvalidArgument,
                 "model config: '{}' must be an integer >= {}, got {}", key, min_value, x);
   return static_cast<int>(x);

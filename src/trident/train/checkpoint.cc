@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "trident/core/error.h"
+#include "trident/core/json_int.h"
 #include "trident/core/log.h"
 #include "trident/core/tensor.h"
 #include "trident/data/file_io.h"
@@ -169,16 +170,27 @@ std::map<std::string, Tensor32> read_safetensors(const std::string& path, std::m
                       path, name, dt);
       }
       dtype = *known;
-      shape = info.at("shape").get<std::vector<int64_t>>();
-      auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
+      if (!json_int::to_ints(info.at("shape"), &shape))
+        corrupt(fmt::format("tensor '{}' has shape {}, not a list of integers", name, info.at("shape").dump()));
+      std::vector<uint64_t> off;
+      if (!json_int::to_ints(info.at("data_offsets"), &off))
+        corrupt(fmt::format("tensor '{}' has data_offsets {}, not a list of byte offsets", name,
+                            info.at("data_offsets").dump()));
       if (off.size() != 2) corrupt(fmt::format("tensor '{}' has {} data_offsets, expected 2", name, off.size()));
       b = off[0];
       e = off[1];
     } catch (const nlohmann::json::exception& ex) {
       corrupt(fmt::format("tensor '{}' has a malformed entry ({})", name, ex.what()));
     }
+    // Elements counted against the data section's size, so a huge shape is named before its product overflows.
+    uint64_t elems = 1;
     for (auto d : shape) {
       if (d < 0) corrupt(fmt::format("tensor '{}' has a negative dimension", name));
+      const auto ud = static_cast<uint64_t>(d);
+      if (ud != 0 && elems > buf_size / ud)
+        corrupt(fmt::format("tensor '{}' has shape {}, more elements than the file's {} data bytes", name,
+                            shape_string(shape), buf_size));
+      elems *= ud;
     }
     if (e < b || e > buf_size) {
       corrupt(fmt::format("tensor '{}' spans bytes [{}, {}) but the data section has {} bytes", name, b, e, buf_size));
@@ -462,19 +474,26 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
     if (j.at("format") != "trident-checkpoint") {
       TRIDENT_THROW(IoError, "'{}' is not a trident checkpoint (format {})", meta_path, j.at("format").dump());
     }
-    if (j.at("version").get<int>() != 1) {
-      TRIDENT_THROW(IoError, "'{}' has checkpoint version {}; this trident reads version 1", meta_path,
-                    j.at("version").get<int>());
+    // Integers are checked before conversion (core/json_int.h): a float or out-of-range value is corruption.
+    auto integer = [&](const nlohmann::json& v, const char* field, auto* out_value) {
+      if (!json_int::to_int(v, out_value))
+        TRIDENT_THROW(IoError, "checkpoint file '{}' is corrupt: \"{}\" is {}, not an integer in range", meta_path,
+                      field, v.dump());
+    };
+    int version = 0;
+    integer(j.at("version"), "version", &version);
+    if (version != 1) {
+      TRIDENT_THROW(IoError, "'{}' has checkpoint version {}; this trident reads version 1", meta_path, version);
     }
     auto& m = out.meta;
-    m.step = j.at("step").get<int64_t>();
+    integer(j.at("step"), "step", &m.step);
     m.model_config = j.at("model");
     m.tokenizer = j.at("tokenizer");
     m.train_config = j.value("train_config", nlohmann::json());
     m.sampler = j.value("sampler", nlohmann::json());
     m.rng = j.value("rng", nlohmann::json());
     m.trainer = j.value("trainer", nlohmann::json());
-    m.optimizer_step = j.at("optimizer").at("step").get<int64_t>();
+    integer(j.at("optimizer").at("step"), "optimizer.step", &m.optimizer_step);
     m.has_optimizer = j.at("optimizer").value("present", false);
     for (const auto& [fname, info] : j.at("files").items()) {
       if (fname != kModelFile && fname != kOptimFile) continue;
@@ -482,7 +501,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
       std::string fp = (fs::path(dir) / fname).string();
       std::error_code ec;
       if (!fs::exists(fp, ec)) TRIDENT_THROW(IoError, "checkpoint file '{}' is missing", fp);
-      uint64_t want = info.at("bytes").get<uint64_t>();
+      uint64_t want = 0;
+      integer(info.at("bytes"), "bytes", &want);
       uint64_t have = fs::file_size(fp, ec);
       if (have != want) {
         TRIDENT_THROW(IoError, "checkpoint file '{}' has {} bytes but {} records {} (truncated or replaced)", fp, have,

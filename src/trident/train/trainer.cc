@@ -212,6 +212,14 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     } else {
       const std::string kernels = kernels::cpu::kernel_summary();
       log_info("cpu kernels: {}; {} thread(s)", kernels, kernels::cpu::num_threads());
+      // bfloat16 pays on the CPU only where a unit multiplies bf16 faster than float32 (AMX tiles, or a
+      // vdpbf16ps that outruns the FMAs); elsewhere it rounds the operands, then runs float32's FMAs.
+      const kernels::cpu::Isa isa = kernels::cpu::active_isa();
+      if (cfg_.dtype == "bfloat16" && (isa < kernels::cpu::Isa::kAvx512Bf16 ||
+                                       (isa == kernels::cpu::Isa::kAvx512Bf16 && !kernels::cpu::bf16_dot_in_use())))
+        log_info("--dtype bfloat16 runs here on float32 FMAs over rounded operands (no faster bfloat16 unit at ISA "
+                 "level {}, see the kernels line): --dtype float32 trains faster on this CPU",
+                 kernels::cpu::isa_name(isa));
       emit({{"type", "run"},
             {"cpu_isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
             {"cpu_kernels", kernels},

@@ -208,6 +208,17 @@ TEST(Safetensors, RejectsTruncatedAndCorruptFiles) {
   std::ofstream(p, std::ios::binary) << bad;
   EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "256 bytes for shape [8, 8] of float16");
 
+  // Shapes and offsets that are not integers, or whose element count overflows, are named.
+  std::string hp = hand_written_safetensors(d.path, R"({"w":{"dtype":"F32","shape":[1e300],"data_offsets":[0,4]}})",
+                                            std::string(4, '\0'));
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(hp); }), "has shape [1e+300], not a list of integers");
+  hp = hand_written_safetensors(d.path, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4.5]}})",
+                                std::string(4, '\0'));
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(hp); }), "not a list of byte offsets");
+  hp = hand_written_safetensors(
+      d.path, R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", "");
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(hp); }), "more elements than the file's 0 data bytes");
+
   std::ofstream(p, std::ios::binary) << good << "xxxx";  // trailing bytes: a hole in the data section
   EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "cover 256 bytes but the data section has 260");
   EXPECT_THROW(read_safetensors((d.path / "missing").string()), IoError);
@@ -284,6 +295,16 @@ TEST(Checkpoint, CorruptTruncatedOrMissingFilesAreNamed) {
   EXPECT_CONTAINS(e, "not valid JSON");
   std::ofstream(dir + "/checkpoint.json") << R"({"format": "trident-checkpoint", "version": 9})";
   EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir); }), "version 9");
+  // Numbers no integer field can hold are corruption, named, never converted (the fuzzer's find: a version of
+  // 100 digits, which JSON reads as a float, used to reach a float-to-int cast, undefined behaviour).
+  for (const char* version : {"188888888888888888888888888888888888888888888", "1e300", "1.5", "-99999999999"}) {
+    std::ofstream(dir + "/checkpoint.json") << R"({"format": "trident-checkpoint", "version": )" << version << "}";
+    e = error_of([&] { load_checkpoint(dir); });
+    EXPECT_CONTAINS(e, "\"version\" is");
+    EXPECT_CONTAINS(e, "not an integer in range");
+  }
+  std::ofstream(dir + "/checkpoint.json") << R"({"format": "trident-checkpoint", "version": 1, "step": 1e30})";
+  EXPECT_CONTAINS(error_of([&] { load_checkpoint(dir); }), "\"step\" is 1e+30");
   EXPECT_CONTAINS(error_of([&] { find_checkpoint((d.path / "nope").string()); }), "does not exist");
   std::ofstream(d.path / "latest") << "ckpt-00000042\n";
   EXPECT_CONTAINS(error_of([&] { find_checkpoint(d.path.string()); }), "not a complete checkpoint");
