@@ -339,7 +339,7 @@ RankDump parse_flight_dump(const std::string& text, const std::string& file) {
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
     TRIDENT_THROW(IoError,
                   "flight-recorder dump '{}' is not valid JSON (truncated or corrupt: {}); a dump is written to a "
                   "temporary file and renamed, so a cut-off one was copied or edited after it was written",

@@ -432,7 +432,7 @@ void apply_config_file(TrainConfig& cfg, const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     TRIDENT_THROW(InvalidArgument, "config file '{}' is not valid JSON: {}", path, e.what());
   }
   apply_config_json(cfg, j, "'" + path + "'");
