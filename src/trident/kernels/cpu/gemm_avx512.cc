@@ -530,6 +530,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Sums the accumulators into a volatile, so the compiler cannot drop the loop that produced them.
+TRIDENT_AVX512_FN __attribute__((always_inline)) inline void keep_alive(const __m512 (&acc)[kProbeAcc]) {
+  __m512 sum = acc[0];
+  for (int i = 1; i < kProbeAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+}
+
 // Each run: kProbeIters rounds of one instruction on every accumulator. The empty asm keeps the compiler
 // from folding the loop (the operand "changes" every round); the final sum keeps the results alive.
 TRIDENT_BF16_FN double dpbf16_run() {
@@ -543,10 +551,7 @@ TRIDENT_BF16_FN double dpbf16_run() {
     __asm__ volatile("" : "+v"(x));
   }
   const double s = seconds_since(t0);
-  __m512 sum = acc[0];
-  for (int i = 1; i < kProbeAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  volatile float sink = _mm512_reduce_add_ps(sum);
-  (void)sink;
+  keep_alive(acc);
   return 2.0 * 32 * kProbeAcc * kProbeIters / s * 1e-9;
 }
 
@@ -561,10 +566,7 @@ TRIDENT_AVX512_FN double fma_run() {
     __asm__ volatile("" : "+v"(x));
   }
   const double s = seconds_since(t0);
-  __m512 sum = acc[0];
-  for (int i = 1; i < kProbeAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  volatile float sink = _mm512_reduce_add_ps(sum);
-  (void)sink;
+  keep_alive(acc);
   return 2.0 * 16 * kProbeAcc * kProbeIters / s * 1e-9;
 }
 
