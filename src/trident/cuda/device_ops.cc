@@ -142,7 +142,8 @@ const k::DeviceOps kCudaOps = {
       cuda::linear_forward(out, inp, w, b, N, C, OC, p);
     },
     [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC,
-       float beta, Precision p) { cuda::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p); },
+       float beta, Precision p,
+       const float* dinp_mul) { cuda::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p, dinp_mul); },
     [](float* out, const float* inp, size_t n, GeluKind kind) { cuda::gelu_forward(out, inp, n, kind); },
     [](float* out, float* grad, const float* inp, size_t n, GeluKind kind) {
       cuda::gelu_forward_and_grad(out, grad, inp, n, kind);

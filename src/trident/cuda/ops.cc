@@ -140,7 +140,8 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, float dinp_beta, Precision p, cudaStream_t stream) {
+                     const float* weight, int N, int C, int OC, float dinp_beta, Precision p, const float* dinp_mul,
+                     cudaStream_t stream) {
   check_dims("linear_backward", N, C, OC);
   if (p == Precision::kBFloat16 && (dinp || dweight) && N > 0 && C > 0 && OC > 0) {
     // dout feeds both products: rounded to bfloat16 once (the same bits gemm() would produce twice).
@@ -165,6 +166,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C, p, stream);
     if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, p, stream);
   }
+  if (dinp && dinp_mul) mul(dinp, dinp, dinp_mul, static_cast<size_t>(N) * C, stream);
   if (dbias && N > 0 && OC > 0) {
     const int chunks = launch::column_chunks(N);
     Scratch<float> partial(static_cast<size_t>(chunks) * OC, stream);

@@ -44,10 +44,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
 // dinp[N,C] = dinp_beta * dinp + dout W (dinp nullable); dweight[OC,C] += dout^T inp; dbias[OC] += column
-// sums of dout (nullable; fixed-order two-stage sum).
+// sums of dout (nullable; fixed-order two-stage sum). dinp_mul (nullable, N x C): dinp is then multiplied
+// by it elementwise, as the CPU kernel does (here a separate elementwise pass after the product).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, float dinp_beta = 0.0f,
-                     Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
+                     Precision p = Precision::kFloat32, const float* dinp_mul = nullptr,
+                     cudaStream_t stream = nullptr);
 
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind, cudaStream_t stream = nullptr);
 // out = gelu(inp) and grad = gelu'(inp) in one pass (grad may alias inp), as the CPU kernel.

@@ -140,7 +140,8 @@ const DeviceOps kCpuOps = {
       cpu::linear_forward(out, inp, w, b, N, C, OC, p);
     },
     [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC,
-       float beta, cpu::Precision p) { cpu::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p); },
+       float beta, cpu::Precision p,
+       const float* dinp_mul) { cpu::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p, dinp_mul); },
     cpu::gelu_forward,
     cpu::gelu_forward_and_grad,
     cpu::gelu_backward,

@@ -60,7 +60,8 @@ struct DeviceOps {
   void (*linear_forward)(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                          cpu::Precision p);
   void (*linear_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, int N, int C, int OC, float dinp_beta, cpu::Precision p);
+                          const float* weight, int N, int C, int OC, float dinp_beta, cpu::Precision p,
+                          const float* dinp_mul);
   void (*gelu_forward)(float* out, const float* inp, size_t n, cpu::GeluKind kind);
   void (*gelu_forward_and_grad)(float* out, float* grad, const float* inp, size_t n, cpu::GeluKind kind);
   void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n, cpu::GeluKind kind);

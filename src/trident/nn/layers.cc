@@ -54,11 +54,15 @@ void Linear::forward(const LayerEnv& e, float* out, const float* inp, int N, int
   e.ops.linear_forward(out, inp, e.P(w), e.P(b), N, C, OC, e.precision);
 }
 
-void Linear::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C,
-                      int OC) const {
-  e.ops.linear_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), N, C, OC, 0.0f, e.precision);
-  // Column-parallel: every rank's input gradient is partial (its output rows only).
+void Linear::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C, int OC,
+                      const float* dinp_mul) const {
+  // Column-parallel: every rank's input gradient is partial (its output rows only), so a factor applies
+  // after the sum.
+  const bool partial = mode == Parallelism::kColumn && e.parallel();
+  e.ops.linear_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), N, C, OC, 0.0f, e.precision,
+                        partial ? nullptr : dinp_mul);
   if (mode == Parallelism::kColumn) e.all_reduce_sum(dinp, static_cast<size_t>(N) * C);
+  if (partial && dinp_mul) e.ops.mul(dinp, dinp, dinp_mul, static_cast<size_t>(N) * C);
   e.fire(b);
   e.fire(w);
 }
@@ -116,8 +120,8 @@ void GptBlock::backward(const LayerEnv& e, float* dres, const float* x, LayerAct
   float* dfch = e.scratch(2, static_cast<size_t>(N) * 4 * Cl);
   float* datty = e.scratch(3, static_cast<size_t>(N) * Cl);
   // mlp.c_proj (row-parallel): its bias gradient is the column sum of the replicated dres.
-  p_.mproj.backward(e, dfch, dres, a[kFchGelu], N, 4 * Cl, C);
-  e.ops.mul(dfch, dfch, a[kFch], static_cast<size_t>(N) * 4 * Cl);
+  // d(pre-activation) = (dres W) * gelu'(pre-activation), the product fused into the GEMM.
+  p_.mproj.backward(e, dfch, dres, a[kFchGelu], N, 4 * Cl, C, a[kFch]);
   p_.fc.backward(e, dc, dfch, a[kLn2], N, C, 4 * Cl);
   p_.ln2.backward(e, dres, dc, a[kRes2], a[kLn2Mean], a[kLn2Rstd], N, C);
   p_.proj.backward(e, datty, dres, a[kAtty], N, Cl, C);
@@ -200,7 +204,8 @@ void MlpLayers::backward(const LayerEnv& e, float* dres, const float* x, LayerAc
     float* dh = e.scratch(0, NC);
     e.ops.gelu_backward(dh, a[kH], dres, NC, e.gelu);
     // d x_l = d x_{l+1} (residual) + dh W: accumulate into dres.
-    e.ops.linear_backward(dres, e.G(l_[0].w), e.G(l_[0].b), dh, x, e.P(l_[0].w), N, C, C, 1.0f, e.precision);
+    e.ops.linear_backward(dres, e.G(l_[0].w), e.G(l_[0].b), dh, x, e.P(l_[0].w), N, C, C, 1.0f, e.precision,
+                          nullptr);
     e.fire(l_[0].b);
     e.fire(l_[0].w);
     return;
@@ -214,14 +219,16 @@ void MlpLayers::backward(const LayerEnv& e, float* dres, const float* x, LayerAc
   if (pair) {
     float* dh2 = e.scratch(2, NC);
     e.ops.mul(dh2, dres, a[kG2Grad], NC);
-    e.ops.linear_backward(dy, e.G(l_[1].w), e.G(l_[1].b), dh2, a[kY], e.P(l_[1].w), N, Cl, C, 0.0f, e.precision);
+    e.ops.linear_backward(dy, e.G(l_[1].w), e.G(l_[1].b), dh2, a[kY], e.P(l_[1].w), N, Cl, C, 0.0f, e.precision,
+                          nullptr);
     e.fire(l_[1].b);
     e.fire(l_[1].w);
     e.ops.add_inplace(dg, dy, NCl);
   }
   e.ops.mul(dg, dg, a[kH], NCl);  // d h_i (local columns)
   float* dxp = e.scratch(3, NC);
-  e.ops.linear_backward(dxp, e.G(l_[0].w), e.G(l_[0].b), dg, x, e.P(l_[0].w), N, C, Cl, 0.0f, e.precision);
+  e.ops.linear_backward(dxp, e.G(l_[0].w), e.G(l_[0].b), dg, x, e.P(l_[0].w), N, C, Cl, 0.0f, e.precision,
+                        nullptr);
   if (pair) e.ops.add_2d(dxp + c0, C, dxp + c0, C, dy, Cl, N, Cl);
   e.all_reduce_sum(dxp, NC);
   e.ops.add_inplace(dres, dxp, NC);
@@ -283,7 +290,7 @@ void LmHead::backward(const LayerEnv& e, float* dx, float* dlnf, const float* dl
                       const float* x, const float* mean, const float* rstd, int N, int C) const {
   // d lnf = dlogits head (this rank's vocabulary rows: partial, all-reduced); d head += dlogits^T lnf.
   e.ops.linear_backward(dlnf, e.G(head), nullptr, dlogits, lnf_out, e.P(head), N, C, static_cast<int>(vl), 0.0f,
-                        e.precision);
+                        e.precision, nullptr);
   e.all_reduce_sum(dlnf, static_cast<size_t>(N) * C);
   if (fire_head) e.fire(head);
   e.ops.memset_zero(dx, sizeof(float) * static_cast<size_t>(N) * C);

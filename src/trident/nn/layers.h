@@ -116,7 +116,10 @@ struct Linear {
   Parallelism mode = Parallelism::kNone;
   void forward(const LayerEnv& e, float* out, const float* inp, int N, int C, int OC) const;
   // dinp = dout W (column-parallel: all-reduced); fires b then w.
-  void backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C, int OC) const;
+  // dinp_mul (nullable, N x C): the input gradient is multiplied by it elementwise (an activation's
+  // derivative), fused into the product on the CPU.
+  void backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C, int OC,
+                const float* dinp_mul = nullptr) const;
 };
 
 // One residual block between x_l and x_{l+1} (a GPT block, one or two MLP layers).

@@ -79,8 +79,12 @@ TEST(Device, CpuTableGivesTheCpuKernelsBits) {
     EXPECT_TRUE(same_bits(y1, y2));
     std::vector<float> dx1(N * C, 1.0f), dx2 = dx1, dw1(OC * C, 0.5f), dw2 = dw1, db1(OC, 0.25f), db2 = db1;
     kc::linear_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC, 1.0f, p);
-    ops.linear_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC, 1.0f, p);
+    ops.linear_backward(dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC, 1.0f, p,
+                        nullptr);
     EXPECT_TRUE(same_bits(dx1, dx2) && same_bits(dw1, dw2) && same_bits(db1, db2));
+    kc::linear_backward(dx1.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), N, C, OC, 0.0f, p, x.data());
+    ops.linear_backward(dx2.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), N, C, OC, 0.0f, p, x.data());
+    EXPECT_TRUE(same_bits(dx1, dx2));
     std::vector<float> c1(N * OC, 2.0f), c2 = c1;
     kc::gemm(false, true, N, OC, C, 0.5f, x.data(), C, w.data(), C, 1.0f, c1.data(), OC, p);
     ops.gemm(false, true, N, OC, C, 0.5f, x.data(), C, w.data(), C, 1.0f, c2.data(), OC, p);

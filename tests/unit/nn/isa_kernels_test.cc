@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "reference.h"
@@ -200,6 +201,41 @@ TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
             }
       }
     }
+  }
+}
+
+// linear_backward's fused factor (dinp *= dinp_mul, applied per task) gives the bits of the product
+// followed by a separate mul, on every path, precision, beta, and on 1 and 2 threads (tasks split C).
+TEST(IsaKernels, LinearBackwardFusedFactorIsTheSeparateMul) {
+  // N, C, OC: ones, primes, past the 6-row tiles, 64-column panels and 128-deep k blocks, many tasks.
+  const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {67, 130, 300}, {384, 512, 128}};
+  for (const Path& path : paths()) {
+    IsaScope scope(path.isa, path.dot);
+    for (int threads : {1, 2}) {
+      kc::set_num_threads(threads);
+      for (const auto& s : shapes) {
+        const int N = s[0], C = s[1], OC = s[2];
+        const std::vector<float> dout = ref::to_float(ref::random_vec(static_cast<size_t>(N) * OC, 41 + N));
+        const std::vector<float> w = ref::to_float(ref::random_vec(static_cast<size_t>(OC) * C, 42 + C));
+        const std::vector<float> x = ref::to_float(ref::random_vec(static_cast<size_t>(N) * C, 43));
+        const std::vector<float> g = ref::to_float(ref::random_vec(static_cast<size_t>(N) * C, 44 + OC));
+        const std::vector<float> d0 = ref::to_float(ref::random_vec(static_cast<size_t>(N) * C, 45));
+        for (int bf = 0; bf < 2; ++bf)
+          for (float beta : {0.0f, 1.0f}) {
+            const auto p = bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32;
+            std::vector<float> sep = d0, fused = d0, dw1(static_cast<size_t>(OC) * C), dw2 = dw1;
+            kc::linear_backward(sep.data(), dw1.data(), nullptr, dout.data(), x.data(), w.data(), N, C, OC, beta, p);
+            kc::mul(sep.data(), sep.data(), g.data(), sep.size());
+            kc::linear_backward(fused.data(), dw2.data(), nullptr, dout.data(), x.data(), w.data(), N, C, OC, beta, p,
+                                g.data());
+            EXPECT_EQ(std::memcmp(sep.data(), fused.data(), sep.size() * sizeof(float)), 0)
+                << path.name() << (bf ? " bfloat16" : " float32") << " N " << N << " C " << C << " OC " << OC
+                << " beta " << beta << " threads " << threads;
+            EXPECT_EQ(std::memcmp(dw1.data(), dw2.data(), dw1.size() * sizeof(float)), 0) << path.name();
+          }
+      }
+    }
+    kc::set_num_threads(1);
   }
 }
 

@@ -50,9 +50,10 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
 TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
   if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
   KernelPath path(true);
-  // Tails in every dimension; K past the 128-deep blocks; M past the 6-row tiles; N past 64-wide panels.
+  // Tails in every dimension; K past the 128-deep blocks; M past the 6-row tiles; N past 64-wide panels;
+  // M past the 512-row groups of a transposed-A product.
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 64, 128}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65},
-                           {12, 129, 257}};
+                           {12, 129, 257}, {523, 65, 19}};
   for (const auto& s : shapes) {
     const int M = s[0], N = s[1], K = s[2];
     const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 11 + M));

@@ -2,9 +2,9 @@
 // (K and N of 64..768): C[M,N] (+)= op(A) op(B), row-major.
 //
 // Why not OpenBLAS for these: at these sizes OpenBLAS spends a fifth of its time outside the FMA kernel
-// (packing both operands for every call, zeroing C for beta 0). Here only a transposed B (a Linear's
-// weight in forward) is packed, 128 x 64 floats at a time; A is broadcast straight from its rows (or,
-// transposed, from consecutive floats of one row), B rows are loaded in place, and C is written once.
+// (packing both operands for every call, zeroing C for beta 0). Here only B is packed, 128 x 64 floats at
+// a time (once per call for all tiles, or per block into L1: gemm.cc chooses); A is broadcast straight
+// from its rows (or, transposed, from consecutive floats of one row, fetched ahead), and C is written once.
 //
 // Numerics: every C element is one fused multiply-add chain over k = 0..K-1 in order, starting from 0
 // (or from C's old value when accumulating). The result therefore does not depend on the tiling, on M,
@@ -46,6 +46,7 @@ constexpr int kMr = 6;    // rows of a register tile
 constexpr int kNv = 4;    // zmm vectors per tile row: 64 columns
 constexpr int kNr = 16 * kNv;
 constexpr int kKc = 128;  // k per block: a packed 128 x 64 panel is 32 KiB, resident in L1
+constexpr int kPrefetchRowsA = 8;  // a transposed A is fetched this many k (about 100 cycles) ahead
 
 alignas(64) thread_local float g_pack[kKc * kNr];
 
@@ -80,11 +81,15 @@ TRIDENT_AVX512_FN __attribute__((always_inline)) inline void store_tile(const __
 // acc[MR][NV] = (load_c ? C : 0) + sum_k A(i,k) B(k,j) for one tile. B rows at stride ldb; the last
 // vector of each row is stored under mask `last` (columns past N are never written) and, with kMaskB, also
 // loaded under it: B read in place. A packed panel is zero past N, so its rows load whole: a masked load
-// costs Intel cores an extra vector-ALU uop, one FMA slot in every 25 of the loop.
-template <int MR, int NV, bool kTransA, bool kMaskB>
+// costs Intel cores an extra vector-ALU uop, one FMA slot in every 25 of the loop. kCopyB (B read in place)
+// also stores each row of B it loads into pk (rows of 64 floats, zero past N) for the tiles after it:
+// the stores ride in the store port's idle slots of an FMA-bound loop, where a separate packing pass
+// would read B twice.
+template <int MR, int NV, bool kTransA, bool kMaskB, bool kCopyB = false>
 TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __restrict a, ptrdiff_t lda,
                                                        const float* __restrict b, ptrdiff_t ldb, __mmask16 last,
-                                                       float* __restrict c, ptrdiff_t ldc, bool load_c) {
+                                                       float* __restrict c, ptrdiff_t ldc, bool load_c,
+                                                       float* __restrict pk) {
   __m512 acc[MR][NV];
   load_tile<MR, NV>(acc, c, ldc, last, load_c);
   const float* ar[MR];
@@ -96,18 +101,29 @@ TRIDENT_AVX512_FN __attribute__((noinline)) void micro(int K, const float* __res
     for (int v = 0; v < NV; ++v)
       bv[v] = kMaskB && v == NV - 1 ? _mm512_maskz_loadu_ps(last, b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
     b += ldb;
+    if (kCopyB) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_store_ps(pk + 16 * v, bv[v]);
+      pk += kNr;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 av = _mm512_set1_ps(kTransA ? ar[0][i] : ar[i][k]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
     }
-    if (kTransA) ar[0] += lda;
+    if (kTransA) {
+      // A transposed: the six floats of the next k sit one row of the stored A further, typically a new
+      // page; the hardware streamer stops at pages, so the line is fetched ahead here.
+      _mm_prefetch(reinterpret_cast<const char*>(ar[0] + kPrefetchRowsA * lda), _MM_HINT_T0);
+      ar[0] += lda;
+    }
   }
   store_tile<MR, NV>(acc, c, ldc, last);
 }
 
-using MicroFn = void (*)(int, const float*, ptrdiff_t, const float*, ptrdiff_t, __mmask16, float*, ptrdiff_t, bool);
+using MicroFn = void (*)(int, const float*, ptrdiff_t, const float*, ptrdiff_t, __mmask16, float*, ptrdiff_t, bool,
+                        float*);
 
 template <bool kTransA, bool kMaskB, int MR>
 constexpr MicroFn pick_nv(int nv) {
@@ -131,6 +147,14 @@ MicroFn pick_mr(int mr, int nv) {
 template <bool kTransA>
 MicroFn pick(int mr, int nv, bool mask_b) {
   return mask_b ? pick_mr<kTransA, true>(mr, nv) : pick_mr<kTransA, false>(mr, nv);
+}
+// A full-height tile that reads B in place and packs it (kCopyB).
+template <bool kTransA>
+MicroFn pick_copy(int nv) {
+  return nv == 1   ? &micro<kMr, 1, kTransA, true, true>
+         : nv == 2 ? &micro<kMr, 2, kTransA, true, true>
+         : nv == 3 ? &micro<kMr, 3, kTransA, true, true>
+                   : &micro<kMr, 4, kTransA, true, true>;
 }
 
 // In-register 16 x 16 transpose: rows r[0..15] in, r[c] = column c out.
@@ -179,6 +203,20 @@ TRIDENT_AVX512_FN void pack_transposed(float* dst, const float* b, ptrdiff_t ldb
   }
 }
 
+// dst[k][jj] (rows of 64 floats, 64-byte aligned) = B(k0 + k, j0 + jj) for an untransposed B (B(k,j) =
+// b[k*ldb + j]); jj < w, zero beyond.
+TRIDENT_AVX512_FN void pack_rows(float* dst, const float* b, ptrdiff_t ldb, int k0, int kc, int j0, int w) {
+  for (int k = 0; k < kc; ++k) {
+    const float* src = b + static_cast<ptrdiff_t>(k0 + k) * ldb + j0;
+#pragma GCC unroll 4
+    for (int v = 0; v < kNv; ++v) {
+      const int n = w - 16 * v <= 0 ? 0 : (w - 16 * v < 16 ? w - 16 * v : 16);
+      _mm512_store_ps(dst + k * kNr + 16 * v,
+                      _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), src + 16 * v));
+    }
+  }
+}
+
 // Packs the 64-column panels [p0, p1) of op(B) (K x N) in the layout of gemm_avx512_pack_b (header).
 TRIDENT_AVX512_FN void pack_b_panels(bool trans_b, int N, int K, const float* B, int ldb, float* out, int p0, int p1) {
   const int np = (N + kNr - 1) / kNr * kNr;
@@ -188,25 +226,15 @@ TRIDENT_AVX512_FN void pack_b_panels(bool trans_b, int N, int K, const float* B,
       const int j0 = p * kNr;
       const int w = N - j0 < kNr ? N - j0 : kNr;
       float* dst = out + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(p) * kc * kNr;
-      if (trans_b) {
-        pack_transposed(dst, B, ldb, k0, kc, j0, w);
-        continue;
-      }
-      for (int k = 0; k < kc; ++k) {
-        const float* src = B + static_cast<ptrdiff_t>(k0 + k) * ldb + j0;
-#pragma GCC unroll 4
-        for (int v = 0; v < kNv; ++v) {
-          const int n = w - 16 * v <= 0 ? 0 : (w - 16 * v < 16 ? w - 16 * v : 16);
-          _mm512_store_ps(dst + k * kNr + 16 * v,
-                          _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), src + 16 * v));
-        }
-      }
+      if (trans_b) pack_transposed(dst, B, ldb, k0, kc, j0, w);
+      else pack_rows(dst, B, ldb, k0, kc, j0, w);
     }
   }
 }
 
 // packed: op(B) already in the layout of gemm_avx512_pack_b (np padded columns), this call's column 0 at
-// its column pj0 (a multiple of 64); null: B read in place (a transposed B packed per block here).
+// its column pj0 (a multiple of 64); null: each 128 x 64 block of op(B) packed here into the L1 panel
+// (an untransposed B is read in place instead when one or two row tiles are all that use the block).
 template <bool kTransA>
 TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                            bool accumulate, float* C, int ldc, Tri tri, const float* packed = nullptr,
@@ -218,6 +246,7 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
       const float* bp;
       ptrdiff_t bs;
       bool mask_b = false;  // B read in place: its last vector loads under the mask
+      bool copy_b = false;  // the first row tile packs B into g_pack as it reads it
       if (packed != nullptr) {
         bp = packed + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(pj0 + j0) * kc;
         bs = kNr;
@@ -225,6 +254,15 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
         pack_transposed(g_pack, B, ldb, k0, kc, j0, w);
         bp = g_pack;
         bs = kNr;
+      } else if (M > 2 * kMr && tri == Tri::kNone) {
+        // Three or more row tiles read all of this block: the first reads B in place and packs it into
+        // the L1 panel for the others; rows of B in place would come from as few cache sets as B's
+        // stride allows (two, at 2 KiB) and from L2. (The triangular products of attention read parts
+        // of small blocks: packing them cost it 5-10%.)
+        bp = B + static_cast<ptrdiff_t>(k0) * ldb + j0;
+        bs = ldb;
+        mask_b = true;
+        copy_b = true;
       } else {
         bp = B + static_cast<ptrdiff_t>(k0) * ldb + j0;
         bs = ldb;
@@ -253,8 +291,16 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
         const int kk = k0 + ks;
         const float* ai =
             kTransA ? A + static_cast<ptrdiff_t>(kk) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + kk;
-        pick<kTransA>(mr, nv, mask_b)(ke - ks, ai, lda, bp + static_cast<ptrdiff_t>(ks) * bs, bs, last,
-                              C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, load_c);
+        float* ci = C + static_cast<ptrdiff_t>(i0) * ldc + j0;
+        if (copy_b) {  // tri is kNone: ks = 0, ke = kc, mr = kMr
+          pick_copy<kTransA>(nv)(kc, ai, lda, bp, bs, last, ci, ldc, load_c, g_pack);
+          bp = g_pack;
+          bs = kNr;
+          mask_b = copy_b = false;
+          continue;
+        }
+        pick<kTransA>(mr, nv, mask_b)(ke - ks, ai, lda, bp + static_cast<ptrdiff_t>(ks) * bs, bs, last, ci, ldc,
+                                      load_c, nullptr);
       }
     }
   }

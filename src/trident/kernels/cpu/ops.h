@@ -45,10 +45,12 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     Precision p = Precision::kFloat32);
 // dinp[N,C] = dinp_beta * dinp + dout W (dinp nullable: skipped); dweight[OC,C] += dout^T inp;
-// dbias[OC] += column sums of dout (nullable).
+// dbias[OC] += column sums of dout (nullable). dinp_mul (nullable, N x C): dinp is then multiplied by it
+// elementwise (an activation's derivative), the same result as a separate mul(dinp, dinp, dinp_mul), applied
+// block by block while the product is in cache.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, float dinp_beta = 0.0f,
-                     Precision p = Precision::kFloat32);
+                     Precision p = Precision::kFloat32, const float* dinp_mul = nullptr);
 
 // out = gelu(inp); exact = 0.5 x (1 + erf(x/sqrt2)) (nn.GELU()), tanh = GPT-2's approximation.
 void gelu_forward(float* out, const float* inp, size_t n, GeluKind kind);
