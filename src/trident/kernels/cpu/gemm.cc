@@ -173,7 +173,8 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
   const int row_groups = (M + kBlockRows - 1) / kBlockRows;
   const int rows_per = ((M + row_groups - 1) / row_groups + kRowStep - 1) / kRowStep * kRowStep;
   parallel_for(static_cast<int64_t>(row_groups) * panels, [&](int64_t t) {
-    const int i0 = static_cast<int>(t % row_groups) * rows_per, j0 = static_cast<int>(t / row_groups) * kPanel;
+    // Panels inner: a row group's A (K x rows) stays in L2 while the task moves across the panels.
+    const int i0 = static_cast<int>(t / panels) * rows_per, j0 = static_cast<int>(t % panels) * kPanel;
     const int mi = std::min(M, i0 + rows_per) - i0, nj = std::min(N, j0 + kPanel) - j0;
     if (mi <= 0) return;
     const float* b = trans_b ? B + static_cast<ptrdiff_t>(j0) * ldb : B + j0;
