@@ -187,12 +187,13 @@ __attribute__((always_inline)) static inline typename VecOf<W>::F splat(float x)
   return typename VecOf<W>::F{} + x;
 }
 
-// Lane indices base + 0..W-1.
+// Lane indices base + 0..W-1: a constant 0..W-1 plus a broadcast (built lane by lane from base, GCC
+// emitted W scalar adds and inserts for every call).
 template <int W>
 __attribute__((always_inline)) static inline typename VecOf<W>::I lanes(int base) {
   typename VecOf<W>::I l;
-  for (int k = 0; k < W; ++k) l[k] = base + k;
-  return l;
+  for (int k = 0; k < W; ++k) l[k] = k;
+  return l + base;
 }
 
 // detail::fast_exp on W lanes (same operations, same results).
@@ -338,15 +339,49 @@ using detail::Tri;
 
 // Row i of S (stride tp) holds q_i.k_j for j <= i on entry; on return exp(scale s - lse_i) normalized (P),
 // zero for j > i up to the padded row end; lse[i] set.
+// masked_softmax_row's operations on every row, in three passes over the rows: the maxima, then the exps
+// and their sums, then the normalization and lse. Row by row, the max tree, the sum tree and the division
+// formed one dependent chain per row that the core could not overlap with the next row (a third of the
+// forward head's time); across passes no row waits on another. Same operations, same bits.
 template <int W>
 TRIDENT_KERNEL_BODY void causal_softmax_rows_body(float* S, size_t tp, float* lse, int T, float scale) {
   TRIDENT_VEC_TYPES;
+  thread_local std::vector<float> sums;
+  if (sums.size() < static_cast<size_t>(T)) sums.resize(static_cast<size_t>(T));
   const int tend = round_up<W>(T);
+  for (int i = 0; i < T; ++i) {  // lse[i] holds the row's max until the last pass
+    const int n = i + 1, n16 = round_up<W>(n);
+    const float* row = S + i * tp;
+    Vec16 vmax = splat<W>(-3.0e38f);
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 x = load16<W>(row + jb) * scale;
+      x = lanes<W>(jb) < n ? x : splat<W>(-3.0e38f);
+      vmax = x > vmax ? x : vmax;
+    }
+    lse[i] = hmax<W>(vmax);
+  }
   for (int i = 0; i < T; ++i) {
     const int n = i + 1, n16 = round_up<W>(n);
     float* row = S + i * tp;
-    lse[i] = masked_softmax_row<W>(row, n, scale);
+    const float mx = lse[i];
+    Vec16 vsum = {};
+    for (int jb = 0; jb < n16; jb += kW) {
+      Vec16 x = load16<W>(row + jb) * scale;
+      x = lanes<W>(jb) < n ? x : splat<W>(-3.0e38f);
+      Vec16 e = fast_exp16<W>(x - mx);
+      e = lanes<W>(jb) < n ? e : Vec16{};
+      store16<W>(row + jb, e);
+      vsum += e;
+    }
+    sums[i] = hsum<W>(vsum);
+  }
+  for (int i = 0; i < T; ++i) {
+    const int n16 = round_up<W>(i + 1);
+    float* row = S + i * tp;
+    const float sum = sums[i], inv = 1.0f / sum;
+    for (int jb = 0; jb < n16; jb += kW) store16<W>(row + jb, load16<W>(row + jb) * inv);
     for (int jb = n16; jb < tend; jb += kW) store16<W>(row + jb, Vec16{});
+    lse[i] += std::log(sum);
   }
 }
 TRIDENT_ISA_CLONES_W(void, causal_softmax_rows, (float* S, size_t tp, float* lse, int T, float scale),
@@ -391,23 +426,32 @@ static void causal_softmax_grad_rows(float* P, float* dS, size_t tp, const float
   return TRIDENT_ISA_CALL(causal_softmax_grad_rows, (P, dS, tp, Dv, lse, T, scale));
 }
 
-// D[(b NH + h) T + t] = dO . O over head h's hd columns of row (b, t), d in order. One pass over the rows
-// in memory order (the hardware prefetcher streams them): read per head inside the backward, O's rows
-// (cold since the forward) cost a cache miss each on the critical path.
+// D[(b NH + h) T + t] = dO . O over head h's hd columns of row (b, t). One pass over the rows in memory
+// order (the hardware prefetcher streams them): read per head inside the backward, O's rows (cold since the
+// forward) cost a cache miss each on the critical path. Order: lane l of a W-wide accumulator sums the d
+// with d mod W = l in order (the tail d past the last whole vector in lanes 0..), then the lanes' halving
+// tree; fixed by hd and W alone, so the same on every thread count. (A scalar chain of hd dependent adds
+// per row and head was most of this pass.)
+template <int W>
 TRIDENT_KERNEL_BODY void attn_row_dots_body(float* D, const float* dout, const float* out, int64_t r0, int64_t rows,
                                             int T, int C, int NH, int hd) {
+  TRIDENT_VEC_TYPES;
+  const int hv = hd / kW * kW;
   for (int64_t r = r0; r < r0 + rows; ++r) {
     const int64_t b = r / T, t = r % T;
     const float* go = dout + r * C;
     const float* o = out + r * C;
     for (int h = 0; h < NH; ++h) {
-      float acc = 0.0f;
-      for (int d = 0; d < hd; ++d) acc += go[h * hd + d] * o[h * hd + d];
-      D[(b * NH + h) * T + t] = acc;
+      const float* g = go + h * hd;
+      const float* x = o + h * hd;
+      Vec16 acc = {};
+      for (int d = 0; d < hv; d += kW) acc += load16<W>(g + d) * load16<W>(x + d);
+      for (int d = hv; d < hd; ++d) acc[d - hv] += g[d] * x[d];
+      D[(b * NH + h) * T + t] = hsum<W>(acc);
     }
   }
 }
-TRIDENT_ISA_CLONES(void, attn_row_dots,
+TRIDENT_ISA_CLONES_W(void, attn_row_dots,
                    (float* D, const float* dout, const float* out, int64_t r0, int64_t rows, int T, int C, int NH,
                     int hd),
                    (D, dout, out, r0, rows, T, C, NH, hd));
