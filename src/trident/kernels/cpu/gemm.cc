@@ -135,8 +135,8 @@ void for_each_tile(int M, int N, int K, double flops_per_task, F&& f) {
 }
 }  // namespace
 
-// c[i * ldc + j] *= m[i * ldc + j] for a rows x cols block: the elementwise factor of gemm_mul, applied by
-// the task that computed the block while it is still in cache.
+// c[i * ldc + j] *= m[i * ldc + j] for a rows x cols block: the elementwise factor of an Epilogue, applied
+// by the task that computed the block while it is still in cache.
 TRIDENT_KERNEL_BODY void mul_block_body(float* c, const float* m, int ldc, int rows, int cols) {
   for (int i = 0; i < rows; ++i) {
     float* ci = c + static_cast<ptrdiff_t>(i) * ldc;
@@ -184,10 +184,11 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
   });
 }
 
-// The AVX-512 float32 product: op(B) packed once into 64-column panels (one task per panel), then the
-// tiles of for_each_tile, all reading the shared panels. Packing per tile instead cost about a tenth of
-// the forward Linear GEMMs at nanoGPT's shapes (a transposed weight re-packed for every 72-row tile);
-// packing an untransposed B too (rather than striding through its rows) made dX and dW 3-10% faster.
+// The AVX-512 float32 product: a transposed A goes to run_blocks_f32; otherwise (forward and input-gradient
+// products) op(B) is packed once into 64-column panels (one task per panel), then the tiles of
+// for_each_tile all read the shared panels. Packing per tile instead cost about a tenth of the forward
+// Linear GEMMs at nanoGPT's shapes (a transposed weight re-packed for every 72-row tile); packing an
+// untransposed B too (rather than striding through its rows) made dX 3-10% faster.
 void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                     bool accumulate, float* C, int ldc, const Epilogue& epi) {
   if (trans_a) return run_blocks_f32(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, epi);
@@ -200,9 +201,8 @@ void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float
     detail::gemm_avx512_pack_b(trans_b, N, K, B, ldb, pk, static_cast<int>(p), static_cast<int>(p) + 1);
   });
   for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
-    const float* a = trans_a ? A + i0 : A + static_cast<ptrdiff_t>(i0) * lda;
-    detail::gemm_avx512_packed(trans_a, mi, nj, K, a, lda, pk, panels * kPanel, j0, accumulate,
-                               C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
+    detail::gemm_avx512_packed(false, mi, nj, K, A + static_cast<ptrdiff_t>(i0) * lda, lda, pk, panels * kPanel, j0,
+                               accumulate, C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
     epi(C, ldc, i0, mi, j0, nj);
   });
 }
