@@ -233,8 +233,9 @@ TRIDENT_AVX512_FN void pack_b_panels(bool trans_b, int N, int K, const float* B,
 }
 
 // packed: op(B) already in the layout of gemm_avx512_pack_b (np padded columns), this call's column 0 at
-// its column pj0 (a multiple of 64); null: each 128 x 64 block of op(B) packed here into the L1 panel
-// (an untransposed B is read in place instead when one or two row tiles are all that use the block).
+// its column pj0 (a multiple of 64); null: each 128 x 64 block of op(B) packed here into the L1 panel (a
+// transposed B up front; an untransposed one by the first row tile as it reads it, or read in place by
+// every tile when one or two row tiles use the block or the product is triangular).
 template <bool kTransA>
 TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                            bool accumulate, float* C, int ldc, Tri tri, const float* packed = nullptr,
