@@ -10,8 +10,9 @@
 // therefore hand device buffers to any group, as they hand host buffers.
 //
 // Thread-safety: register and lookup may race (an atomic pointer); the hooks must be callable from any
-// thread (the copy-back of an async call runs on the group's worker thread). Ownership: the registry keeps
-// the pointer it is given; the registrant keeps the object alive for the life of the process.
+// thread (the copy-back of an async call runs on the group's worker thread, a device-path call on the
+// group's device lane). Ownership: the registry keeps the pointer it is given; the registrant keeps the
+// object alive for the life of the process.
 #pragma once
 
 #include <cstddef>

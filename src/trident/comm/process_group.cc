@@ -1,8 +1,11 @@
 #include "trident/comm/process_group.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <utility>
 
 #include "trident/comm/device_memory.h"
@@ -142,7 +145,7 @@ struct DeviceRecord {
   DeviceHandle send, recv;
 };
 
-bool ProcessGroup::run_on_device(const CollArgs& a) {
+bool ProcessGroup::device_path_applies(const CollArgs& a) const {
   if (size_ == 1 || reads_device_memory()) return false;
   if (a.op != OpKind::kAllReduce && a.op != OpKind::kReduceScatter && a.op != OpKind::kAllGather &&
       a.op != OpKind::kAllGatherV && a.op != OpKind::kBroadcast)
@@ -172,7 +175,13 @@ bool ProcessGroup::run_on_device(const CollArgs& a) {
   static const bool enabled = env::param_bool("TRIDENT_CUDA_IPC");
   if (!enabled) return false;
   const TransportInfo t = transport_info();
-  if (t.tcp_peers != 0 || t.shm_peers != size_ - 1) return false;  // not every peer on this host
+  return t.tcp_peers == 0 && t.shm_peers == size_ - 1;  // every peer on this host
+}
+
+bool ProcessGroup::run_on_device(const CollArgs& a, const CallOptions& o) {
+  if (!device_path_applies(a)) return false;
+  const DeviceMemory* dm = device_memory();
+  const void* send_buf = a.send != nullptr ? a.send : a.recv;
 
   // Handshake (host memory, blocking): after this rank's device work is done, so that when it returns every
   // rank's inputs are ready. A rank that cannot share its memory, or reduce this dtype, makes all stage.
@@ -182,7 +191,7 @@ bool ProcessGroup::run_on_device(const CollArgs& a) {
   mine.ok = dm->export_handle(send_buf, &mine.send) && dm->export_handle(a.recv, &mine.recv) &&
             (!reduces || dm->reduce(nullptr, nullptr, size_, 0, a.dtype, a.redop));
   std::vector<DeviceRecord> all(static_cast<size_t>(size_));
-  all_gather(&mine, all.data(), sizeof(DeviceRecord), DType::kUInt8);
+  all_gather(&mine, all.data(), sizeof(DeviceRecord), DType::kUInt8, o);
   for (const auto& r : all)
     if (!r.ok) return false;
 
@@ -220,7 +229,7 @@ bool ProcessGroup::run_on_device(const CollArgs& a) {
   // (or the caller, which may overwrite its buffers) starts only once peers stopped reading them.
   auto phase_done = [&] {
     dm->synchronize();
-    barrier();
+    barrier(o);
   };
   switch (a.op) {
     case OpKind::kAllReduce: {
@@ -261,6 +270,122 @@ bool ProcessGroup::run_on_device(const CollArgs& a) {
     default: break;
   }
   return true;
+}
+
+namespace {
+// The error of a call that failed on the device lane, of the same type, led by the call the user issued (the
+// lane's own error names its handshake or barrier on the lane's group).
+std::exception_ptr naming_the_call(std::exception_ptr e, const std::string& call, const std::string& group) {
+  const std::string lead = fmt::format("{} on the device path of group '{}' failed: ", call, group);
+  try {
+    std::rethrow_exception(e);
+  } catch (const MismatchError& x) {
+    return std::make_exception_ptr(MismatchError(lead + x.what(), x.rank, x.peer, x.op, x.seq, x.ranks));
+  } catch (const TimeoutError& x) {
+    return std::make_exception_ptr(TimeoutError(lead + x.what(), x.rank, x.op, x.seq, x.missing));
+  } catch (const PeerDiedError& x) {
+    return std::make_exception_ptr(PeerDiedError(lead + x.what(), x.rank, x.peer, x.op, x.seq));
+  } catch (const NetworkError& x) {
+    return std::make_exception_ptr(NetworkError(lead + x.what(), x.rank, x.peer, x.op, x.seq));
+  } catch (const InvalidArgument& x) {
+    return std::make_exception_ptr(InvalidArgument(lead + x.what()));
+  } catch (const Unsupported& x) {
+    return std::make_exception_ptr(Unsupported(lead + x.what()));
+  } catch (const IoError& x) {
+    return std::make_exception_ptr(IoError(lead + x.what()));
+  } catch (...) {
+    return std::current_exception();  // not ours (a device runtime's): as it is
+  }
+}
+}  // namespace
+
+// The device lane: this group's device-path calls, run in the order they were issued on a thread of their
+// own, so that an async one returns at once and the caller goes on (a DDP bucket's all-reduce overlaps the
+// rest of the backward, as on host buffers). The device path's handshake and phase barriers are collectives,
+// and a group runs its collectives one at a time in issue order: on this group's own worker they would wait
+// behind the call that needs them. So the lane runs them on a group of its own with the same ranks, made
+// once every rank took the device path for the first time (the first call, run on the caller's thread, is
+// where all of them know it). Calls on the lane group are blocking calls from the lane's thread: the device
+// path, or, where the handshake says some rank cannot share its memory, staging through host memory.
+struct ProcessGroup::DeviceLane {
+  struct Item {
+    CollArgs args;
+    std::vector<size_t> counts;  // all_gatherv's, owned here (the caller's vector may be gone)
+    CallOptions opts;
+    std::shared_ptr<Work> work;
+  };
+  std::shared_ptr<ProcessGroup> group;
+  std::string caller;  // the name of the group whose calls these are
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Item> queue;  // guarded by mu
+  bool stop = false;       // guarded by mu
+  std::thread thread;
+
+  DeviceLane(std::shared_ptr<ProcessGroup> g, std::string caller_name)
+      : group(std::move(g)), caller(std::move(caller_name)) {
+    group->is_lane_ = true;
+    thread = std::thread([this] { loop(); });
+  }
+  // Calls already queued still run (the peers run them too), then the thread ends.
+  ~DeviceLane() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  std::shared_ptr<Work> post(const CollArgs& a, const CallOptions& o, std::string description) {
+    Item it{a, {}, o, std::make_shared<Work>(std::move(description))};
+    if (a.counts != nullptr) it.counts = *a.counts;
+    std::shared_ptr<Work> w = it.work;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back(std::move(it));
+    }
+    cv.notify_one();
+    return w;
+  }
+  void loop() {
+    for (;;) {
+      Item it;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        it = std::move(queue.front());
+        queue.pop_front();
+      }
+      if (it.args.counts != nullptr) it.args.counts = &it.counts;
+      it.work->mark_started();
+      std::exception_ptr error;
+      try {
+        group->run_recorded(it.args, it.opts);
+      } catch (...) {
+        error = naming_the_call(std::current_exception(), it.work->description(), caller);
+      }
+      it.work->finish(error);
+    }
+  }
+};
+
+std::shared_ptr<ProcessGroup::DeviceLane> ProcessGroup::device_lane() {
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  return lane_;
+}
+
+void ProcessGroup::on_device_path_ran() {
+  if (is_lane_) return;
+  std::lock_guard<std::mutex> lock(lane_mu_);
+  if (lane_) return;
+  std::vector<int> everyone(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) everyone[static_cast<size_t>(r)] = r;
+  lane_ = std::make_shared<DeviceLane>(make_group(everyone, "device-lane"), name_);
+}
+
+void ProcessGroup::abort_device_lane(const std::string& reason) {
+  if (const std::shared_ptr<DeviceLane> lane = device_lane()) lane->group->abort(reason);
 }
 // ---- end device path
 
@@ -306,7 +431,16 @@ void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
 }
 
 void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
-  if (run_on_device(a)) return;
+  if (device_path_applies(a)) {
+    if (const std::shared_ptr<DeviceLane> lane = device_lane()) {  // after the lane's calls issued before it
+      lane->post(a, o, describe(a))->wait();
+      return;
+    }
+    if (run_on_device(a, o)) {
+      on_device_path_ran();
+      return;
+    }
+  }
   const std::unique_ptr<Staging> staged = stage(a);
   if (!flight_) {
     run_blocking(a, o);
@@ -393,12 +527,18 @@ void ProcessGroup::validate(const CollArgs& a) const {
 
 std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opts, bool blocking) {
   validate(args);
-  const int64_t t0 = Timeline::now_ns();
-  if (run_on_device(args)) {  // ran here, on this thread (it blocked the caller): the Work is done
-    auto done = std::make_shared<Work>(describe(args));
-    done->mark_started(t0);
-    done->finish();
-    return done;
+  if (device_path_applies(args)) {
+    if (const std::shared_ptr<DeviceLane> lane = device_lane()) return lane->post(args, opts, describe(args));
+    // The group's first device-path call runs here, on this thread (every rank learns in its handshake
+    // whether all can take the path); the Work it returns is done.
+    const int64_t t0 = Timeline::now_ns();
+    if (run_on_device(args, opts)) {
+      on_device_path_ran();
+      auto done = std::make_shared<Work>(describe(args));
+      done->mark_started(t0);
+      done->finish();
+      return done;
+    }
   }
   std::unique_ptr<Staging> staged = stage(args);
   std::shared_ptr<Work> work;

@@ -183,13 +183,24 @@ class ProcessGroup {
   // post(args, opts, true)->wait(), which is the default; a backend may override it to run the call on the
   // caller's thread without allocating a Work (the native backend does when nothing else is queued).
   virtual void run_blocking(const CollArgs& args, const CallOptions& opts) { post(args, opts, true)->wait(); }
+  // Aborts the device lane's group too (see DeviceLane), so that its pending calls fail with `reason`.
+  // A backend's abort() calls it.
+  void abort_device_lane(const std::string& reason);
 
  private:
   struct Staging;
+  struct DeviceLane;
   // The device path: a collective on device buffers whose ranks share a host runs in device kernels that
-  // read the peers' buffers (comm/device_memory.h), on this thread. False: the call was not run (some rank
-  // cannot take part, or the op has no device path) and goes to the backend, staged.
-  bool run_on_device(const CollArgs& a);
+  // read the peers' buffers (comm/device_memory.h). device_path_applies says whether call `a` is one (the
+  // same answer on every rank of a well-formed call: op, size, buffer kinds, transports); run_on_device runs
+  // it on this thread: false when it did not (some rank cannot share its memory) and it goes to the backend,
+  // staged.
+  bool device_path_applies(const CollArgs& a) const;
+  bool run_on_device(const CollArgs& a, const CallOptions& o);
+  // The lane that runs this group's device-path calls after the first one succeeded (null before, and on a
+  // lane's own group); on_device_path_ran creates it.
+  std::shared_ptr<DeviceLane> device_lane();
+  void on_device_path_ran();
   // Rewrites the buffers of `a` that the backend cannot read to copies it can (filled with the caller's
   // data); null when the call needs none (see reads_host_memory / reads_device_memory).
   std::unique_ptr<Staging> stage(CollArgs& a) const;
@@ -204,6 +215,9 @@ class ProcessGroup {
   Seconds timeout_;
   std::shared_ptr<FlightRing> flight_;
   std::once_flag flight_described_;
+  std::mutex lane_mu_;
+  std::shared_ptr<DeviceLane> lane_;  // guarded by lane_mu_
+  bool is_lane_ = false;              // this group is a lane's: it runs device-path calls on its caller's thread
 };
 
 // Creates the world group from the environment (torchrun, mpirun or Slurm variables; see

@@ -21,6 +21,7 @@
 #include "trident/comm/device_memory.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/error.h"
 
 namespace trident {
 namespace {
@@ -323,6 +324,139 @@ TEST_P(DevicePathWorlds, EveryCollectiveWithAndWithoutTheDevicePath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DevicePathWorlds, ::testing::Values(1, 2, 3, 5));
+
+// After a group's first device-path call, its device-path calls run on a lane of their own: an async one
+// returns before its peers have even issued it, the group's host collectives run meanwhile, and device-path
+// calls still run in the order each rank issued them (sync ones included). Rank 0 issues two device calls
+// and then a host one; its peers wait until rank 0's calls have returned, then issue the host call first. A
+// device path that blocked its caller would leave rank 0 waiting for peers that wait for it.
+class DeviceLaneWorlds : public DeviceStaging, public ::testing::WithParamInterface<int> {};
+
+TEST_P(DeviceLaneWorlds, AsyncCallsReturnAtOnceAndKeepTheirOrder) {
+  const int world = GetParam();
+  register_device_memory(&kFakeIpc);
+  reduce_calls = 0;
+  auto res = testing::run_threads(world, [](int rank, int size, std::shared_ptr<Store> store) {
+    GroupOptions o;
+    o.timeout = Seconds(60);
+    o.name = "lane";
+    auto pg = new_process_group(store, rank, size, o);
+    const DType i32 = DType::kInt32;
+    const bool async = true;
+    for (size_t n : {size_t{1}, size_t{7}, size_t{13}}) {
+      std::vector<int32_t> sum(n, 0), max(n, 0);
+      for (int r = 0; r < size; ++r)
+        for (size_t i = 0; i < n; ++i) {
+          sum[i] += value(r, i);
+          max[i] = std::max(max[i], value(r + 7, i));
+        }
+      DevInts first(n), a(n), b(n), c(n);
+      first.set(values(rank, n));
+      a.set(values(rank, n));
+      b.set(values(rank + 7, n));
+      c.set(values(rank, n));
+      pg->all_reduce(first.p, n, i32, ReduceOp::kSum);  // the first one starts the lane (on every pass: a no-op)
+      CHECK_VEC(first.get(), sum, "first all_reduce");
+      std::vector<int32_t> host(n, rank + 1);
+      const std::string posted = fmt::format("posted/{}", n);
+      std::shared_ptr<Work> wa, wb;
+      if (rank == 0) {
+        wa = pg->all_reduce_async(a.p, n, i32, ReduceOp::kSum);
+        wb = pg->all_reduce_async(b.p, n, i32, ReduceOp::kMax);
+        TRIDENT_RANK_CHECK(!wa->completed() && !wb->completed(), "a device call finished before its peers issued it");
+        store->set_string(posted, "1");
+        pg->all_reduce(host.data(), n, i32, ReduceOp::kSum);
+      } else {
+        store->get_string(posted, Seconds(60));
+        pg->all_reduce(host.data(), n, i32, ReduceOp::kSum);
+        wa = pg->all_reduce_async(a.p, n, i32, ReduceOp::kSum);
+        wb = pg->all_reduce_async(b.p, n, i32, ReduceOp::kMax);
+      }
+      TRIDENT_RANK_CHECK(host == std::vector<int32_t>(n, size * (size + 1) / 2), "host all_reduce beside the lane");
+      // Issued after an async call on the same buffer, a blocking broadcast runs after it: every rank ends
+      // with rank 0's sum (the broadcast first would leave rank 0's own values summed).
+      auto wc = pg->all_reduce_async(c.p, n, i32, ReduceOp::kSum);
+      pg->broadcast(c.p, n, i32, 0);
+      TRIDENT_RANK_CHECK(wc->completed(), "a blocking device call returned before the async one issued before it");
+      wa->wait();
+      wb->wait();
+      CHECK_VEC(a.get(), sum, "lane all_reduce sum");
+      CHECK_VEC(b.get(), max, "lane all_reduce max");
+      CHECK_VEC(c.get(), sum, "lane all_reduce then broadcast");
+    }
+  });
+  EXPECT_EQ(testing::failures(res), "");
+  EXPECT_GT(reduce_calls.load(), 0) << "the device path never reduced";
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeviceLaneWorlds, ::testing::Values(2, 3, 5));
+
+// A device-path call that fails on the lane fails its Work with an error naming the call and the lane's
+// group, and so does every later one; the group's host collectives go on. A peer that never issues the call
+// makes it time out (its deadline is the call's); aborting the group fails what the lane still holds.
+TEST_F(DeviceStaging, ALaneCallThatFailsNamesItself) {
+  register_device_memory(&kFakeIpc);
+  auto res = testing::run_threads(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    GroupOptions o;
+    o.timeout = Seconds(60);
+    o.name = "lanefail";
+    auto pg = new_process_group(store, rank, size, o);
+    const DType i32 = DType::kInt32;
+    DevInts a(7), b(7);
+    a.set(values(rank, 7));
+    pg->all_reduce(a.p, 7, i32, ReduceOp::kSum);  // starts the lane
+    if (rank == 0) {
+      CallOptions quick;
+      quick.timeout = Seconds(1);
+      auto w = pg->all_reduce_async(b.p, 7, i32, ReduceOp::kSum, quick);  // rank 1 never issues it
+      std::string what;
+      try {
+        w->wait();
+      } catch (const TimeoutError& e) {
+        what = e.what();
+      }
+      TRIDENT_RANK_CHECK(what.find("all_reduce") != std::string::npos &&
+                             what.find("lanefail.device-lane") != std::string::npos,
+                         "the timeout does not name the call and the lane's group: '{}'", what);
+      std::string later;
+      try {
+        pg->all_reduce(b.p, 7, i32, ReduceOp::kSum);
+      } catch (const Error& e) {
+        later = e.what();
+      }
+      TRIDENT_RANK_CHECK(!later.empty(), "a device call after the lane failed did not fail");
+    }
+    std::vector<int32_t> host(3, 1);
+    pg->all_reduce(host.data(), 3, i32, ReduceOp::kSum);  // the group itself is unharmed
+    TRIDENT_RANK_CHECK(host[2] == size, "host all_reduce after the lane failed gave {}", host[2]);
+  });
+  EXPECT_EQ(testing::failures(res), "");
+
+  res = testing::run_threads(2, [](int rank, int size, std::shared_ptr<Store> store) {
+    GroupOptions o;
+    o.timeout = Seconds(60);
+    o.name = "laneabort";
+    auto pg = new_process_group(store, rank, size, o);
+    DevInts a(7);
+    a.set(values(rank, 7));
+    pg->all_reduce(a.p, 7, DType::kInt32, ReduceOp::kSum);
+    std::vector<int32_t> host(1, 1);
+    pg->all_reduce(host.data(), 1, DType::kInt32, ReduceOp::kSum);  // both ranks are past the lane's start
+    if (rank == 0) {
+      auto w = pg->all_reduce_async(a.p, 7, DType::kInt32, ReduceOp::kSum);  // rank 1 never issues it
+      pg->abort("stopping the test");
+      std::string what;
+      try {
+        w->wait();
+      } catch (const Error& e) {
+        what = e.what();
+      }
+      TRIDENT_RANK_CHECK(what.find("stopping the test") != std::string::npos,
+                         "the abort's reason is not the lane call's error: '{}'", what);
+    }
+  });
+  EXPECT_EQ(testing::failures(res), "");
+}
 
 TEST_F(DeviceStaging, HostBuffersAreNeverCopied) {
   auto res = testing::run_threads(3, [](int rank, int size, std::shared_ptr<Store> store) {

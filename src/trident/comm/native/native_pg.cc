@@ -505,6 +505,7 @@ void NativeProcessGroup::abort(const std::string& reason) {
   engine_->fail(std::make_exception_ptr(NetworkError(fmt::format("group '{}' aborted on this rank: {}", name(), reason),
                                                      rank())));
   engine_->wake();  // a driver sleeping on pending sends and receives fails them now
+  abort_device_lane(reason);
 }
 
 TransportInfo NativeProcessGroup::transport_info() const { return transport_info_; }
