@@ -204,6 +204,49 @@ TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
   }
 }
 
+// Where bfloat16 products run on float32 FMAs (a level below avx512bf16, or avx512bf16 with the dot off),
+// each task rounds its own blocks of the operands: the result must be the float32 product of the operands
+// rounded beforehand (kc::to_bf16 and back, independent code), bit for bit, whatever the tasks, threads, k
+// blocks and transposes. Shapes: many 64-column panels, more than one 512-row group for a transposed A,
+// K past the 128-deep blocks. The same buffers then hold new values: a block rounded for the previous
+// product must not be reused.
+TEST(IsaKernels, Bfloat16OnFmasIsTheFloat32ProductOfRoundedOperands) {
+  const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {67, 130, 300}, {523, 200, 131}, {300, 77, 523}};
+  for (const Path& path : paths()) {
+    IsaScope scope(path.isa, path.dot);
+    if (kc::bf16_dot_in_use() || path.isa == kc::Isa::kAmx) continue;  // not the FMA path
+    for (int threads : {1, 2}) {
+      kc::set_num_threads(threads);
+      for (const auto& s : shapes) {
+        const int M = s[0], N = s[1], K = s[2];
+        std::vector<float> A(static_cast<size_t>(M) * K), B(static_cast<size_t>(K) * N);
+        for (int round = 0; round < 2; ++round) {
+          const std::vector<float> a = ref::to_float(ref::random_vec(A.size(), 51 + M + round));
+          const std::vector<float> b = ref::to_float(ref::random_vec(B.size(), 52 + N + round));
+          const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 53 + round));
+          for (int ta = 0; ta < 2; ++ta)
+            for (int tb = 0; tb < 2; ++tb)
+              for (float beta : {0.0f, 1.0f}) {
+                const std::vector<float> sa = ref::stored(a, M, K, ta), sb = ref::stored(b, K, N, tb);
+                std::copy(sa.begin(), sa.end(), A.begin());  // the same addresses every product
+                std::copy(sb.begin(), sb.end(), B.begin());
+                const std::vector<float> ra = bf16_rounded(A), rb = bf16_rounded(B);
+                std::vector<float> got = c0, want = c0;
+                kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, got.data(), N,
+                         kc::Precision::kBFloat16);
+                kc::gemm(ta, tb, M, N, K, 1.0f, ra.data(), ta ? M : K, rb.data(), tb ? K : N, beta, want.data(), N,
+                         kc::Precision::kFloat32);
+                EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                    << path.name() << " M " << M << " N " << N << " K " << K << " trans_a " << ta << " trans_b "
+                    << tb << " beta " << beta << " threads " << threads << " round " << round;
+              }
+        }
+      }
+    }
+    kc::set_num_threads(1);
+  }
+}
+
 // linear_backward's fused factor (dinp *= dinp_mul, applied per task) gives the bits of the product
 // followed by a separate mul, on every path, precision, beta, and on 1 and 2 threads (tasks split C).
 TEST(IsaKernels, LinearBackwardFusedFactorIsTheSeparateMul) {

@@ -2,6 +2,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "trident/core/error.h"
@@ -25,30 +27,64 @@ bool have_native_bf16_gemm() { return cblas_sbgemm != nullptr; }
 namespace {
 // Copies op-less matrix X (rows x cols, leading dim ld) into contiguous bfloat16.
 void pack_bf16(std::vector<uint16_t>& dst, const float* x, int rows, int cols, int ld) {
-  dst.resize(static_cast<size_t>(rows) * cols);
+  if (dst.size() < static_cast<size_t>(rows) * cols) dst.resize(static_cast<size_t>(rows) * cols);  // grows only
   for (int r = 0; r < rows; ++r) to_bf16(dst.data() + static_cast<size_t>(r) * cols, x + static_cast<size_t>(r) * ld, cols);
 }
 
 // Rounds X to bfloat16 precision, kept as float32 (products of two bfloat16 values are exact in float32,
 // so sgemm on rounded operands computes what a bfloat16 GEMM with float32 accumulation does).
-TRIDENT_KERNEL_BODY void round_bf16_body(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
-  dst.resize(static_cast<size_t>(rows) * cols);
+// out (leading dim ldo) = X (rows x cols, leading dim ld) rounded; out may be x (in place, ldo == ld).
+TRIDENT_KERNEL_BODY void round_bf16_rows_body(float* out, int ldo, const float* x, int rows, int cols, int ld) {
   for (int r = 0; r < rows; ++r) {
     const float* src = x + static_cast<size_t>(r) * ld;
-    float* out = dst.data() + static_cast<size_t>(r) * cols;
+    float* o = out + static_cast<size_t>(r) * ldo;
     for (int c = 0; c < cols; ++c) {
       uint32_t u;
       std::memcpy(&u, &src[c], 4);
       u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-      std::memcpy(&out[c], &u, 4);
+      std::memcpy(&o[c], &u, 4);
     }
   }
 }
-TRIDENT_ISA_CLONES(void, round_bf16, (std::vector<float> & dst, const float* x, int rows, int cols, int ld),
-                   (dst, x, rows, cols, ld));
-void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
-  return TRIDENT_ISA_CALL(round_bf16, (dst, x, rows, cols, ld));
+TRIDENT_ISA_CLONES(void, round_bf16_rows, (float* out, int ldo, const float* x, int rows, int cols, int ld),
+                   (out, ldo, x, rows, cols, ld));
+void round_bf16_rows(float* out, int ldo, const float* x, int rows, int cols, int ld) {
+  return TRIDENT_ISA_CALL(round_bf16_rows, (out, ldo, x, rows, cols, ld));
 }
+// The whole of X into dst (leading dim cols). dst only grows: resize() to a larger size would zero the new
+// tail that this fills anyway, and the callers' shapes alternate within a step.
+void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int ld) {
+  if (dst.size() < static_cast<size_t>(rows) * cols) dst.resize(static_cast<size_t>(rows) * cols);
+  round_bf16_rows(dst.data(), cols, x, rows, cols, ld);
+}
+
+// A task's block of an operand, rounded to bfloat16 precision, in this thread's buffer: the bfloat16 products
+// that run on float32 FMAs round inside their tasks, block by block, while the block is in cache, instead of
+// rounding both operands whole in a pass before the product (which wrote and re-read them through L3: 16-19%
+// of the input- and weight-gradient products' time at nanoGPT's shapes). Consecutive tasks of one thread
+// often need the same block (the column panels of one row group): it is kept and reused within one call.
+struct RoundedBlock {
+  AlignedFloats buf;
+  uint64_t call = 0;
+  const float* src = nullptr;
+  int rows = 0, cols = 0, ld = 0;
+  // The block rows x cols of x (leading dim ld), rounded, with leading dim *ldo (cols rounded up to 16).
+  const float* get(uint64_t call_id, const float* x, int r, int c, int l, int* ldo) {
+    *ldo = (c + 15) / 16 * 16;
+    if (call_id == call && x == src && r == rows && c == cols && l == ld) return buf.data();
+    const size_t need = static_cast<size_t>(r) * *ldo;
+    if (buf.size() < need) buf.resize(need);
+    round_bf16_rows(buf.data(), *ldo, x, r, c, l);
+    call = call_id;
+    src = x;
+    rows = r;
+    cols = c;
+    ld = l;
+    return buf.data();
+  }
+};
+// Tells one product's blocks from the next one's (the same pointer may hold new values by then).
+std::atomic<uint64_t> g_round_call{0};
 }  // namespace
 
 namespace {
@@ -167,8 +203,10 @@ constexpr int kBlockRows = 512;
 // dimension): one task per 64-column panel and up to kBlockRows rows, B packed per block inside the task.
 // Packing all of op(B) first (run_packed_f32) writes K x N floats out and reads them back once per row
 // group: at nanoGPT's shapes its dW products ran 8-15% slower that way.
+// round: bfloat16 precision of both operands (RoundedBlock), else float32.
 void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                    bool accumulate, float* C, int ldc, const Epilogue& epi) {
+                    bool accumulate, float* C, int ldc, const Epilogue& epi, bool round) {
+  const uint64_t call = round ? g_round_call.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   const int panels = (N + kPanel - 1) / kPanel;
   const int row_groups = (M + kBlockRows - 1) / kBlockRows;
   const int rows_per = ((M + row_groups - 1) / row_groups + kRowStep - 1) / kRowStep * kRowStep;
@@ -177,9 +215,16 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
     const int i0 = static_cast<int>(t / panels) * rows_per, j0 = static_cast<int>(t % panels) * kPanel;
     const int mi = std::min(M, i0 + rows_per) - i0, nj = std::min(N, j0 + kPanel) - j0;
     if (mi <= 0) return;
+    const float* a = A + i0;
     const float* b = trans_b ? B + static_cast<ptrdiff_t>(j0) * ldb : B + j0;
-    detail::gemm_avx512(true, trans_b, mi, nj, K, A + i0, lda, b, ldb, accumulate,
-                        C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
+    int la = lda, lb = ldb;
+    if (round) {  // A is stored K x M, op(B)'s panel as nj x K (transposed) or K x nj
+      thread_local RoundedBlock ra, rb;
+      a = ra.get(call, a, K, mi, lda, &la);
+      b = trans_b ? rb.get(call, b, nj, K, ldb, &lb) : rb.get(call, b, K, nj, ldb, &lb);
+    }
+    detail::gemm_avx512(true, trans_b, mi, nj, K, a, la, b, lb, accumulate, C + static_cast<ptrdiff_t>(i0) * ldc + j0,
+                        ldc);
     epi(C, ldc, i0, mi, j0, nj);
   });
 }
@@ -190,19 +235,33 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
 // Linear GEMMs at nanoGPT's shapes (a transposed weight re-packed for every 72-row tile); packing an
 // untransposed B too (rather than striding through its rows) made dX 3-10% faster.
 void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                    bool accumulate, float* C, int ldc, const Epilogue& epi) {
-  if (trans_a) return run_blocks_f32(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, epi);
+                    bool accumulate, float* C, int ldc, const Epilogue& epi, bool round = false) {
+  if (trans_a) return run_blocks_f32(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, epi, round);
+  const uint64_t call = round ? g_round_call.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   thread_local AlignedFloats packed;
   const size_t need = detail::gemm_avx512_packed_b_floats(N, K);
   if (packed.size() < need) packed.resize(need);
   float* pk = packed.data();
   const int panels = (N + kPanel - 1) / kPanel;
+  const int np = panels * kPanel;
   parallel_for(panels, [&](int64_t p) {
     detail::gemm_avx512_pack_b(trans_b, N, K, B, ldb, pk, static_cast<int>(p), static_cast<int>(p) + 1);
+    if (round)  // the panel in place, while in cache: its slice of each 128-deep block (gemm_avx512.h)
+      for (int k0 = 0; k0 < K; k0 += 128) {
+        const int kc = std::min(128, K - k0);
+        float* slice = pk + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(p) * kPanel * kc;
+        round_bf16_rows(slice, kPanel, slice, kc, kPanel, kPanel);
+      }
   });
   for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
-    detail::gemm_avx512_packed(false, mi, nj, K, A + static_cast<ptrdiff_t>(i0) * lda, lda, pk, panels * kPanel, j0,
-                               accumulate, C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
+    const float* a = A + static_cast<ptrdiff_t>(i0) * lda;
+    int la = lda;
+    if (round) {
+      thread_local RoundedBlock ra;
+      a = ra.get(call, a, mi, K, lda, &la);
+    }
+    detail::gemm_avx512_packed(false, mi, nj, K, a, la, pk, np, j0, accumulate,
+                               C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
     epi(C, ldc, i0, mi, j0, nj);
   });
 }
@@ -248,11 +307,11 @@ void gemm_epilogue(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;
   if (!have_native_bf16_gemm()) {
+    if (native && e.f32 != nullptr)  // rounds inside its tasks
+      return run_packed_f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc, epi, true);
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
-    if (native && e.f32 != nullptr)
-      return run_packed_f32(trans_a, trans_b, M, N, K, a32.data(), ac, b32.data(), bc, beta == 1.0f, C, ldc, epi);
     return run_blas(a32.data(), ac, b32.data(), bc);
   }
   thread_local std::vector<uint16_t> a16, b16;
