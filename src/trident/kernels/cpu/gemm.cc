@@ -83,6 +83,35 @@ struct RoundedBlock {
     return buf.data();
   }
 };
+// A transposed A's rows for one row group (K x cols of X, leading dim ld), rounded 128-deep block by block as
+// the product reaches each (so the block is rounded right before the kernel reads it, while in cache), kept
+// for the next tasks of this thread in the same call (the row group's other column panels).
+struct RoundedRowsByBlock {
+  AlignedFloats buf;
+  std::vector<char> done;  // per 128-deep block
+  uint64_t call = 0;
+  const float* src = nullptr;
+  int rows = 0, cols = 0, ld = 0, ldo = 0;
+  const float* block(uint64_t call_id, const float* x, int r, int c, int l, int k0, int kc, int* out_ld) {
+    if (call_id != call || x != src || r != rows || c != cols || l != ld) {
+      call = call_id;
+      src = x;
+      rows = r;
+      cols = c;
+      ld = l;
+      ldo = (c + 15) / 16 * 16;
+      if (buf.size() < static_cast<size_t>(r) * ldo) buf.resize(static_cast<size_t>(r) * ldo);
+      done.assign(static_cast<size_t>((r + 127) / 128), 0);
+    }
+    *out_ld = ldo;
+    float* out = buf.data() + static_cast<ptrdiff_t>(k0) * ldo;
+    if (!done[static_cast<size_t>(k0 / 128)]) {
+      round_bf16_rows(out, ldo, x + static_cast<ptrdiff_t>(k0) * l, kc, c, l);
+      done[static_cast<size_t>(k0 / 128)] = 1;
+    }
+    return out;
+  }
+};
 // Tells one product's blocks from the next one's (the same pointer may hold new values by then).
 std::atomic<uint64_t> g_round_call{0};
 }  // namespace
@@ -215,16 +244,24 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
     const int i0 = static_cast<int>(t / panels) * rows_per, j0 = static_cast<int>(t % panels) * kPanel;
     const int mi = std::min(M, i0 + rows_per) - i0, nj = std::min(N, j0 + kPanel) - j0;
     if (mi <= 0) return;
-    const float* a = A + i0;
     const float* b = trans_b ? B + static_cast<ptrdiff_t>(j0) * ldb : B + j0;
-    int la = lda, lb = ldb;
-    if (round) {  // A is stored K x M, op(B)'s panel as nj x K (transposed) or K x nj
-      thread_local RoundedBlock ra, rb;
-      a = ra.get(call, a, K, mi, lda, &la);
-      b = trans_b ? rb.get(call, b, nj, K, ldb, &lb) : rb.get(call, b, K, nj, ldb, &lb);
+    float* c = C + static_cast<ptrdiff_t>(i0) * ldc + j0;
+    if (!round) {
+      detail::gemm_avx512(true, trans_b, mi, nj, K, A + i0, lda, b, ldb, accumulate, c, ldc);
+    } else {
+      // 128 deep at a time, each block's operands rounded just before it: the kernel's own k blocks are 128
+      // deep and carry C between them, so a call per block gives the same bits as one call.
+      thread_local RoundedRowsByBlock ra;
+      thread_local RoundedBlock rb;
+      for (int k0 = 0; k0 < K; k0 += 128) {
+        const int kc = std::min(128, K - k0);
+        int la = 0, lb = 0;
+        const float* ak = ra.block(call, A + i0, K, mi, lda, k0, kc, &la);  // A is stored K x M
+        const float* bk = trans_b ? rb.get(call, b + k0, nj, kc, ldb, &lb)   // op(B)'s panel stored nj x K
+                                  : rb.get(call, b + static_cast<ptrdiff_t>(k0) * ldb, kc, nj, ldb, &lb);
+        detail::gemm_avx512(true, trans_b, mi, nj, kc, ak, la, bk, lb, accumulate || k0 > 0, c, ldc);
+      }
     }
-    detail::gemm_avx512(true, trans_b, mi, nj, K, a, la, b, lb, accumulate, C + static_cast<ptrdiff_t>(i0) * ldc + j0,
-                        ldc);
     epi(C, ldc, i0, mi, j0, nj);
   });
 }
