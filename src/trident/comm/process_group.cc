@@ -139,11 +139,47 @@ std::unique_ptr<ProcessGroup::Staging> ProcessGroup::stage(CollArgs& a) const {
 
 // ---- the device path: ranks of one host read each other's device buffers (comm/device_memory.h, CUDA IPC)
 // A rank's part of the handshake of one device-path call: whether it can take part, and its buffers' handles.
+// The call itself rides along, so that ranks that issued different calls are told so before any rank reads
+// a peer's buffer with its own idea of the sizes (the backend's fingerprint checks see only the handshake).
 struct DeviceRecord {
   int32_t ok = 0;
+  int32_t op = 0, dtype = 0, redop = 0, root = 0;
   int32_t pad = 0;
+  uint64_t count = 0;   // this rank's count (all_gatherv: 0; its counts are in counts_hash)
+  uint64_t counts_hash = 0;
   DeviceHandle send, recv;
 };
+
+DeviceRecord device_record_of(const CollArgs& a) {
+  DeviceRecord r;
+  r.op = static_cast<int32_t>(a.op);
+  r.dtype = static_cast<int32_t>(a.dtype);
+  const bool reduces = a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
+  r.redop = reduces ? static_cast<int32_t>(a.redop) : 0;
+  r.root = a.op == OpKind::kBroadcast ? a.root : 0;
+  if (a.op == OpKind::kAllGatherV) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
+    for (size_t c : *a.counts) h = (h ^ c) * 1099511628211ull;
+    r.counts_hash = h;
+  } else {
+    r.count = a.count;
+  }
+  return r;
+}
+bool same_call(const DeviceRecord& x, const DeviceRecord& y) {
+  return x.op == y.op && x.dtype == y.dtype && x.redop == y.redop && x.root == y.root && x.count == y.count &&
+         x.counts_hash == y.counts_hash;
+}
+std::string describe_record(const DeviceRecord& r) {
+  CollArgs a;
+  a.op = static_cast<OpKind>(r.op);
+  a.dtype = static_cast<DType>(r.dtype);
+  a.redop = static_cast<ReduceOp>(r.redop);
+  a.root = r.root;
+  a.count = r.count;
+  if (a.op == OpKind::kAllGatherV) return fmt::format("all_gatherv({}, counts hash {:016x})", dtype_name(a.dtype), r.counts_hash);
+  return describe(a);
+}
 
 bool ProcessGroup::device_path_applies(const CollArgs& a) const {
   if (size_ == 1 || reads_device_memory()) return false;
@@ -186,12 +222,22 @@ bool ProcessGroup::run_on_device(const CollArgs& a, const CallOptions& o) {
   // Handshake (host memory, blocking): after this rank's device work is done, so that when it returns every
   // rank's inputs are ready. A rank that cannot share its memory, or reduce this dtype, makes all stage.
   dm->synchronize();
-  DeviceRecord mine;
+  DeviceRecord mine = device_record_of(a);
   const bool reduces = a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
   mine.ok = dm->export_handle(send_buf, &mine.send) && dm->export_handle(a.recv, &mine.recv) &&
             (!reduces || dm->reduce(nullptr, nullptr, size_, 0, a.dtype, a.redop));
   std::vector<DeviceRecord> all(static_cast<size_t>(size_));
   all_gather(&mine, all.data(), sizeof(DeviceRecord), DType::kUInt8, o);
+  // Every rank sees the same records, so every rank names the same two: rank 0 and the first that differs.
+  for (int q = 1; q < size_; ++q) {
+    if (same_call(all[0], all[static_cast<size_t>(q)])) continue;
+    const std::string what = fmt::format(
+        "collective mismatch in group '{}' on the device path: rank 0 issued {} but rank {} issued {}; every rank "
+        "must issue the same collectives in the same order",
+        name_, describe_record(all[0]), q, describe_record(all[static_cast<size_t>(q)]));
+    abort(what);
+    throw MismatchError(what, rank_, rank_ == 0 ? q : 0, op_name(a.op), -1, {0, q});
+  }
   for (const auto& r : all)
     if (!r.ok) return false;
 
@@ -276,26 +322,7 @@ namespace {
 // The error of a call that failed on the device lane, of the same type, led by the call the user issued (the
 // lane's own error names its handshake or barrier on the lane's group).
 std::exception_ptr naming_the_call(std::exception_ptr e, const std::string& call, const std::string& group) {
-  const std::string lead = fmt::format("{} on the device path of group '{}' failed: ", call, group);
-  try {
-    std::rethrow_exception(e);
-  } catch (const MismatchError& x) {
-    return std::make_exception_ptr(MismatchError(lead + x.what(), x.rank, x.peer, x.op, x.seq, x.ranks));
-  } catch (const TimeoutError& x) {
-    return std::make_exception_ptr(TimeoutError(lead + x.what(), x.rank, x.op, x.seq, x.missing));
-  } catch (const PeerDiedError& x) {
-    return std::make_exception_ptr(PeerDiedError(lead + x.what(), x.rank, x.peer, x.op, x.seq));
-  } catch (const NetworkError& x) {
-    return std::make_exception_ptr(NetworkError(lead + x.what(), x.rank, x.peer, x.op, x.seq));
-  } catch (const InvalidArgument& x) {
-    return std::make_exception_ptr(InvalidArgument(lead + x.what()));
-  } catch (const Unsupported& x) {
-    return std::make_exception_ptr(Unsupported(lead + x.what()));
-  } catch (const IoError& x) {
-    return std::make_exception_ptr(IoError(lead + x.what()));
-  } catch (...) {
-    return std::current_exception();  // not ours (a device runtime's): as it is
-  }
+  return copy_error(std::move(e), fmt::format("{} on the device path of group '{}' failed: ", call, group));
 }
 }  // namespace
 

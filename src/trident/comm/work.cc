@@ -16,7 +16,9 @@ void Work::wait(std::optional<Seconds> timeout) {
   } else {
     cv_.wait(lock, [&] { return done_; });
   }
-  if (error_) std::rethrow_exception(error_);
+  // A copy made here (copy_error): the caller reads an object of its own thread, and the original may be
+  // released by the thread that finished this Work, after this caller's last use of the Work.
+  if (error_) std::rethrow_exception(copy_error(error_));
 }
 
 bool Work::completed() {

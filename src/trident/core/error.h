@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -78,6 +79,13 @@ class TimeoutError : public NetworkError {
       : NetworkError(what, rank, -1, std::move(op), seq), missing(std::move(missing)) {}
   std::vector<int> missing;
 };
+
+// A new exception of exactly e's type and fields whose message is lead + e's, for trident's types above;
+// any other exception (a subclass defined elsewhere, a std:: one) is returned as it is. The thread that
+// calls this gets an object of its own: an error made on one thread and read on another (a collective's
+// Work) is copied by the reader, so the original may be released by either thread without the reader
+// touching it after that.
+std::exception_ptr copy_error(const std::exception_ptr& e, const std::string& lead = {});
 
 namespace detail {
 std::string with_location(const std::string& msg, const char* file, int line);

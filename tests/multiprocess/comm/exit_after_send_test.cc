@@ -69,7 +69,7 @@ TEST_P(ExitAfterSend, MessageFromAPeerThatExitedIsDelivered) {
     pg->send(data.data(), kCount, DType::kInt32, 0, /*tag=*/7);
     std::fflush(nullptr);
     _exit(0);  // gone before rank 0 runs again, with the message unread in rank 0's channel
-  }, RunOptions{.deadline_s = 60});
+  }, RunOptions{.deadline_s = 60, .env = {}});
   ASSERT_EQ(res.size(), 2u);
   EXPECT_TRUE(res[0].ok) << testing::failures(res);
   EXPECT_TRUE(res[1].ok) << testing::failures(res);
@@ -95,7 +95,7 @@ TEST_P(ExitAfterSend, PeerThatExitsWithoutSendingIsNamed) {
       const std::string what = e.what();
       TRIDENT_RANK_CHECK(e.peer == 1, "{}::peer is {}, not rank 1 which exited: {}", typeid(e).name(), e.peer, what);
     }
-  }, RunOptions{.deadline_s = 60});
+  }, RunOptions{.deadline_s = 60, .env = {}});
   ASSERT_EQ(res.size(), 2u);
   EXPECT_TRUE(res[0].ok) << testing::failures(res);
   EXPECT_TRUE(res[1].ok) << testing::failures(res);

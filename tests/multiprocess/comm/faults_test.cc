@@ -64,7 +64,7 @@ TEST_P(Faults, KilledPeerIsNamedWithin10s) {
       testing::rank_fail("barrier after failure succeeded");
     } catch (const NetworkError&) {
     }
-  }, RunOptions{.deadline_s = 60});
+  }, RunOptions{.deadline_s = 60, .env = {}});
   ASSERT_EQ(res.size(), 3u);
   EXPECT_TRUE(res[0].ok) << testing::failures(res);
   EXPECT_TRUE(res[1].ok) << testing::failures(res);

@@ -219,7 +219,7 @@ TEST_P(PipelineMatchesReference, AllSchedules) {
     auto pg = make_pg(store, rank, size);
     const Reference ref = reference();
     for (const Case& c : cases_for(P)) check_case(pg, rank, P, c, ref);
-  }, testing::RunOptions{.deadline_s = 120});
+  }, testing::RunOptions{.deadline_s = 120, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -299,7 +299,7 @@ TEST(Pipeline, ChromeTraceOfBothRanks) {
       TRIDENT_RANK_CHECK(names[r][r == 0 ? "send_act" : "recv_act"] == 4, "rank {} activation transfers", r);
       TRIDENT_RANK_CHECK(names[r][r == 0 ? "recv_grad" : "send_grad"] == 4, "rank {} gradient transfers", r);
     }
-  }, testing::RunOptions{.deadline_s = 60});
+  }, testing::RunOptions{.deadline_s = 60, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -334,7 +334,7 @@ TEST(Pipeline, FailingRankFailsEveryRank) {
         testing::rank_fail("a failed engine ran another step");
       } catch (const InvalidArgument&) {
       }
-    }, testing::RunOptions{.deadline_s = 60});
+    }, testing::RunOptions{.deadline_s = 60, .env = {}});
     ASSERT_EQ(res.size(), 3u);
     EXPECT_TRUE(res[0].ok) << testing::failures(res);
     EXPECT_TRUE(res[2].ok) << testing::failures(res);
@@ -366,7 +366,7 @@ TEST(Pipeline, StalledRankTimesOutEveryRank) {
                                w.find("recv(") != std::string::npos,
                            "rank 0: expected a receive's timeout in group 'pp': {}", w);
     }
-  }, testing::RunOptions{.deadline_s = 60});
+  }, testing::RunOptions{.deadline_s = 60, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -453,7 +453,7 @@ TEST(PipelineBubble, DISABLED_MeasureBubble) {
                    "measured times {:.3f}, (P-1)/(m+P-1) = {:.3f}, (P-1)/(v m + P-1) = {:.3f}\n",
                    P, schedule_name(c.kind), c.m, c.v, wall[1], rep[1], double(P - 1) / (c.m + P - 1),
                    double(P - 1) / (c.v * c.m + P - 1));
-    }, testing::RunOptions{.deadline_s = 300});
+    }, testing::RunOptions{.deadline_s = 300, .env = {}});
     EXPECT_EQ(testing::failures(res), "");
   }
 }

@@ -391,6 +391,69 @@ TEST_P(DeviceLaneWorlds, AsyncCallsReturnAtOnceAndKeepTheirOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DeviceLaneWorlds, ::testing::Values(2, 3, 5));
 
+// Ranks that issue different device-path calls are told so in the handshake, before any rank reads a peer's
+// buffer with its own idea of the sizes: every rank raises MismatchError naming rank 0's call and the first
+// rank whose call differs (all_gatherv: whose counts differ). On the group's first device-path call (the
+// caller's thread; the group is then aborted) and on the lane (the call's Work fails; the group's host
+// collectives go on).
+TEST_F(DeviceStaging, MismatchedDeviceCallsAreNamedBeforeAnyRead) {
+  register_device_memory(&kFakeIpc);
+  for (bool lane : {false, true}) {
+    reduce_calls = 0;
+    copy_calls = 0;
+    auto res = testing::run_threads(3, [lane](int rank, int size, std::shared_ptr<Store> store) {
+      GroupOptions o;
+      o.timeout = Seconds(60);
+      o.name = lane ? "mismatch_lane" : "mismatch_first";
+      auto pg = new_process_group(store, rank, size, o);
+      const DType i32 = DType::kInt32;
+      DevInts a(9), g(40);
+      a.set(values(rank, 9));
+      if (lane) pg->all_reduce(a.p, 9, i32, ReduceOp::kSum);  // starts the lane
+      const size_t n = rank == 2 ? 7 : 9;
+      std::string what;
+      std::vector<int> named;
+      try {
+        pg->all_reduce_async(a.p, n, i32, ReduceOp::kSum)->wait();
+      } catch (const MismatchError& e) {
+        what = e.what();
+        named = e.ranks;
+      }
+      TRIDENT_RANK_CHECK(what.find("all_reduce(count=9, int32, sum)") != std::string::npos &&
+                             what.find("all_reduce(count=7, int32, sum)") != std::string::npos &&
+                             named == (std::vector<int>{0, 2}),
+                         "not a MismatchError naming both calls and ranks 0 and 2: '{}'", what);
+      if (!lane) {  // the group is aborted; a new one: all_gatherv whose counts disagree on rank 1
+        o.name = "mismatch_gatherv";
+        auto pg2 = new_process_group(store, rank, size, o);
+        std::vector<size_t> counts = {3, 4, 5};
+        if (rank == 1) counts[2] = 6;
+        DevInts mine(counts[static_cast<size_t>(rank)]);
+        what.clear();
+        named.clear();
+        try {
+          pg2->all_gatherv(mine.p, g.p, counts, i32);
+        } catch (const MismatchError& e) {
+          what = e.what();
+          named = e.ranks;
+        }
+        TRIDENT_RANK_CHECK(what.find("all_gatherv") != std::string::npos && named == (std::vector<int>{0, 1}),
+                           "all_gatherv with rank 1's counts different: not a MismatchError naming ranks 0 and 1: '{}'",
+                           what);
+        return;
+      }
+      std::vector<int32_t> host(2, 1);
+      pg->all_reduce(host.data(), 2, i32, ReduceOp::kSum);
+      TRIDENT_RANK_CHECK(host[1] == size, "host all_reduce after a lane mismatch gave {}", host[1]);
+    });
+    EXPECT_EQ(testing::failures(res), "") << (lane ? "on the lane" : "first call");
+    if (!lane) {
+      EXPECT_EQ(reduce_calls.load(), 0) << "a rank reduced despite the mismatch";
+      EXPECT_EQ(copy_calls.load(), 0);
+    }
+  }
+}
+
 // A device-path call that fails on the lane fails its Work with an error naming the call and the lane's
 // group, and so does every later one; the group's host collectives go on. A peer that never issues the call
 // makes it time out (its deadline is the call's); aborting the group fails what the lane still holds.
