@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "harness/multiproc.h"
+#include "harness/pointer_handles.h"
 #include "trident/comm/device_memory.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
@@ -42,18 +43,7 @@ DeviceMemory make_shared_device() {
   m.contains = [](const void* p) { return g_arena.contains(p); };
   m.to_host = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
   m.to_device = [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); };
-  m.export_handle = [](const void* p, DeviceHandle* h) {
-    std::memcpy(h->bytes, &p, sizeof p);
-    h->offset = 0;
-    return true;
-  };
-  m.open_handle = [](const DeviceHandle& h) {
-    void* p = nullptr;
-    std::memcpy(&p, h.bytes, sizeof p);
-    return p;
-  };
-  m.close_handle = [](void*) {};
-  m.synchronize = [] {};
+  testing::use_pointer_handles(m);
   m.reduce = [](void* dst, const void* const* srcs, int nsrc, size_t count, DType dtype, ReduceOp op) {
     if (dtype != DType::kFloat32 || op != ReduceOp::kSum) return false;
     std::vector<float> acc(count, 0.0f);

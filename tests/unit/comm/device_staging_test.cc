@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness/multiproc.h"
+#include "harness/pointer_handles.h"
 #include "trident/comm/device_memory.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
@@ -89,19 +90,7 @@ std::atomic<int> reduce_calls{0}, copy_calls{0};
 DeviceMemory make_fake_ipc() {
   DeviceMemory m = kFake;
   m.name = "fake-ipc";
-  m.export_handle = [](const void* p, DeviceHandle* h) {
-    if (refuse_export) return false;
-    std::memcpy(h->bytes, &p, sizeof p);
-    h->offset = 0;
-    return true;
-  };
-  m.open_handle = [](const DeviceHandle& h) {
-    void* p = nullptr;
-    std::memcpy(&p, h.bytes, sizeof p);
-    return p;
-  };
-  m.close_handle = [](void*) {};
-  m.synchronize = [] {};
+  testing::use_pointer_handles(m, [] { return refuse_export; });
   m.reduce = [](void* dst, const void* const* srcs, int nsrc, size_t count, DType dtype, ReduceOp op) {
     if (dtype != DType::kInt32 || (op != ReduceOp::kSum && op != ReduceOp::kMax)) return false;
     if (count == 0) return true;
