@@ -204,7 +204,8 @@ bool ProcessGroup::device_path_applies(const CollArgs& a) const {
   const size_t min_bytes = min_override >= 0 ? static_cast<size_t>(min_override) : dm->direct_min_bytes;
   if (elems == 0 || elems * dtype_size(a.dtype) < min_bytes) return false;
   // Every buffer this rank passes is device memory (ranks pass the same kinds: a rank with a host buffer here
-  // while its peers pass device buffers is named by the group's mismatch check on the handshake).
+  // while its peers pass device buffers is named by the group's mismatch check on the handshake, or, once
+  // the group has a lane, by the deadline or mismatch check of the group call that rank waits in).
   // (all_gatherv: a rank that contributes nothing may pass no send buffer; its receive buffer stands in.)
   const void* send_buf = a.send != nullptr ? a.send : a.recv;
   if (!dm->contains(a.recv) || (send_buf != a.recv && !dm->contains(send_buf))) return false;
