@@ -63,36 +63,17 @@ void round_bf16(std::vector<float>& dst, const float* x, int rows, int cols, int
 // rounding both operands whole in a pass before the product (which wrote and re-read them through L3: 16-19%
 // of the input- and weight-gradient products' time at nanoGPT's shapes). Consecutive tasks of one thread
 // often need the same block (the column panels of one row group): it is kept and reused within one call.
-struct RoundedBlock {
+// Rows are rounded 128 at a time as they are asked for, so a weight gradient rounds each 128-deep block of
+// its A right before the kernel reads it.
+struct RoundedRows {
   AlignedFloats buf;
-  uint64_t call = 0;
-  const float* src = nullptr;
-  int rows = 0, cols = 0, ld = 0;
-  // The block rows x cols of x (leading dim ld), rounded, with leading dim *ldo (cols rounded up to 16).
-  const float* get(uint64_t call_id, const float* x, int r, int c, int l, int* ldo) {
-    *ldo = (c + 15) / 16 * 16;
-    if (call_id == call && x == src && r == rows && c == cols && l == ld) return buf.data();
-    const size_t need = static_cast<size_t>(r) * *ldo;
-    if (buf.size() < need) buf.resize(need);
-    round_bf16_rows(buf.data(), *ldo, x, r, c, l);
-    call = call_id;
-    src = x;
-    rows = r;
-    cols = c;
-    ld = l;
-    return buf.data();
-  }
-};
-// A transposed A's rows for one row group (K x cols of X, leading dim ld), rounded 128-deep block by block as
-// the product reaches each (so the block is rounded right before the kernel reads it, while in cache), kept
-// for the next tasks of this thread in the same call (the row group's other column panels).
-struct RoundedRowsByBlock {
-  AlignedFloats buf;
-  std::vector<char> done;  // per 128-deep block
+  std::vector<char> done;  // per 128 rows
   uint64_t call = 0;
   const float* src = nullptr;
   int rows = 0, cols = 0, ld = 0, ldo = 0;
-  const float* block(uint64_t call_id, const float* x, int r, int c, int l, int k0, int kc, int* out_ld) {
+  // Rows [r0, r0 + n) (r0 a multiple of 128) of X (r x c, leading dim l), rounded, with leading dim *out_ld
+  // (c rounded up to 16).
+  const float* get(uint64_t call_id, const float* x, int r, int c, int l, int r0, int n, int* out_ld) {
     if (call_id != call || x != src || r != rows || c != cols || l != ld) {
       call = call_id;
       src = x;
@@ -103,13 +84,19 @@ struct RoundedRowsByBlock {
       if (buf.size() < static_cast<size_t>(r) * ldo) buf.resize(static_cast<size_t>(r) * ldo);
       done.assign(static_cast<size_t>((r + 127) / 128), 0);
     }
-    *out_ld = ldo;
-    float* out = buf.data() + static_cast<ptrdiff_t>(k0) * ldo;
-    if (!done[static_cast<size_t>(k0 / 128)]) {
-      round_bf16_rows(out, ldo, x + static_cast<ptrdiff_t>(k0) * l, kc, c, l);
-      done[static_cast<size_t>(k0 / 128)] = 1;
+    for (int blk = r0 / 128; blk * 128 < r0 + n; ++blk) {
+      if (done[static_cast<size_t>(blk)]) continue;
+      const int b0 = blk * 128;
+      round_bf16_rows(buf.data() + static_cast<ptrdiff_t>(b0) * ldo, ldo, x + static_cast<ptrdiff_t>(b0) * l,
+                      std::min(128, r - b0), c, l);
+      done[static_cast<size_t>(blk)] = 1;
     }
-    return out;
+    *out_ld = ldo;
+    return buf.data() + static_cast<ptrdiff_t>(r0) * ldo;
+  }
+  // All of X.
+  const float* get(uint64_t call_id, const float* x, int r, int c, int l, int* out_ld) {
+    return get(call_id, x, r, c, l, 0, r, out_ld);
   }
 };
 // Tells one product's blocks from the next one's (the same pointer may hold new values by then).
@@ -232,7 +219,7 @@ constexpr int kBlockRows = 512;
 // dimension): one task per 64-column panel and up to kBlockRows rows, B packed per block inside the task.
 // Packing all of op(B) first (run_packed_f32) writes K x N floats out and reads them back once per row
 // group: at nanoGPT's shapes its dW products ran 8-15% slower that way.
-// round: bfloat16 precision of both operands (RoundedBlock), else float32.
+// round: bfloat16 precision of both operands (RoundedRows), else float32.
 void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                     bool accumulate, float* C, int ldc, const Epilogue& epi, bool round) {
   const uint64_t call = round ? g_round_call.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
@@ -251,12 +238,11 @@ void run_blocks_f32(bool trans_b, int M, int N, int K, const float* A, int lda, 
     } else {
       // 128 deep at a time, each block's operands rounded just before it: the kernel's own k blocks are 128
       // deep and carry C between them, so a call per block gives the same bits as one call.
-      thread_local RoundedRowsByBlock ra;
-      thread_local RoundedBlock rb;
+      thread_local RoundedRows ra, rb;
       for (int k0 = 0; k0 < K; k0 += 128) {
         const int kc = std::min(128, K - k0);
         int la = 0, lb = 0;
-        const float* ak = ra.block(call, A + i0, K, mi, lda, k0, kc, &la);  // A is stored K x M
+        const float* ak = ra.get(call, A + i0, K, mi, lda, k0, kc, &la);  // A is stored K x M
         const float* bk = trans_b ? rb.get(call, b + k0, nj, kc, ldb, &lb)   // op(B)'s panel stored nj x K
                                   : rb.get(call, b + static_cast<ptrdiff_t>(k0) * ldb, kc, nj, ldb, &lb);
         detail::gemm_avx512(true, trans_b, mi, nj, kc, ak, la, bk, lb, accumulate || k0 > 0, c, ldc);
@@ -294,7 +280,7 @@ void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float
     const float* a = A + static_cast<ptrdiff_t>(i0) * lda;
     int la = lda;
     if (round) {
-      thread_local RoundedBlock ra;
+      thread_local RoundedRows ra;
       a = ra.get(call, a, mi, K, lda, &la);
     }
     detail::gemm_avx512_packed(false, mi, nj, K, a, la, pk, np, j0, accumulate,
