@@ -25,7 +25,7 @@ TEST_P(CollectiveSweep, EveryCollectiveAlgorithmDtypeOp) {
     go.timeout = Seconds(120);
     auto pg = new_process_group(st, r, n, go);
     testing::run_collective_sweep(*pg, {.large = !testing::kSanitizerBuild});
-  }, {.deadline_s = 300});
+  }, {.deadline_s = 300, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -79,7 +79,7 @@ TEST(FlowControl, BroadcastRootRunningAheadIsHeldBackNotBuffered) {
       const long grew_mib = (peak_rss_kib() - before) / 1024;
       TRIDENT_RANK_CHECK(grew_mib < 16, "{}: rank {}'s peak memory grew by {} MiB over {} broadcasts of 1 MiB", transport,
                          r, grew_mib, kCalls);
-    }, {.deadline_s = 120});
+    }, {.deadline_s = 120, .env = {}});
     EXPECT_EQ(testing::failures(res), "") << transport;
   }
 }

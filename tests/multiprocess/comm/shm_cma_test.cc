@@ -175,7 +175,7 @@ TEST(ShmCma, BitwiseIdenticalAcrossRanksMixedWithOtherAlgorithms) {
         TRIDENT_RANK_CHECK(std::abs(v[i] - want) < 1e-5 * want, "call {} element {}: {} vs {}", it, i, v[i], want);
       }
     }
-  }, {.deadline_s = 120});
+  }, {.deadline_s = 120, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -242,7 +242,7 @@ TEST(ShmCma, CacheBudgetsThatDifferAcrossRanksAgree) {
         TRIDENT_RANK_CHECK(out[i] == want, "call {} element {}: {} != {}", call, i, out[i], want);
       }
     }
-  }, {.deadline_s = 60});
+  }, {.deadline_s = 60, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -272,7 +272,7 @@ TEST(ShmCma, KilledPeerDuringTransfersIsNamed) {
                            what);
       }
       if (killer.joinable()) killer.join();
-    }, {.deadline_s = 60});
+    }, {.deadline_s = 60, .env = {}});
     ASSERT_EQ(static_cast<int>(res.size()), world);
     for (int r = 0; r + 1 < world; ++r) EXPECT_TRUE(res[r].ok) << "world " << world << ": " << testing::failures(res);
     EXPECT_EQ(res[world - 1].signal, SIGKILL) << "world " << world;
@@ -297,7 +297,7 @@ TEST(ShmCma, AllocSharedOnlyWhereItHelps) {
         // The buffer outlives the group that allocated it.
         pg.reset();
         std::memset(b->data(), 7, 12345);
-      }, {.deadline_s = 120});
+      }, {.deadline_s = 120, .env = {}});
       EXPECT_EQ(testing::failures(res), "") << "world " << world << " " << transport;
     }
   }
@@ -366,7 +366,7 @@ TEST(ShmCma, RegisteredBuffersInPlaceOfTheKernelCopy) {
         pg->broadcast(out, count, DType::kInt32, 1, cma());
         for (size_t i = 0; i < count; ++i) TRIDENT_RANK_CHECK(out[i] == value(7, i, call), "broadcast call {} element {}", call, i);
       }
-    }, {.deadline_s = 120});
+    }, {.deadline_s = 120, .env = {}});
     EXPECT_EQ(testing::failures(res), "") << "world " << world;
   }
 }
@@ -408,7 +408,7 @@ TEST(ShmCma, DISABLED_TimingOrdinaryVersusRegistered) {
         }
       }
     }
-  }, {.deadline_s = 600});
+  }, {.deadline_s = 600, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 

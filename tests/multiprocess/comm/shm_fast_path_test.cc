@@ -92,7 +92,7 @@ TEST(ShmFastPath, RepeatedCallsMixedWithMessageAlgorithms) {
         for (size_t i = 0; i < b.size(); ++i) TRIDENT_RANK_CHECK(b[i] == 2.5f, "broadcast {} element {}", it, i);
         if (it % 5 == 0) pg->barrier();
       }
-    }, {.deadline_s = 120});
+    }, {.deadline_s = 120, .env = {}});
     EXPECT_EQ(testing::failures(res), "") << "world " << world;
   }
 }
@@ -141,7 +141,7 @@ TEST(ShmFastPath, MismatchWindowAgainstMessages) {
                          "MismatchError::ranks [{}] does not hold rank 1 and one other: {}", fmt::join(e.ranks, ","),
                          what);
     }
-  }, {.deadline_s = 60});
+  }, {.deadline_s = 60, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 
@@ -167,7 +167,7 @@ TEST(ShmFastPath, KilledPeerIsNamed) {
       testing::rank_fail("barrier after failure succeeded");
     } catch (const NetworkError&) {
     }
-  }, {.deadline_s = 60});
+  }, {.deadline_s = 60, .env = {}});
   ASSERT_EQ(res.size(), 3u);
   EXPECT_TRUE(res[0].ok) << testing::failures(res);
   EXPECT_TRUE(res[1].ok) << testing::failures(res);
@@ -196,7 +196,7 @@ TEST(ShmFastPath, DeadlineNamesTheSilentRank) {
       TRIDENT_RANK_CHECK(what.find("timed out") != std::string::npos && what.find("2") != std::string::npos,
                          "error is not a timeout naming rank 2: {}", what);
     }
-  }, {.deadline_s = 60});
+  }, {.deadline_s = 60, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 

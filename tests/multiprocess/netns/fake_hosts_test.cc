@@ -85,7 +85,7 @@ TEST(FakeHosts, AutoChoosesHierarchyAcrossHostsOnly) {
       pg->all_reduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
       for (size_t i = 0; i < x.size(); ++i)
         TRIDENT_RANK_CHECK(x[i] == static_cast<float>(10 * (i % 97)), "x[{}] = {}", i, x[i]);
-    }, {.deadline_s = 120});
+    }, {.deadline_s = 120, .env = {}});
     EXPECT_EQ(testing::failures(res), "") << l.name;
   }
 }

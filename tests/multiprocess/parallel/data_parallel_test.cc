@@ -210,7 +210,7 @@ TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
   char tmpl[] = "/tmp/trident-dp-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   auto res = testing::run_processes(c.world, [&](int r, int n, std::shared_ptr<Store> st) { run_rank(c, r, n, st, dir); },
-                                    {.deadline_s = 240});
+                                    {.deadline_s = 240, .env = {}});
   ASSERT_EQ(testing::failures(res), "");
   std::vector<double> losses(kSteps);
   std::vector<float> params(ref.params.size());
@@ -389,7 +389,7 @@ TEST(DataParallelSharedGradients, BitwiseSameAsPrivateMemory) {
         auto model = nn::make_model(wider_gpt());
         parallel::DataParallel dp(*model, tg, {});
         TRIDENT_RANK_CHECK(!dp.gradients_shared(), "gradients shared over TCP");
-      }, {.deadline_s = 240});
+      }, {.deadline_s = 240, .env = {}});
       EXPECT_EQ(testing::failures(res), "") << "world " << world << " algo " << (*algo ? algo : "auto");
     }
   }
@@ -430,7 +430,7 @@ TEST(DataParallelSharedGradients, MemoryThatCannotBeHadFallsBackToPrivate) {
     }
     TRIDENT_RANK_CHECK(std::memcmp(params[0].data(), params[1].data(), params[0].size() * 4) == 0,
                        "parameters with one rank's gradients shared differ from all-private");
-  }, {.deadline_s = 120});
+  }, {.deadline_s = 120, .env = {}});
   EXPECT_EQ(testing::failures(res), "");
 }
 

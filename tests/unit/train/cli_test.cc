@@ -190,7 +190,9 @@ TEST_F(Cli, DivergedTrainingStopsAndNamesTheStep) {
   EXPECT_CONTAINS(r.err, "--on_nonfinite skip");
   EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
   const std::string ck = train::find_checkpoint(out);
-  if (!ck.empty()) EXPECT_NO_THROW(train::load_checkpoint(ck)) << "a checkpoint of the diverged run: " << ck;
+  if (!ck.empty()) {
+    EXPECT_NO_THROW(train::load_checkpoint(ck)) << "a checkpoint of the diverged run: " << ck;
+  }
 
   const std::string skipped = (dir_ / "diverged-skip").string();
   Result s = run("train " + tiny_args() + " --learning_rate 1e6 --grad_clip 0 --sample-tokens 0 --on_nonfinite skip"

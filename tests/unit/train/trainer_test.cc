@@ -211,7 +211,9 @@ TEST(Trainer, NonFiniteGradientStopsNamingTheStepAndParameterOrIsSkipped) {
       ++skipped;
       EXPECT_EQ(rec["step"], 3);
     }
-    if (rec["step"].get<int>() >= 3) EXPECT_EQ(rec["nonfinite_skips"], 1) << rec.dump();
+    if (rec["step"].get<int>() >= 3) {
+      EXPECT_EQ(rec["nonfinite_skips"], 1) << rec.dump();
+    }
   }
   EXPECT_EQ(skipped, 1);
   auto ck = load_checkpoint(find_checkpoint(c.out_dir));  // refuses non-finite values
