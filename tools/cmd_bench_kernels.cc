@@ -8,6 +8,10 @@
 // avx512: 16, 2 FLOPs each); vdpbf16ps counts 4 FLOPs per lane (where the level runs bfloat16 on it:
 // isa.h, TRIDENT_BF16_DOT); AMX-BF16 1024 per cycle (Sapphire
 // Rapids). Parts with one 512-bit FMA pipe, or 512-bit ops split in two (Zen 4), peak at half of that.
+// Where the CPU has AVX-512, the rate of a loop of nothing but independent zmm FMAs is measured too, and the
+// rows whose products run on zmm FMAs also show their share of it: cores run 512-bit FMAs below the clock
+// the scalar adds measure (about 87% of the nominal peak on the Emerald Rapids Xeon measured), so that share
+// says how much a kernel could still gain.
 // Times are this thread's CPU time (best of 3 rounds). Memory-bound kernels report GB/s (bytes each
 // must read and write) beside memcpy of the same bytes.
 #include <time.h>
@@ -197,6 +201,15 @@ int run(const Flags& f) {
               kc::isa_name(kc::machine_isa()));
   std::printf("clock: %.2f GHz measured (dependent adds, thread CPU time), /proc/cpuinfo says %.0f MHz\n", ghz,
               cpuinfo_mhz());
+  // What a loop of nothing but independent zmm FMAs reaches on one core: the ceiling of the float32 products
+  // at avx512 and up, below the nominal peak where the core runs 512-bit FMAs at a lower clock than the
+  // scalar adds above measure.
+  const double fma_loop = kc::bf16_dot_rates().fma_gflops;
+  if (fma_loop > 0)
+    std::printf("zmm FMA loop: %.1f GFLOP/s on one core, %.0f%% of the nominal avx512 peak %.1f (float32 products at "
+                "avx512 and up are also shown against it)\n",
+                fma_loop, 100 * fma_loop / (ghz * flops_per_cycle(kc::Isa::kAvx512, false)),
+                ghz * flops_per_cycle(kc::Isa::kAvx512, false));
   if (f.threads == 1)
     std::printf("1 thread, this thread's CPU time\n");
   else
@@ -237,7 +250,14 @@ int run(const Flags& f) {
       }
       const double s = time_call(fn, f.seconds);
       const double gf = flops / s / 1e9, peak = ghz * flops_per_cycle(l, bf16);
-      std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%\n", kc::isa_name(l), name, gf, peak, 100 * gf / peak);
+      // Rows whose products run on zmm FMAs: float32 at avx512 and up, bfloat16 where it is rounded onto them.
+      const bool on_fmas = fma_loop > 0 && static_cast<int>(l) >= static_cast<int>(kc::Isa::kAvx512) &&
+                           flops_per_cycle(l, bf16) == flops_per_cycle(kc::Isa::kAvx512, false);
+      if (on_fmas)
+        std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%  (%.0f%% of the FMA loop)\n", kc::isa_name(l), name, gf,
+                    peak, 100 * gf / peak, 100 * gf / fma_loop);
+      else
+        std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%\n", kc::isa_name(l), name, gf, peak, 100 * gf / peak);
     };
     auto bytes_row = [&](const char* name, double bytes, const std::function<void()>& fn) {
       const size_t nb = std::min(cpa.size(), static_cast<size_t>(bytes / 2));

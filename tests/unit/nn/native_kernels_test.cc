@@ -1,12 +1,13 @@
-// The AVX-512 kernels (ISA level avx512 and up, kernels::cpu::set_isa): the GEMM against an independent scalar
-// fused-multiply-add chain (bit for bit: each element is one chain over k in order) for every transpose,
-// tail and blocking case; causal attention against the float64 reference and against the portable path;
-// a whole GPT step on both paths (bfloat16 GEMMs at every level: isa_kernels_test). Skipped where the
-// CPU has no AVX-512.
+// trident's own kernels (kernels::cpu::set_isa): the AVX2 (level avx2) and AVX-512 (avx512 and up) GEMMs
+// against an independent scalar fused-multiply-add chain (bit for bit: each element is one chain over k in
+// order) for every transpose, tail and blocking case, on 1 and 2 threads; the AVX-512 level's causal
+// attention against the float64 reference and against the portable path; a whole GPT step on both paths
+// (bfloat16 GEMMs at every level: isa_kernels_test). Each test is skipped where the CPU lacks its level.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "harness/skip.h"
 #include "reference.h"
@@ -47,34 +48,45 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
 
 }  // namespace
 
+// trident's own GEMMs, the AVX2 one (level avx2) and the AVX-512 one (avx512 and up), on 1 and 2 threads.
 TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
-  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
-  KernelPath path(true);
-  // Tails in every dimension; K past the 128-deep blocks; M past the 6-row tiles; N past 64-wide panels;
-  // M past the 512-row groups of a transposed-A product.
+  if (kc::machine_isa() < kc::Isa::kAvx2) TRIDENT_SKIP_MACHINE("no AVX2 on this CPU");
+  // Tails in every dimension; K past the 128- and 256-deep blocks; M past the 6-row tiles; N past the 16-
+  // and 64-wide panels; M past the 512-row groups of a transposed-A product.
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 64, 128}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65},
-                           {12, 129, 257}, {523, 65, 19}};
-  for (const auto& s : shapes) {
-    const int M = s[0], N = s[1], K = s[2];
-    const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 11 + M));
-    const std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 12 + N));
-    const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 13 + K));
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb)
-        for (int acc = 0; acc < 2; ++acc) {
-          // A stored [K,M] when transposed, B stored [N,K] when transposed (values a[i,k], b[k,j] alike).
-          const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
-          std::vector<float> C = c0, want(c0.size());
-          for (int i = 0; i < M; ++i)
-            for (int j = 0; j < N; ++j) {
-              float x = acc ? c0[i * N + j] : 0.0f;
-              for (int k = 0; k < K; ++k) x = std::fma(a[i * K + k], b[k * N + j], x);
-              want[i * N + j] = x;
+                           {12, 129, 257}, {523, 65, 19}, {7, 9, 513}};
+  for (kc::Isa level : {kc::Isa::kAvx2, kc::Isa::kAvx512}) {
+    if (kc::machine_isa() < level) continue;
+    for (int threads : {1, 2}) {
+      const kc::Isa was = kc::set_isa(level);
+      kc::set_num_threads(threads);
+      for (const auto& s : shapes) {
+        const int M = s[0], N = s[1], K = s[2];
+        const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 11 + M));
+        const std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(K) * N, 12 + N));
+        const std::vector<float> c0 = ref::to_float(ref::random_vec(static_cast<size_t>(M) * N, 13 + K));
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            for (int acc = 0; acc < 2; ++acc) {
+              // A stored [K,M] when transposed, B stored [N,K] when transposed (values a[i,k], b[k,j] alike).
+              const std::vector<float> A = ref::stored(a, M, K, ta), B = ref::stored(b, K, N, tb);
+              std::vector<float> C = c0, want(c0.size());
+              for (int i = 0; i < M; ++i)
+                for (int j = 0; j < N; ++j) {
+                  float x = acc ? c0[i * N + j] : 0.0f;
+                  for (int k = 0; k < K; ++k) x = std::fma(a[i * K + k], b[k * N + j], x);
+                  want[i * N + j] = x;
+                }
+              kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f,
+                       C.data(), N);
+              EXPECT_EQ(std::memcmp(C.data(), want.data(), C.size() * sizeof(float)), 0)
+                  << kc::isa_name(level) << " threads " << threads << " M " << M << " N " << N << " K " << K
+                  << " trans_a " << ta << " trans_b " << tb << " beta " << acc;
             }
-          kc::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, acc ? 1.0f : 0.0f, C.data(), N);
-          EXPECT_EQ(std::memcmp(C.data(), want.data(), C.size() * sizeof(float)), 0)
-              << "M " << M << " N " << N << " K " << K << " trans_a " << ta << " trans_b " << tb << " beta " << acc;
-        }
+      }
+      kc::set_num_threads(1);
+      kc::set_isa(was);
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// GEMM and Linear layers through OpenBLAS (cblas_sgemm; cblas_sbgemm for bfloat16).
+// GEMM and Linear layers: trident's kernels by ISA level (gemm_avx2.cc, gemm_avx512.cc), OpenBLAS
+// (cblas_sgemm; cblas_sbgemm for bfloat16) below them and for other alpha and beta.
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "trident/core/error.h"
 #include "trident/kernels/aligned.h"
+#include "trident/kernels/cpu/gemm_avx2.h"
 #include "trident/kernels/cpu/gemm_avx512.h"
 #include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
@@ -104,10 +106,10 @@ std::atomic<uint64_t> g_round_call{0};
 }  // namespace
 
 namespace {
-// The AVX-512 kernels serve products with alpha 1 and beta 0 or 1 (every call the models make); anything
-// else goes to OpenBLAS (one thread inside each task).
+// trident's kernels (AVX2 and AVX-512) serve products with alpha 1 and beta 0 or 1 (every call the models
+// make); anything else goes to OpenBLAS (one thread inside each task).
 bool use_native_gemm(float alpha, float beta) {
-  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled();
+  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::isa_level() >= static_cast<int>(Isa::kAvx2);
 }
 
 // The GEMM each ISA level runs, by precision: trident's kernel (one thread, alpha 1, beta 0 or 1), or
@@ -125,8 +127,8 @@ struct GemmEntry {
   const char* bf16_name;
 };
 const GemmEntry kGemmTable[] = {
-    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},        // portable
-    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},        // avx2
+    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},                  // portable
+    {detail::gemm_avx2, "avx2-fma", nullptr, "bf16-rounded operands on avx2-fma"},              // avx2
     {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"},  // avx512
     {gemm_f32_native, "avx512-fma", detail::gemm_avx512_bf16,
      "avx512bf16-dpbf16 (float32 accumulation)"},                                                     // avx512bf16
@@ -155,6 +157,8 @@ namespace {
 // are many enough to balance two threads when one of them loses its core for a while.
 constexpr double kFlopsPerTask = 2.0e6;
 constexpr int kMaxTasks = 64;
+// The AVX2 kernel packs op(B) inside each task: larger tasks pack it fewer times over.
+constexpr double kAvx2FlopsPerTask = 4 * kFlopsPerTask;
 constexpr int kPanel = 64;  // columns of the AVX-512 kernels' register tile
 constexpr int kRowStep = 6;  // rows of their register tile
 
@@ -320,8 +324,11 @@ void gemm_epilogue(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
       epi(C, ldc, i0, mi, j0, nj);
     });
   };
+  // The AVX-512 kernel shares packed panels across its tasks (run_packed_f32); the AVX2 one packs per task.
+  const bool avx512 = e.f32 == gemm_f32_native;
   if (p == Precision::kFloat32) {
-    if (native && e.f32 != nullptr) return run_packed_f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc, epi);
+    if (native && avx512) return run_packed_f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc, epi);
+    if (native && e.f32 != nullptr) return run_native(e.f32, A, lda, B, ldb, kAvx2FlopsPerTask);
     return run_blas(A, lda, B, ldb);
   }
   // The bfloat16 kernels pack their operands per call: larger tiles amortize it.
@@ -330,11 +337,12 @@ void gemm_epilogue(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;
   if (!have_native_bf16_gemm()) {
-    if (native && e.f32 != nullptr)  // rounds inside its tasks
+    if (native && avx512)  // rounds inside its tasks
       return run_packed_f32(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc, epi, true);
     thread_local std::vector<float> a32, b32;
     round_bf16(a32, A, ar, ac, lda);
     round_bf16(b32, B, br, bc, ldb);
+    if (native && e.f32 != nullptr) return run_native(e.f32, a32.data(), ac, b32.data(), bc, kAvx2FlopsPerTask);
     return run_blas(a32.data(), ac, b32.data(), bc);
   }
   thread_local std::vector<uint16_t> a16, b16;

@@ -11,7 +11,7 @@ namespace trident::kernels::cpu {
 
 // Ordered: each level includes the ones below it.
 //   portable    baseline x86-64 code, OpenBLAS GEMMs
-//   avx2        AVX2 + FMA (x86-64-v3) elementwise and attention kernels, OpenBLAS GEMMs
+//   avx2        AVX2 + FMA (x86-64-v3): trident's float32 GEMM (gemm_avx2.cc), elementwise and attention kernels
 //   avx512      AVX-512 F/BW/CD/DQ/VL (x86-64-v4): trident's float32 GEMM and attention
 //   avx512bf16  + AVX512_BF16: bfloat16 GEMMs on vdpbf16ps (float32 accumulation)
 //   amx         + AMX-BF16 tiles: bfloat16 GEMMs on the tile unit

@@ -23,8 +23,8 @@ void set_num_threads(int n);
 int num_threads();
 
 // Which implementation runs is chosen by the ISA level (isa.h: detected once, TRIDENT_ISA forces a lower
-// one): trident's AVX-512 GEMMs and attention at avx512 and up, OpenBLAS and the portable attention
-// below; elementwise and row kernels compiled for x86-64, x86-64-v3 or x86-64-v4. The levels compute
+// one): trident's AVX-512 GEMMs and attention at avx512 and up, its AVX2 GEMM and the portable attention
+// at avx2, OpenBLAS at portable; elementwise and row kernels compiled for x86-64, x86-64-v3 or x86-64-v4. The levels compute
 // the same functions; results differ in the last bits (summation order).
 
 enum class Precision : uint8_t { kFloat32 = 0, kBFloat16 = 1 };
@@ -35,8 +35,8 @@ enum class GeluKind : uint8_t { kExact = 0, kTanh = 1 };
 // (at ISA level amx, trident's AMX tile kernel; at avx512bf16, trident's vdpbf16ps kernel;
 // otherwise cblas_sbgemm where OpenBLAS has it, else a float32 GEMM on operands rounded to bfloat16, the
 // same numbers up to summation order). Float32 products with alpha 1 and beta 0 or 1 run
-// on trident's AVX-512 GEMM at level avx512 and up (each element one FMA chain over k in order,
-// independent of M and tiling), else OpenBLAS.
+// on trident's AVX-512 GEMM at level avx512 and up and on its AVX2 GEMM at avx2 (each element one FMA
+// chain over k in order, independent of M and tiling), else OpenBLAS.
 bool have_native_bf16_gemm();
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc, Precision p = Precision::kFloat32);
