@@ -20,13 +20,10 @@ using ref::Vec;
 
 namespace {
 
-// Selects the kernel path for one scope: native = the AVX-512 level (avx512), else portable; GEMMs take
-// the native path only with a one-thread pool.
+// Runs the kernels at one ISA level, on a one-thread pool, for a scope.
 class KernelPath {
  public:
-  explicit KernelPath(bool native) : was_(kc::set_isa(native ? kc::Isa::kAvx512 : kc::Isa::kPortable)) {
-    kc::set_num_threads(1);
-  }
+  explicit KernelPath(kc::Isa level) : was_(kc::set_isa(level)) { kc::set_num_threads(1); }
   ~KernelPath() { kc::set_isa(was_); }
   KernelPath(const KernelPath&) = delete;
   KernelPath& operator=(const KernelPath&) = delete;
@@ -35,7 +32,13 @@ class KernelPath {
   kc::Isa was_;
 };
 
-bool native_available() { return kc::machine_isa() >= kc::Isa::kAvx512; }
+// The levels with trident's own GEMM-blocked kernels that this CPU has: avx2 (gemm_avx2) and avx512.
+std::vector<kc::Isa> native_levels() {
+  std::vector<kc::Isa> out;
+  for (kc::Isa l : {kc::Isa::kAvx2, kc::Isa::kAvx512})
+    if (kc::machine_isa() >= l) out.push_back(l);
+  return out;
+}
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 1e-30;
@@ -91,8 +94,8 @@ TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
 }
 
 TEST(NativeKernels, GemmOtherScalarsFallBackToBlas) {
-  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
-  KernelPath path(true);
+  if (native_levels().empty()) TRIDENT_SKIP_MACHINE("no AVX2 on this CPU");
+  KernelPath path(native_levels().back());
   const int M = 9, N = 20, K = 7;
   const std::vector<float> a = ref::to_float(ref::random_vec(M * K, 1)), b = ref::to_float(ref::random_vec(K * N, 2));
   std::vector<float> c = ref::to_float(ref::random_vec(M * N, 3)), want = c;
@@ -107,7 +110,7 @@ TEST(NativeKernels, GemmOtherScalarsFallBackToBlas) {
 }
 
 TEST(NativeKernels, AttentionMatchesReferenceAndPortablePath) {
-  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
+  if (native_levels().empty()) TRIDENT_SKIP_MACHINE("no AVX2 on this CPU");
   // Head dims 8, 20 (masked tail), 32, 64; T of 1, 17, 64 and 140 (past one 128-deep block).
   const int cases[][3] = {{1, 16, 2}, {17, 40, 2}, {64, 128, 4}, {140, 64, 1}, {33, 24, 3}};
   for (const auto& cs : cases) {
@@ -115,42 +118,52 @@ TEST(NativeKernels, AttentionMatchesReferenceAndPortablePath) {
     const Vec qkv = ref::random_vec(static_cast<size_t>(B) * T * 3 * C, 60 + T, 0.7);
     const std::vector<float> qf = ref::to_float(qkv),
                              dout = ref::to_float(ref::random_vec(static_cast<size_t>(B) * T * C, 61 + T));
-    std::vector<float> y[2], lse[2], dqkv[2];
-    for (int native = 0; native < 2; ++native) {
-      KernelPath path(native != 0);
-      y[native].assign(static_cast<size_t>(B) * T * C, 0.0f);
-      lse[native].assign(static_cast<size_t>(B) * NH * T, 0.0f);
-      dqkv[native].assign(qf.size(), 7.0f);
-      kc::attention_forward(y[native].data(), lse[native].data(), qf.data(), B, T, C, NH);
-      kc::attention_backward(dqkv[native].data(), dout.data(), qf.data(), y[native].data(), lse[native].data(), B, T,
-                             C, NH);
+    auto run = [&](kc::Isa level, std::vector<float>& y, std::vector<float>& lse, std::vector<float>& dqkv) {
+      KernelPath path(level);
+      y.assign(static_cast<size_t>(B) * T * C, 0.0f);
+      lse.assign(static_cast<size_t>(B) * NH * T, 0.0f);
+      dqkv.assign(qf.size(), 7.0f);
+      kc::attention_forward(y.data(), lse.data(), qf.data(), B, T, C, NH);
+      kc::attention_backward(dqkv.data(), dout.data(), qf.data(), y.data(), lse.data(), B, T, C, NH);
+    };
+    std::vector<float> y0, lse0, dqkv0;
+    run(kc::Isa::kPortable, y0, lse0, dqkv0);
+    const std::vector<float> want = ref::to_float(ref::attention(qkv, B, T, C, NH));
+    for (kc::Isa level : native_levels()) {
+      std::vector<float> y, lse, dqkv;
+      run(level, y, lse, dqkv);
+      EXPECT_LT(rel_err(y, want), 1e-5) << kc::isa_name(level) << " T " << T << " C " << C;
+      EXPECT_LT(rel_err(y, y0), 1e-5) << kc::isa_name(level) << " T " << T << " C " << C;
+      EXPECT_LT(rel_err(lse, lse0), 1e-5) << kc::isa_name(level) << " T " << T << " C " << C;
+      // The portable backward is checked against finite differences in kernels_test.
+      EXPECT_LT(rel_err(dqkv, dqkv0), 1e-5) << kc::isa_name(level) << " T " << T << " C " << C;
     }
-    EXPECT_LT(rel_err(y[1], ref::to_float(ref::attention(qkv, B, T, C, NH))), 1e-5) << "T " << T << " C " << C;
-    EXPECT_LT(rel_err(y[1], y[0]), 1e-5) << "T " << T << " C " << C;
-    EXPECT_LT(rel_err(lse[1], lse[0]), 1e-5) << "T " << T << " C " << C;
-    // The portable backward is checked against finite differences in kernels_test.
-    EXPECT_LT(rel_err(dqkv[1], dqkv[0]), 1e-5) << "T " << T << " C " << C;
   }
 }
 
 TEST(NativeKernels, GptStepAgreesWithPortablePathAndIsDeterministic) {
-  if (!native_available()) TRIDENT_SKIP_MACHINE("no AVX-512 on this CPU");
+  if (native_levels().empty()) TRIDENT_SKIP_MACHINE("no AVX2 on this CPU");
   const nlohmann::json cfg = {{"kind", "gpt"}, {"n_layer", 2},     {"n_head", 4},   {"n_embd", 64},
                               {"block_size", 24}, {"vocab_size", 37}, {"bias", true}, {"seed", 3}};
   const int B = 3, T = 24;
   std::vector<int32_t> x(B * T), y(B * T);
   for (int i = 0; i < B * T; ++i) x[i] = (i * 7 + 3) % 37, y[i] = (i * 5 + 1) % 37;
-  std::vector<float> grads[3];
-  float loss[3];
-  for (int run = 0; run < 3; ++run) {
-    KernelPath path(run != 0);  // run 0 portable; runs 1 and 2 native (twice: determinism)
+  auto step = [&](kc::Isa level, std::vector<float>& grads) {
+    KernelPath path(level);
     auto m = trident::nn::make_model(cfg);
     m->zero_grad();
-    loss[run] = m->forward_backward(x.data(), y.data(), B, T, true);
-    grads[run].assign(m->grad_data(), m->grad_data() + m->num_params());
+    const float loss = m->forward_backward(x.data(), y.data(), B, T, true);
+    grads.assign(m->grad_data(), m->grad_data() + m->num_params());
+    return loss;
+  };
+  std::vector<float> g0;
+  const float loss0 = step(kc::Isa::kPortable, g0);
+  for (kc::Isa level : native_levels()) {
+    std::vector<float> g1, g2;
+    const float loss1 = step(level, g1), loss2 = step(level, g2);  // twice: determinism
+    EXPECT_NEAR(loss1, loss0, 1e-5 * std::abs(loss0)) << kc::isa_name(level);
+    EXPECT_LT(rel_err(g1, g0), 1e-4) << kc::isa_name(level);
+    EXPECT_EQ(loss1, loss2) << kc::isa_name(level);
+    EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0) << kc::isa_name(level);
   }
-  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0]));
-  EXPECT_LT(rel_err(grads[1], grads[0]), 1e-4);
-  EXPECT_EQ(loss[1], loss[2]);
-  EXPECT_EQ(std::memcmp(grads[1].data(), grads[2].data(), grads[1].size() * sizeof(float)), 0);
 }

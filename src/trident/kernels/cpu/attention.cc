@@ -332,9 +332,9 @@ static void attn_fwd_head(float* out, float* lse, const float* qkv, int T, int C
   return TRIDENT_ISA_CALL(attn_fwd_head, (out, lse, qkv, T, C, hd, scale, sc));
 }
 
-// AVX-512 path: the three products of a head run through the register-blocked GEMM (gemm_avx512.cc),
-// skipping the causal triangle's zeros; softmax passes in between. Each score and output element is one
-// FMA chain in index order.
+// trident's own GEMM path (levels avx2 and up): the products of a head run through the level's
+// register-blocked GEMM (gemm_avx512.cc, gemm_avx2.cc), skipping the causal triangle's zeros; softmax
+// passes in between. Each score and output element is one FMA chain in index order.
 using detail::Tri;
 
 // Row i of S (stride tp) holds q_i.k_j for j <= i on entry; on return exp(scale s - lse_i) normalized (P),
@@ -459,27 +459,29 @@ TRIDENT_ISA_CLONES_W(void, attn_row_dots,
 static void attn_fwd_head_native(float* out, float* lse, const float* qkv, int T, int C, int hd, float scale,
                                  Scratch& sc) {
   const int ld = 3 * C, tp = static_cast<int>(align_floats(T));
+  const detail::TriGemm product = detail::native_tri_gemm();
   float* S = sc.s.data();
-  detail::gemm_avx512(false, true, T, T, hd, qkv, ld, qkv + C, ld, false, S, tp, Tri::kLowerC);
+  product(false, true, T, T, hd, qkv, ld, qkv + C, ld, false, S, tp, Tri::kLowerC);
   causal_softmax_rows(S, tp, lse, T, scale);
-  detail::gemm_avx512(false, false, T, hd, T, S, tp, qkv + 2 * C, ld, false, out, C, Tri::kLowerA);
+  product(false, false, T, hd, T, S, tp, qkv + 2 * C, ld, false, out, C, Tri::kLowerA);
 }
 
 static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qkv, const float* Dv, const float* lse,
                                  int T, int C, int hd, float scale, Scratch& sc) {
   const int ld = 3 * C, tp = static_cast<int>(align_floats(T));
+  const detail::TriGemm product = detail::native_tri_gemm();
   float* P = sc.s.data();
   float* dS = sc.ds.data();
   const float* q = qkv;
   const float* k = qkv + C;
   const float* v = qkv + 2 * C;
-  detail::gemm_avx512(false, true, T, T, hd, q, ld, k, ld, false, P, tp, Tri::kLowerC);
-  detail::gemm_avx512(false, true, T, T, hd, dout, C, v, ld, false, dS, tp, Tri::kLowerC);
+  product(false, true, T, T, hd, q, ld, k, ld, false, P, tp, Tri::kLowerC);
+  product(false, true, T, T, hd, dout, C, v, ld, false, dS, tp, Tri::kLowerC);
   causal_softmax_grad_rows(P, dS, tp, Dv, lse, T, scale);
   // dQ = dS K; dK = dS^T Q; dV = P^T dO.
-  detail::gemm_avx512(false, false, T, hd, T, dS, tp, k, ld, false, dqkv, ld, Tri::kLowerA);
-  detail::gemm_avx512(true, false, T, hd, T, dS, tp, q, ld, false, dqkv + C, ld, Tri::kUpperA);
-  detail::gemm_avx512(true, false, T, hd, T, P, tp, dout, C, false, dqkv + 2 * C, ld, Tri::kUpperA);
+  product(false, false, T, hd, T, dS, tp, k, ld, false, dqkv, ld, Tri::kLowerA);
+  product(true, false, T, hd, T, dS, tp, q, ld, false, dqkv + C, ld, Tri::kUpperA);
+  product(true, false, T, hd, T, P, tp, dout, C, false, dqkv + 2 * C, ld, Tri::kUpperA);
 }
 
 // Heads are independent: one task per (batch, head), each on its thread's scratch.

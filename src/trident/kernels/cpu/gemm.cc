@@ -109,7 +109,7 @@ namespace {
 // trident's kernels (AVX2 and AVX-512) serve products with alpha 1 and beta 0 or 1 (every call the models
 // make); anything else goes to OpenBLAS (one thread inside each task).
 bool use_native_gemm(float alpha, float beta) {
-  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::isa_level() >= static_cast<int>(Isa::kAvx2);
+  return alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && detail::native_kernels_enabled();
 }
 
 // The GEMM each ISA level runs, by precision: trident's kernel (one thread, alpha 1, beta 0 or 1), or
@@ -120,6 +120,10 @@ void gemm_f32_native(bool ta, bool tb, int M, int N, int K, const float* A, int 
                      float* C, int ldc) {
   detail::gemm_avx512(ta, tb, M, N, K, A, lda, B, ldb, acc, C, ldc);
 }
+void gemm_f32_avx2(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, bool acc,
+                   float* C, int ldc) {
+  detail::gemm_avx2(ta, tb, M, N, K, A, lda, B, ldb, acc, C, ldc);
+}
 struct GemmEntry {
   NativeGemm f32;
   const char* f32_name;
@@ -128,7 +132,7 @@ struct GemmEntry {
 };
 const GemmEntry kGemmTable[] = {
     {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},                  // portable
-    {detail::gemm_avx2, "avx2-fma", nullptr, "bf16-rounded operands on avx2-fma"},              // avx2
+    {gemm_f32_avx2, "avx2-fma", nullptr, "bf16-rounded operands on avx2-fma"},                  // avx2
     {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"},  // avx512
     {gemm_f32_native, "avx512-fma", detail::gemm_avx512_bf16,
      "avx512bf16-dpbf16 (float32 accumulation)"},                                                     // avx512bf16
@@ -144,7 +148,8 @@ const GemmEntry& gemm_entry() { return entry_for(detail::isa_level()); }
 }  // namespace
 
 namespace detail {
-bool native_kernels_enabled() { return isa_level() >= static_cast<int>(Isa::kAvx512); }
+bool native_kernels_enabled() { return isa_level() >= static_cast<int>(Isa::kAvx2); }
+TriGemm native_tri_gemm() { return isa_level() >= static_cast<int>(Isa::kAvx512) ? gemm_avx512 : gemm_avx2; }
 const char* gemm_f32_kernel(Isa isa) { return entry_for(static_cast<int>(isa)).f32_name; }
 const char* gemm_bf16_kernel(Isa isa) {
   const GemmEntry& e = entry_for(static_cast<int>(isa));

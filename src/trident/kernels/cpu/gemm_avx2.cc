@@ -156,20 +156,27 @@ TRIDENT_AVX2_FN void pack_panel(bool trans_b, const float* B, int ldb, int k0, i
   }
 }
 
+// The triangular products of causal attention (gemm_avx512.h's Tri, tri_tile) skip the triangle's zeros
+// as the AVX-512 kernel does: kLowerC computes C(i, j) for j <= i only; kLowerA reads A(i, k) for k <= i
+// only, kUpperA for k >= i only (the rest of A is zero).
 template <bool kTransA>
 TRIDENT_AVX2_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                         bool accumulate, float* C, int ldc) {
+                         bool accumulate, float* C, int ldc, Tri tri) {
   for (int k0 = 0; k0 < K; k0 += kKc) {
     const int kc = K - k0 < kKc ? K - k0 : kKc;
     for (int j0 = 0; j0 < N; j0 += kNr) {
+      if (tri == Tri::kLowerC && j0 >= M) break;  // no row reaches these columns
       const int w = N - j0 < kNr ? N - j0 : kNr;
       pack_panel(trans_b, B, ldb, k0, kc, j0, w);
       for (int i0 = 0; i0 < M; i0 += kMr) {
         const int mr = M - i0 < kMr ? M - i0 : kMr;
+        TriTile tt;
+        if (!tri_tile(tri, i0, mr, j0, w, k0, kc, &tt)) continue;
+        const int we = tt.we, ks = tt.ks, ke = tt.ke, kk = k0 + ks;
         const float* ai =
-            kTransA ? A + static_cast<ptrdiff_t>(k0) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + k0;
-        pick<kTransA>(mr)(kc, ai, lda, g_panel, C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, w,
-                          accumulate || k0 > 0);
+            kTransA ? A + static_cast<ptrdiff_t>(kk) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + kk;
+        pick<kTransA>(mr)(ke - ks, ai, lda, g_panel + ks * kNr, C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, we,
+                          accumulate || k0 > tt.kfirst);
       }
     }
   }
@@ -178,15 +185,15 @@ TRIDENT_AVX2_FN void run(bool trans_b, int M, int N, int K, const float* A, int 
 }  // namespace
 
 void gemm_avx2(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-               bool accumulate, float* C, int ldc) {
+               bool accumulate, float* C, int ldc, Tri tri) {
   if (M <= 0 || N <= 0 || K <= 0) return;  // gemm.cc answers K == 0 (C = 0 or C) before any kernel
-  if (trans_a) run<true>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
-  else run<false>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+  if (trans_a) run<true>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tri);
+  else run<false>(trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tri);
 }
 
 #else
 
-void gemm_avx2(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
+void gemm_avx2(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
 
 #endif
 

@@ -271,21 +271,9 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
       }
       for (int i0 = 0; i0 < M; i0 += kMr) {
         const int mr = M - i0 < kMr ? M - i0 : kMr;
-        int we = w;    // columns of this panel the rows need
-        int ks = 0;    // k range [ks, ke) within the block
-        int ke = kc;
-        int kfirst = 0;  // first k of the whole product that contributes to these rows
-        if (tri == Tri::kLowerC) {
-          we = i0 + mr - j0 < w ? i0 + mr - j0 : w;
-          if (we <= 0) continue;
-        } else if (tri == Tri::kLowerA) {
-          ke = i0 + mr - k0 < kc ? i0 + mr - k0 : kc;
-          if (ke <= 0) continue;
-        } else if (tri == Tri::kUpperA) {
-          kfirst = i0;
-          ks = i0 - k0 > 0 ? i0 - k0 : 0;
-          if (ks >= kc) continue;
-        }
+        TriTile tt;
+        if (!tri_tile(tri, i0, mr, j0, w, k0, kc, &tt)) continue;
+        const int we = tt.we, ks = tt.ks, ke = tt.ke, kfirst = tt.kfirst;
         const int nv = (we + 15) / 16;
         const __mmask16 last = static_cast<__mmask16>(we % 16 == 0 ? 0xffffu : (1u << (we % 16)) - 1u);
         const bool load_c = accumulate || k0 > kfirst;

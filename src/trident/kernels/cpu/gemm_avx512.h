@@ -7,8 +7,8 @@
 
 namespace trident::kernels::cpu::detail {
 
-// True when the active ISA level (isa.h) is avx512 or higher: this GEMM and the attention built on it
-// serve float32 work. Defined in gemm.cc.
+// True when the active ISA level (isa.h) is avx2 or higher: trident's own GEMMs (gemm_avx2.h at avx2, this
+// one above) and the attention built on them serve float32 work. Defined in gemm.cc.
 bool native_kernels_enabled();
 
 // Triangular structure the caller guarantees or needs (causal attention), to skip work:
@@ -16,6 +16,37 @@ bool native_kernels_enabled();
 // kLowerA: op(A)(i, k) == 0 for k > i (requires M <= K); kUpperA: op(A)(i, k) == 0 for k < i (M <= K).
 // Skipped terms are exact zeros, so the chains equal the full ones.
 enum class Tri : int { kNone = 0, kLowerC, kLowerA, kUpperA };
+
+// What a register tile (rows [i0, i0 + mr) of a panel's columns [j0, j0 + w), in the k block [k0, k0 + kc))
+// computes of a triangular product: columns [0, we) of the panel, k in [k0 + ks, k0 + ke); kfirst, the
+// first k of the whole product that reaches these rows (C starts from zero in the block holding it).
+// False when the tile has nothing to do. Both kernels (AVX-512, AVX2) tile this way.
+struct TriTile {
+  int we, ks, ke, kfirst;
+};
+inline bool tri_tile(Tri tri, int i0, int mr, int j0, int w, int k0, int kc, TriTile* t) {
+  *t = TriTile{w, 0, kc, 0};
+  if (tri == Tri::kLowerC) {
+    t->we = i0 + mr - j0 < w ? i0 + mr - j0 : w;
+    return t->we > 0;
+  }
+  if (tri == Tri::kLowerA) {
+    t->ke = i0 + mr - k0 < kc ? i0 + mr - k0 : kc;
+    return t->ke > 0;
+  }
+  if (tri == Tri::kUpperA) {
+    t->kfirst = i0;
+    t->ks = i0 - k0 > 0 ? i0 - k0 : 0;
+    return t->ks < kc;
+  }
+  return true;
+}
+
+// The active level's own float32 GEMM with triangular skipping (gemm_avx512 at avx512 and up, gemm_avx2 at
+// avx2), for the attention kernels; only where native_kernels_enabled(). Defined in gemm.cc.
+using TriGemm = void (*)(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                         int ldb, bool accumulate, float* C, int ldc, Tri tri);
+TriGemm native_tri_gemm();
 
 // C[M,N] = (accumulate ? C : 0) + op(A) op(B), row-major, op(X) = X^T when trans_x; each element is one
 // fused multiply-add chain over k in order. Only call at ISA level avx512 or higher.

@@ -239,8 +239,10 @@ std::string kernel_summary() {
   const char* clone_name = clone == 2 ? "x86-64-v4" : clone == 1 ? "x86-64-v3" : "x86-64";
   std::string s = std::string("isa ") + isa_name(isa) + " (machine " + isa_name(machine_isa()) + "): gemm float32 " +
                   detail::gemm_f32_kernel(isa) + ", gemm bfloat16 " + detail::gemm_bf16_kernel(isa) + ", attention " +
-                  (isa >= Isa::kAvx512 ? "avx512 (gemm-blocked)" : "row-blocked ") +
-                  (isa >= Isa::kAvx512 ? "" : clone_name) + ", layernorm/gelu/softmax-xent/adamw " + clone_name;
+                  (isa >= Isa::kAvx512 ? "avx512 (gemm-blocked)"
+                   : isa == Isa::kAvx2 ? "avx2 (gemm-blocked)"
+                                       : std::string("row-blocked ") + clone_name) +
+                  ", layernorm/gelu/softmax-xent/adamw " + clone_name;
   if (isa == Isa::kAvx512Bf16) {
     const Bf16DotRates r = bf16_dot_rates();
     s += fmt::format("; bfloat16 dot: TRIDENT_BF16_DOT={}, vdpbf16ps {:.0f} against FMA {:.0f} GFLOP/s on one core{}",
