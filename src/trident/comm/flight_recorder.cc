@@ -428,7 +428,11 @@ std::string dump(const std::string& reason, const std::string& dir_in) {
   if (ec) TRIDENT_THROW(IoError, "flight recorder: cannot create folder '{}': {}", dir, ec.message());
   const std::string name = rank >= 0 ? fmt::format("rank_{}.json", rank) : fmt::format("pid_{}.json", getpid());
   const std::string path = (std::filesystem::path(dir) / name).string();
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  // Dumps of one process can overlap (a failure's on the caller's thread, a signal's on the dump thread):
+  // each goes through a temporary file of its own, so every rename publishes a whole dump. (No lock: a
+  // fork while another thread held it would leave the child's dumps waiting forever.)
+  static std::atomic<uint64_t> serial{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, getpid(), serial.fetch_add(1));
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) TRIDENT_THROW(IoError, "flight recorder: cannot write '{}': {}", tmp, detail::errno_string(errno));
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&

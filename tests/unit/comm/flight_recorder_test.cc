@@ -4,11 +4,17 @@
 // mismatch, a missing dump, the slowest rank, and clear errors for missing folders and corrupt files.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/multiproc.h"
@@ -132,13 +138,44 @@ TEST(FlightRecorder, GroupRecordsEveryCallAndDumpsParseBack) {
   // The dump (of every live ring in this process; these groups are gone, so make one more) parses back.
   const std::string path = flight_recorder::dump("test request", dir.path.string());
   EXPECT_TRUE(std::filesystem::exists(path));
-  EXPECT_FALSE(std::filesystem::exists(path + fmt::format(".tmp.{}", getpid())));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
   RankDump d = parse_flight_dump(ss.str(), path);
   EXPECT_EQ(d.reason, "test request");
   EXPECT_EQ(d.pid, getpid());
+}
+
+// Dumps of one process can overlap: a failure's dump on the caller's thread and the dump thread's on the
+// SIGTERM that the launcher sends when another rank failed first. Each must leave a whole file (they once
+// shared one temporary file, and a rename could publish the other's half-written or truncated one: an empty
+// rank_1.json, seen once in CI), and no temporary file may be left behind.
+TEST(FlightRecorder, ConcurrentDumpsLeaveAWholeFile) {
+  testing::TempDir dir("flight_concurrent");
+  constexpr int kThreads = 4, kDumps = 50;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kDumps; ++i) {
+        try {
+          const std::string path = flight_recorder::dump(fmt::format("thread {} dump {}", t, i), dir.path.string());
+          std::ifstream in(path);
+          std::stringstream ss;
+          ss << in.rdbuf();
+          (void)parse_flight_dump(ss.str(), path);
+        } catch (const std::exception& e) {
+          if (failures.fetch_add(1) < 3) ADD_FAILURE() << "thread " << t << " dump " << i << ": " << e.what();
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left.size(), 1u) << fmt::format("{}", fmt::join(left, ", "));
 }
 
 TEST(FlightRecorder, DumpWithoutAFolderIsAClearError) {
