@@ -177,7 +177,8 @@ std::string describe_record(const DeviceRecord& r) {
   a.redop = static_cast<ReduceOp>(r.redop);
   a.root = r.root;
   a.count = r.count;
-  if (a.op == OpKind::kAllGatherV) return fmt::format("all_gatherv({}, counts hash {:016x})", dtype_name(a.dtype), r.counts_hash);
+  if (a.op == OpKind::kAllGatherV)
+    return fmt::format("all_gatherv({}, counts hash {:016x})", dtype_name(a.dtype), r.counts_hash);
   return describe(a);
 }
 

@@ -35,21 +35,23 @@ TEST(CopyError, KeepsTheExactTypeAndEveryField) {
   EXPECT_EQ(m.seq, 7);
   EXPECT_EQ(m.ranks, (std::vector<int>{1, 2}));
 
-  const auto t = rethrown<TimeoutError>(copy_error(std::make_exception_ptr(TimeoutError("t", 3, "barrier", 9, {0, 4}))));
+  const auto t =
+      rethrown<TimeoutError>(copy_error(std::make_exception_ptr(TimeoutError("t", 3, "barrier", 9, {0, 4}))));
   EXPECT_EQ(std::string(t.what()), "t");
   EXPECT_EQ(t.rank, 3);
   EXPECT_EQ(t.op, "barrier");
   EXPECT_EQ(t.seq, 9);
   EXPECT_EQ(t.missing, (std::vector<int>{0, 4}));
 
-  const auto d = rethrown<PeerDiedError>(copy_error(std::make_exception_ptr(PeerDiedError("d", 0, 5, "send", 2)), "x "));
+  const auto d =
+      rethrown<PeerDiedError>(copy_error(std::make_exception_ptr(PeerDiedError("d", 0, 5, "send", 2)), "x "));
   EXPECT_EQ(std::string(d.what()), "x d");
   EXPECT_EQ(d.peer, 5);
   const auto n = rethrown<NetworkError>(copy_error(std::make_exception_ptr(NetworkError("n", 1, 0, "recv", 4))));
   EXPECT_EQ(n.op, "recv");
   EXPECT_EQ(n.seq, 4);
-  EXPECT_EQ(std::string(rethrown<InvalidArgument>(copy_error(std::make_exception_ptr(InvalidArgument("i")), "a ")).what()),
-            "a i");
+  const auto i = rethrown<InvalidArgument>(copy_error(std::make_exception_ptr(InvalidArgument("i")), "a "));
+  EXPECT_EQ(std::string(i.what()), "a i");
   EXPECT_EQ(std::string(rethrown<Unsupported>(copy_error(std::make_exception_ptr(Unsupported("u")))).what()), "u");
   EXPECT_EQ(std::string(rethrown<StoreError>(copy_error(std::make_exception_ptr(StoreError("s")))).what()), "s");
   EXPECT_EQ(std::string(rethrown<IoError>(copy_error(std::make_exception_ptr(IoError("o")))).what()), "o");

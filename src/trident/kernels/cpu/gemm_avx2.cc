@@ -82,7 +82,8 @@ TRIDENT_AVX2_FN __attribute__((noinline)) void micro(int K, const float* __restr
     }
     // A transposed: the next k's floats sit one stored row further, typically a new page, where the
     // hardware streamer stops; fetched this many k ahead.
-    if (kTransA) _mm_prefetch(reinterpret_cast<const char*>(a + static_cast<ptrdiff_t>(k + kPrefetchK) * lda), _MM_HINT_T0);
+    if (kTransA)
+      _mm_prefetch(reinterpret_cast<const char*>(a + static_cast<ptrdiff_t>(k + kPrefetchK) * lda), _MM_HINT_T0);
   }
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {

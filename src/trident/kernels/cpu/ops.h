@@ -23,9 +23,10 @@ void set_num_threads(int n);
 int num_threads();
 
 // Which implementation runs is chosen by the ISA level (isa.h: detected once, TRIDENT_ISA forces a lower
-// one): trident's AVX-512 GEMMs and attention at avx512 and up, its AVX2 GEMM and the portable attention
-// at avx2, OpenBLAS at portable; elementwise and row kernels compiled for x86-64, x86-64-v3 or x86-64-v4. The levels compute
-// the same functions; results differ in the last bits (summation order).
+// one): trident's AVX-512 GEMMs and the attention built on them at avx512 and up, its AVX2 GEMM and the
+// same attention on it at avx2, OpenBLAS and row-by-row attention at portable; elementwise and row kernels
+// compiled for x86-64, x86-64-v3 or x86-64-v4. The levels compute the same functions; results differ in
+// the last bits (summation order).
 
 enum class Precision : uint8_t { kFloat32 = 0, kBFloat16 = 1 };
 enum class GeluKind : uint8_t { kExact = 0, kTanh = 1 };
