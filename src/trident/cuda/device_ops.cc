@@ -125,74 +125,95 @@ double dev_ce_shard_finish(float* dlogits, const float* st, const float* mx, con
   return total;
 }
 
+// Designated initializers in declaration order: a misordered entry does not compile, nor (by the pragma) a missing
+// one; tests/unit/cuda's table test (no GPU needed) checks every entry is non-null as well.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wmissing-field-initializers"
 const k::DeviceOps kCudaOps = {
-    k::Device::kCuda,
-    dev_alloc,
-    dev_free,
-    dev_to_device,
-    dev_to_host,
-    dev_copy,
-    dev_memset_zero,
-    dev_synchronize,
-    [](bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-       float beta, float* C, int ldc, Precision p) {
-      cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, p);
+    .device = k::Device::kCuda,
+    .alloc = dev_alloc,
+    .free = dev_free,
+    .to_device = dev_to_device,
+    .to_host = dev_to_host,
+    .copy = dev_copy,
+    .memset_zero = dev_memset_zero,
+    .synchronize = dev_synchronize,
+    .gemm = [](bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+               float beta, float* C, int ldc,
+               Precision p) { cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, p); },
+    .linear_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
+                         Precision p) { cuda::linear_forward(out, inp, w, b, N, C, OC, p); },
+    .linear_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          int N, int C, int OC, float beta, Precision p,
+                          const float* dinp_mul) {
+      cuda::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p, dinp_mul);
     },
-    [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC, Precision p) {
-      cuda::linear_forward(out, inp, w, b, N, C, OC, p);
-    },
-    [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, int N, int C, int OC,
-       float beta, Precision p,
-       const float* dinp_mul) { cuda::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, beta, p, dinp_mul); },
-    [](float* out, const float* inp, size_t n, GeluKind kind) { cuda::gelu_forward(out, inp, n, kind); },
-    [](float* out, float* grad, const float* inp, size_t n, GeluKind kind) {
-      cuda::gelu_forward_and_grad(out, grad, inp, n, kind);
-    },
-    [](float* dinp, const float* inp, const float* dout, size_t n, GeluKind kind) {
-      cuda::gelu_backward(dinp, inp, dout, n, kind);
-    },
-    [](float* out, const float* a, const float* b, size_t n) { cuda::mul(out, a, b, n); },
-    [](float* out, const float* a, const float* b, size_t n) { cuda::add(out, a, b, n); },
-    [](float* acc, const float* x, size_t n) { cuda::add_inplace(acc, x, n); },
-    [](float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C,
-       float eps) { cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps); },
-    [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w, const float* mean,
-       const float* rstd, int N, int C) { cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); },
-    [](float* out, const float* inp, int N, int C) { cuda::softmax_forward(out, inp, N, C); },
-    [](float* out, float* lse, const float* qkv, int B, int T, int C, int NH, Precision p) {
-      cuda::attention_forward(out, lse, qkv, B, T, C, NH, p);
-    },
-    [](float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,
-       int NH, Precision p) { cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, p); },
-    [](float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int V) {
-      cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, V);
-    },
-    [](float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-      cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
-    },
-    [](float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dscale) {
+    .gelu_forward = [](float* out, const float* inp, size_t n,
+                       GeluKind kind) { cuda::gelu_forward(out, inp, n, kind); },
+    .gelu_forward_and_grad = [](float* out, float* grad, const float* inp, size_t n,
+                                GeluKind kind) { cuda::gelu_forward_and_grad(out, grad, inp, n, kind); },
+    .gelu_backward = [](float* dinp, const float* inp, const float* dout, size_t n,
+                        GeluKind kind) { cuda::gelu_backward(dinp, inp, dout, n, kind); },
+    .mul = [](float* out, const float* a, const float* b, size_t n) { cuda::mul(out, a, b, n); },
+    .add = [](float* out, const float* a, const float* b, size_t n) { cuda::add(out, a, b, n); },
+    .add_inplace = [](float* acc, const float* x, size_t n) { cuda::add_inplace(acc, x, n); },
+    .layernorm_forward = [](float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                            int N, int C,
+                            float eps) { cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps); },
+    .layernorm_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                             const float* mean, const float* rstd, int N,
+                             int C) { cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); },
+    .softmax_forward = [](float* out, const float* inp, int N, int C) { cuda::softmax_forward(out, inp, N, C); },
+    .attention_forward = [](float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                            Precision p) { cuda::attention_forward(out, lse, qkv, B, T, C, NH, p); },
+    .attention_backward = [](float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH,
+                             Precision p) { cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, p); },
+    .embedding_forward = [](float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                            int C, int V) { cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, V); },
+    .embedding_backward = [](float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                             int C) { cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C); },
+    .cross_entropy_forward_backward = [](float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                                         float dscale) {
       return cuda::cross_entropy_forward_backward(dlogits, logits, targets, N, V, dscale);
     },
-    [](float* param, const float* grad, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
-       float wd, int64_t t) { cuda::adamw_update(param, grad, m, v, n, lr, b1, b2, eps, wd, t); },
-    [](const float* x, size_t n) { return cuda::sum_squares(x, n); },
-    [](float* x, float a, size_t n) { cuda::scale_inplace(x, a, n); },
-    [](uint16_t* out, const float* in, size_t n) { cuda::to_bf16(out, in, n); },
-    [](float* out, const uint16_t* in, size_t n) { cuda::from_bf16(out, in, n); },
-    dev_copy_2d,
-    dev_add_2d,
-    dev_embedding_shard_forward,
-    dev_embedding_shard_backward,
-    dev_ce_shard_max,
-    dev_ce_shard_sumexp,
-    dev_ce_shard_finish,
-    [] {
-      int d = 0;
-      TRIDENT_CUDA_CHECK(cudaGetDevice(&d));
-      return cuda::device_description(d);
-    },
-    [](int head_dim, Precision p) { return cuda::kernel_summary(head_dim, p); },
+    .adamw_update = [](float* param, const float* grad, float* m, float* v, size_t n, float lr, float b1, float b2,
+                       float eps, float wd,
+                       int64_t t) { cuda::adamw_update(param, grad, m, v, n, lr, b1, b2, eps, wd, t); },
+    .sum_squares = [](const float* x, size_t n) { return cuda::sum_squares(x, n); },
+    .scale_inplace = [](float* x, float a, size_t n) { cuda::scale_inplace(x, a, n); },
+    .to_bf16 = [](uint16_t* out, const float* in, size_t n) { cuda::to_bf16(out, in, n); },
+    .from_bf16 = [](float* out, const uint16_t* in, size_t n) { cuda::from_bf16(out, in, n); },
+    .copy_2d = dev_copy_2d,
+    .add_2d = dev_add_2d,
+    .embedding_shard_forward = dev_embedding_shard_forward,
+    .embedding_shard_backward = dev_embedding_shard_backward,
+    .ce_shard_max = dev_ce_shard_max,
+    .ce_shard_sumexp = dev_ce_shard_sumexp,
+    .ce_shard_finish = dev_ce_shard_finish,
+    .rmsnorm_forward = [](float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                          float eps) { cuda::rmsnorm_forward(out, rstd, inp, w, N, C, eps); },
+    .rmsnorm_backward = [](float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                           const float* rstd, int N,
+                           int C) { cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); },
+    .rope = [](float* x, const float* cos, const float* sin, int N, int T, int stride, int n_heads, int hd,
+               bool inverse) { cuda::rope(x, cos, sin, N, T, stride, n_heads, hd, inverse); },
+    .swiglu_forward = [](float* out, const float* h, int N, int I) { cuda::swiglu_forward(out, h, N, I); },
+    .swiglu_backward = [](float* dh, const float* dout, const float* h, int N,
+                          int I) { cuda::swiglu_backward(dh, dout, h, N, I); },
+    .kv_expand = [](float* dst, const float* src, int N, int nh, int nkv, int hd, int h0, int group,
+                    int kv0) { cuda::kv_expand(dst, src, N, nh, nkv, hd, h0, group, kv0); },
+    .kv_reduce = [](float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, int h0, int group,
+                    int kv0) { cuda::kv_reduce(dsrc, ddst, N, nh, nkv, hd, h0, group, kv0); },
+    .describe =
+        [] {
+          int d = 0;
+          TRIDENT_CUDA_CHECK(cudaGetDevice(&d));
+          return cuda::device_description(d);
+        },
+    .kernel_summary = [](int head_dim, Precision p) { return cuda::kernel_summary(head_dim, p); },
 };
+#pragma GCC diagnostic pop
 
 }  // namespace
 

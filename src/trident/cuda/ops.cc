@@ -15,6 +15,7 @@
 #include "trident/cuda/check.h"
 #include "trident/cuda/cublas_api.h"
 #include "trident/cuda/launch.h"
+#include "trident/cuda/llama_launch.h"
 
 namespace trident::cuda {
 
@@ -243,6 +244,82 @@ void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t s)
   if (N == 0 || C == 0) return;
   launch::softmax_forward(out, inp, N, C, s);
   check_launch("softmax_forward");
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps,
+                     cudaStream_t s) {
+  check_dims("rmsnorm_forward", N, C);
+  TRIDENT_CHECK(C > 0 || N == 0, InvalidArgument, "cuda rmsnorm_forward: C must be positive");
+  if (N == 0) return;
+  launch::rmsnorm_forward(out, rstd, inp, weight, N, C, eps, s);
+  check_launch("rmsnorm_forward");
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C, cudaStream_t s) {
+  check_dims("rmsnorm_backward", N, C);
+  if (N == 0 || C == 0) return;
+  launch::rmsnorm_backward_dinp(dinp, dout, inp, weight, rstd, N, C, s);
+  const int chunks = launch::column_chunks(N);
+  Scratch<float> pw(static_cast<size_t>(chunks) * C, s);
+  launch::rmsnorm_backward_weight_partial(pw.get(), dout, inp, rstd, N, C, s);
+  launch::column_sums_finish(dweight, pw.get(), chunks, C, s);
+  check_launch("rmsnorm_backward");
+}
+
+void rope(float* x, const float* cos, const float* sin, int N, int T, int stride, int n_heads, int hd, bool inverse,
+          cudaStream_t s) {
+  check_dims("rope", N, n_heads, hd);
+  if (N == 0 || n_heads == 0 || hd == 0) return;
+  TRIDENT_CHECK(hd % 2 == 0 && T > 0 && stride >= n_heads * hd, InvalidArgument,
+                "cuda rope: needs an even head dim, T > 0 and stride >= n_heads * hd (hd {}, T {}, stride {}, "
+                "n_heads {})",
+                hd, T, stride, n_heads);
+  launch::rope(x, cos, sin, N, T, stride, n_heads, hd, inverse, s);
+  check_launch("rope");
+}
+
+void swiglu_forward(float* out, const float* h, int N, int I, cudaStream_t s) {
+  check_dims("swiglu_forward", N, I);
+  if (N == 0 || I == 0) return;
+  launch::swiglu_forward(out, h, N, I, s);
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(float* dh, const float* dout, const float* h, int N, int I, cudaStream_t s) {
+  check_dims("swiglu_backward", N, I);
+  if (N == 0 || I == 0) return;
+  launch::swiglu_backward(dh, dout, h, N, I, s);
+  check_launch("swiglu_backward");
+}
+
+namespace {
+// As the CPU kernel's check: the kv index (h0 + j) / group - kv0 rises with j, so its ends bound it.
+void check_kv_heads(const char* op, int N, int nh, int nkv, int hd, int h0, int group, int kv0) {
+  check_dims(op, N, nh, nkv);
+  TRIDENT_CHECK(hd >= 0 && group > 0, InvalidArgument, "cuda {}: bad shape (hd {}, group {})", op, hd, group);
+  if (nh == 0) return;
+  const int first = h0 / group - kv0, last = (h0 + nh - 1) / group - kv0;
+  TRIDENT_CHECK(h0 >= 0 && first >= 0 && last < nkv, InvalidArgument,
+                "cuda {}: query heads [{}, {}) with group {} read kv heads [{}, {}] of the local [0, {}) (kv0 {})", op,
+                h0, h0 + nh, group, first, last, nkv, kv0);
+}
+}  // namespace
+
+void kv_expand(float* dst, const float* src, int N, int nh, int nkv, int hd, int h0, int group, int kv0,
+               cudaStream_t s) {
+  check_kv_heads("kv_expand", N, nh, nkv, hd, h0, group, kv0);
+  if (N == 0 || nh == 0 || hd == 0) return;
+  launch::kv_expand(dst, src, N, nh, nkv, hd, h0, group, kv0, s);
+  check_launch("kv_expand");
+}
+
+void kv_reduce(float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, int h0, int group, int kv0,
+               cudaStream_t s) {
+  check_kv_heads("kv_reduce", N, nh, nkv, hd, h0, group, kv0);
+  if (N == 0 || hd == 0 || nh + nkv == 0) return;
+  launch::kv_reduce(dsrc, ddst, N, nh, nkv, hd, h0, group, kv0, s);
+  check_launch("kv_reduce");
 }
 
 namespace {

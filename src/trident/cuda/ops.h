@@ -72,6 +72,28 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void softmax_forward(float* out, const float* inp, int N, int C, cudaStream_t stream = nullptr);
 
+// ---- Llama-family layers (llama_kernels.cu), with the CPU kernels' layouts and formulas (kernels/cpu/ops.h) ----
+// RMSNorm: out = inp * rstd * weight, rstd[r] = 1/sqrt(mean of squares + eps) (warp sums in float32); rstd
+// nullable.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps,
+                     cudaStream_t stream = nullptr);
+// dinp += ...; dweight += sum over rows of dout * inp * rstd (fixed-order two-stage column sums).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C, cudaStream_t stream = nullptr);
+// Rotary embedding in place (rotate-half layout), inverse = the backward; cos/sin [T_max, hd/2] on the device.
+void rope(float* x, const float* cos, const float* sin, int N, int T, int stride, int n_heads, int hd, bool inverse,
+          cudaStream_t stream = nullptr);
+// out[N, I] = silu(gate) * up from h[N, 2I] = [gate | up]; dh[N, 2I] overwritten.
+void swiglu_forward(float* out, const float* h, int N, int I, cudaStream_t stream = nullptr);
+void swiglu_backward(float* dh, const float* dout, const float* h, int N, int I, cudaStream_t stream = nullptr);
+// Grouped-query key/value sharing: kv_expand builds q | k | v with nh heads each from q | k | v with nkv key/value
+// heads; kv_reduce is its adjoint (dq copied, each kv head's gradient the sum over the q heads that read it, in
+// ascending order: the CPU kernel's bits). Kv indices outside [0, nkv) throw InvalidArgument (checked on the host).
+void kv_expand(float* dst, const float* src, int N, int nh, int nkv, int hd, int h0, int group, int kv0,
+               cudaStream_t stream = nullptr);
+void kv_reduce(float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, int h0, int group, int kv0,
+               cudaStream_t stream = nullptr);
+
 // The GEMM and attention paths a model with head dim `head_dim` (0: none) takes at precision p, in words
 // ("GEMMs: cuBLAS, bf16 operands, float32 accumulation; attention (head dim 64): tensor cores, ...").
 // Needs no GPU.

@@ -112,7 +112,7 @@ struct TokenDataset::Impl {
   int32_t at(size_t i) const {
     if (!shards.empty()) {
       auto [k, off] = locate(i);
-      return shards[k].tokens[off];
+      return shards[k].at(off);
     }
     if (token_bytes == 2) {
       uint16_t v;
@@ -167,7 +167,7 @@ TokenDataset TokenDataset::open(const DatasetOptions& opts) {
     if (!opts.tokenizer_override && opts.tokenizer == TokenizerKind::kChar) {
       TRIDENT_THROW(InvalidArgument,
                     "data '{}' is token shards: name the tokenizer they were made with (--tokenizer gpt2, "
-                    "sentencepiece or byte); the char tokenizer is defined by a text corpus",
+                    "llama3, sentencepiece or byte); the char tokenizer is defined by a text corpus",
                     opts.source);
     }
     d->tokenizer = opts.tokenizer_override ? *opts.tokenizer_override
@@ -293,8 +293,7 @@ void TokenDataset::copy(size_t begin, size_t n, int32_t* out) const {
     while (n > 0) {
       auto [k, off] = impl_->locate(begin);
       size_t take = std::min(n, impl_->shards[k].count - off);
-      const uint16_t* src = impl_->shards[k].tokens + off;
-      for (size_t i = 0; i < take; ++i) out[i] = src[i];
+      impl_->shards[k].copy(off, take, out);
       out += take;
       begin += take;
       n -= take;

@@ -12,9 +12,10 @@
 //
 // Split (nanoGPT): the first int(n * 0.9) tokens are "train", the rest "val".
 //
-// Token shards (data/token_shards.h: llm.c's *.bin, nanoGPT's train.bin/val.bin) are memory-mapped, not
-// cached or copied: the dataset is their concatenation (training shards, then validation shards, which
-// then form the "val" split), so memory does not grow with the corpus. The tokenizer is the given one.
+// Token shards (data/token_shards.h: llm.c's *.bin with uint16 or uint32 tokens, nanoGPT's
+// train.bin/val.bin) are memory-mapped, not cached or copied: the dataset is their concatenation (training
+// shards, then validation shards, which then form the "val" split), so memory does not grow with the
+// corpus. The tokenizer is the given one.
 //
 // Ownership: TokenDataset shares its mapping among copies (cheap to copy); TokenSpan holds a copy. Blocking: open() reads the whole source. Thread-safety: const access is safe.
 #pragma once
@@ -37,7 +38,8 @@ struct DatasetOptions {
   TokenizerKind tokenizer = TokenizerKind::kChar;
   std::optional<Tokenizer> tokenizer_override;  // e.g. the checkpoint's: encode with exactly this vocabulary
   std::string cache_dir;                 // "" = no cache file (tokens kept in memory)
-  std::string tokenizer_path;            // gpt2: folder of encoder.json + vocab.bpe; sentencepiece: .model
+  std::string tokenizer_path;            // gpt2: folder of encoder.json + vocab.bpe; sentencepiece: .model;
+                                         // llama3: tokenizer.model or tokenizer.json
 };
 
 enum class Split { kTrain, kVal };

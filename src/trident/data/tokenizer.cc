@@ -7,6 +7,7 @@
 #include "trident/core/json_int.h"
 #include "trident/data/file_io.h"
 #include "trident/data/gpt2_bpe.h"
+#include "trident/data/llama3_bpe.h"
 #include "trident/data/sentencepiece_model.h"
 
 namespace trident::data {
@@ -16,7 +17,8 @@ TokenizerKind parse_tokenizer_kind(std::string_view name) {
   if (name == "byte") return TokenizerKind::kByte;
   if (name == "gpt2") return TokenizerKind::kGpt2;
   if (name == "sentencepiece") return TokenizerKind::kSentencePiece;
-  TRIDENT_THROW(InvalidArgument, "unknown tokenizer '{}'; allowed: char, byte, gpt2, sentencepiece", name);
+  if (name == "llama3") return TokenizerKind::kLlama3;
+  TRIDENT_THROW(InvalidArgument, "unknown tokenizer '{}'; allowed: char, byte, gpt2, sentencepiece, llama3", name);
 }
 
 const char* tokenizer_kind_name(TokenizerKind k) {
@@ -25,6 +27,7 @@ const char* tokenizer_kind_name(TokenizerKind k) {
     case TokenizerKind::kByte: return "byte";
     case TokenizerKind::kGpt2: return "gpt2";
     case TokenizerKind::kSentencePiece: return "sentencepiece";
+    case TokenizerKind::kLlama3: return "llama3";
   }
   return "?";
 }
@@ -91,6 +94,12 @@ Tokenizer Tokenizer::gpt2(const std::string& path) {
   return t;
 }
 
+Tokenizer Tokenizer::llama3(const std::string& path) {
+  Tokenizer t(TokenizerKind::kLlama3);
+  t.bpe_ = Llama3Bpe::load(path);
+  return t;
+}
+
 Tokenizer Tokenizer::sentencepiece(const std::string& model_path) {
   Tokenizer t(TokenizerKind::kSentencePiece);
   t.sp_ = SentencePieceModel::load(model_path);
@@ -102,6 +111,7 @@ Tokenizer Tokenizer::create(TokenizerKind kind, const std::string& path) {
     case TokenizerKind::kByte: return byte_level();
     case TokenizerKind::kGpt2: return gpt2(path);
     case TokenizerKind::kSentencePiece: return sentencepiece(path);
+    case TokenizerKind::kLlama3: return llama3(path);
     case TokenizerKind::kChar: break;
   }
   TRIDENT_THROW(InvalidArgument, "the char tokenizer is built from its corpus (Tokenizer::char_level)");
@@ -110,7 +120,8 @@ Tokenizer Tokenizer::create(TokenizerKind kind, const std::string& path) {
 int Tokenizer::vocab_size() const {
   switch (kind_) {
     case TokenizerKind::kByte: return 256;
-    case TokenizerKind::kGpt2: return bpe_->vocab_size();
+    case TokenizerKind::kGpt2:
+    case TokenizerKind::kLlama3: return bpe_->vocab_size();
     case TokenizerKind::kSentencePiece: return sp_->vocab_size();
     case TokenizerKind::kChar: break;
   }
@@ -120,7 +131,13 @@ int Tokenizer::vocab_size() const {
 int32_t Tokenizer::end_of_text() const {
   if (kind_ == TokenizerKind::kGpt2) return Gpt2Bpe::kEndOfText;
   if (kind_ == TokenizerKind::kSentencePiece) return sp_->eos_id();
+  if (kind_ == TokenizerKind::kLlama3) return bpe_->find("<|end_of_text|>");
   return -1;
+}
+
+int32_t Tokenizer::document_separator() const {
+  if (kind_ == TokenizerKind::kLlama3) return bpe_->find("<|begin_of_text|>");
+  return end_of_text();
 }
 
 Tokenizer Tokenizer::char_level(std::string_view corpus) {
@@ -157,11 +174,14 @@ nlohmann::json Tokenizer::to_json() const {
   if (kind_ == TokenizerKind::kChar) {
     j["code_points"] = chars_;  // integers: safe for any byte (surrogate-escaped ones are not valid UTF-8)
   } else if (kind_ == TokenizerKind::kGpt2) {
-    j["dir"] = bpe_->dir();
+    j["dir"] = bpe_->path();
     j["fnv1a64"] = io::hex64(bpe_->fingerprint());
   } else if (kind_ == TokenizerKind::kSentencePiece) {
     j["model"] = sp_->path();
     j["fnv1a64"] = io::hex64(sp_->fingerprint());
+  } else if (kind_ == TokenizerKind::kLlama3) {
+    j["model"] = bpe_->path();
+    j["fnv1a64"] = io::hex64(bpe_->fingerprint());
   }
   return j;
 }
@@ -170,14 +190,14 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j) {
   try {
     TokenizerKind k = parse_tokenizer_kind(j.at("kind").get<std::string>());
     if (k == TokenizerKind::kByte) return byte_level();
-    if (k == TokenizerKind::kGpt2 || k == TokenizerKind::kSentencePiece) {
+    if (k == TokenizerKind::kGpt2 || k == TokenizerKind::kSentencePiece || k == TokenizerKind::kLlama3) {
       const bool gpt = k == TokenizerKind::kGpt2;
       std::string path = j.at(gpt ? "dir" : "model").get<std::string>();
       const std::string want = j.at("fnv1a64").get<std::string>();
       std::error_code ec;
       if (gpt && !std::filesystem::exists(path, ec) && !Gpt2Bpe::default_dir().empty()) path = Gpt2Bpe::default_dir();
       Tokenizer t = create(k, path);
-      std::string have = io::hex64(gpt ? t.bpe_->fingerprint() : t.sp_->fingerprint());
+      std::string have = io::hex64(t.bpe_ ? t.bpe_->fingerprint() : t.sp_->fingerprint());
       if (have != want) {
         TRIDENT_THROW(InvalidArgument,
                       "{} tokenizer: '{}' has checksum {} but the checkpoint or cache was made with {} (checksum {}); "
@@ -213,7 +233,7 @@ uint64_t Tokenizer::fingerprint() const {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, int threads) const {
-  if (kind_ == TokenizerKind::kGpt2) return bpe_->encode(text, threads);
+  if (bpe_) return bpe_->encode(text, threads);
   if (kind_ == TokenizerKind::kSentencePiece) return sp_->encode(text, threads);
   std::vector<int32_t> out;
   if (kind_ == TokenizerKind::kByte) {
@@ -246,7 +266,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, int threads) const
 }
 
 std::string Tokenizer::decode(const int32_t* ids, size_t n) const {
-  if (kind_ == TokenizerKind::kGpt2) return bpe_->decode(ids, n);
+  if (bpe_) return bpe_->decode(ids, n);
   if (kind_ == TokenizerKind::kSentencePiece) return sp_->decode(ids, n);
   std::string out;
   out.reserve(n);

@@ -2,7 +2,9 @@
 //
 // A DeviceOps is a table of function pointers: the memory operations (alloc, free, copies between host
 // and device, memset, synchronize) and every kernel of kernels/cpu/ops.h with the same signature and
-// conventions. Code that runs on either device calls ops.linear_forward(...) instead of a kernel by name.
+// conventions. Tables are written with designated initializers (.alloc = ...), so a misordered entry does
+// not compile; a missing one is null, which the device tests find (every pointer after `device` non-null).
+// Code that runs on either device calls ops.linear_forward(...) instead of a kernel by name.
 // Pointers passed to a table's kernels are memory of ITS device (alloc()); host_* arguments of the copies
 // are host memory. The CPU table calls the kernels of kernels/cpu/ops.h (so CPU results are those
 // kernels' results, bit for bit). The CUDA table lives in trident_cuda (cuda/device_ops.cc), which
@@ -114,6 +116,34 @@ struct DeviceOps {
   // 3. Returns the sum over rows of -log softmax[target]; dlogits (nullable) = (softmax - onehot) * dscale.
   double (*ce_shard_finish)(float* dlogits, const float* st, const float* mx, const int32_t* targets, int N,
                             int64_t vl, int64_t v0, float dscale);
+
+  // ---- Llama-family layers: the signatures and conventions of kernels/cpu/ops.h ----
+  // RMSNorm over the last dim C (Llama): out = inp * rstd * weight with rstd[r] = 1/sqrt(mean_c(inp[r,c]^2) + eps),
+  // computed in float32 with a double or float accumulator; rstd[N] saved for backward (nullable in forward).
+  void (*rmsnorm_forward)(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+  // dinp += d inp (ACCUMULATES, like layernorm_backward); dweight += sum over rows of dout * inp * rstd.
+  void (*rmsnorm_backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                           const float* rstd, int N, int C);
+  // Rotary position embedding in place, Hugging Face's rotate-half layout: x holds N rows of `stride` floats; row r is
+  // position p = r % T; heads h in [0, n_heads) start at x + r*stride + h*hd. For i < hd/2, with c = cos[p*(hd/2)+i],
+  // s = sin[p*(hd/2)+i], a = x[i], b = x[i+hd/2]:  forward  x[i] = a*c - b*s, x[i+hd/2] = b*c + a*s;
+  // inverse (the backward: rotation by -angle)  x[i] = a*c + b*s, x[i+hd/2] = b*c - a*s.
+  // cos/sin: device tables [T_max, hd/2] (position-major), T <= T_max.
+  void (*rope)(float* x, const float* cos, const float* sin, int N, int T, int stride, int n_heads, int hd,
+               bool inverse);
+  // SwiGLU: h[N, 2I] holds each row's [gate (I) | up (I)]; out[N, I] = silu(gate) * up, silu(g) = g * sigmoid(g).
+  void (*swiglu_forward)(float* out, const float* h, int N, int I);
+  // dh[N, 2I] (overwritten): d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))), d up = dout * silu(g).
+  void (*swiglu_backward)(float* dh, const float* dout, const float* h, int N, int I);
+  // Grouped-query attention's key/value sharing, as multi-head attention's packed layout: src[N, (nh + 2*nkv)*hd] holds
+  // each row's q (nh heads) | k (nkv heads) | v (nkv heads); dst[N, 3*nh*hd] = q | k | v with nh heads each, where
+  // local q head j reads k and v of local kv head (h0 + j) / group - kv0 (h0: global index of the first local q head,
+  // group = n_head / n_kv_head, kv0: global index of the first local kv head). The kv index is always in [0, nkv).
+  void (*kv_expand)(float* dst, const float* src, int N, int nh, int nkv, int hd, int h0, int group, int kv0);
+  // Its adjoint: dsrc[N, (nh + 2*nkv)*hd] (overwritten) from d dst[N, 3*nh*hd]: dq copied; d k (and d v) of each
+  // local kv head = the sum of d k (d v) of the q heads that read it, summed in ascending j order (0 for a kv head
+  // none reads).
+  void (*kv_reduce)(float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, int h0, int group, int kv0);
 
   // The device in words: "cpu", or CUDA's name of the current GPU with its compute capability, SMs and memory
   // ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79 GiB)"): what the planner's hardware catalog is matched against.

@@ -1,4 +1,4 @@
-// Shared machinery of trident's models (internal to nn/): the model config, parameter registration into
+// Shared machinery of trident's models (internal to nn/): parameter registration into
 // one flat 64-byte-aligned buffer, seeded initialization, and the grad-ready hook.
 //
 // Initialization RNG (bit-reproducible across runs and machines with the same libm): std::mt19937_64
@@ -22,33 +22,9 @@
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/device.h"
 #include "trident/nn/model.h"
+#include "trident/nn/model_config.h"
 
 namespace trident::nn {
-
-struct ModelConfig {
-  std::string kind = "gpt";
-  int n_layer = 6;
-  int n_head = 6;
-  int n_embd = 384;
-  int block_size = 256;
-  int vocab_size = 0;
-  bool bias = true;
-  double dropout = 0.0;
-  std::string gelu = "exact";
-  bool activation_checkpointing = false;
-  uint64_t seed = 1337;
-  std::string dtype = "float32";
-  bool tie_embeddings = true;
-  // cpu | cuda: where the buffers live and the kernels run. Not part of to_json() (nor of a model's
-  // config(), nor so of checkpoints): it says where a model runs, not what it is.
-  std::string device = "cpu";
-
-  static ModelConfig from_json(const nlohmann::json& j);  // validates; throws InvalidArgument
-  nlohmann::json to_json() const;
-  kernels::cpu::GeluKind gelu_kind() const;
-  kernels::cpu::Precision precision() const;
-  kernels::Device device_kind() const { return kernels::parse_device(device); }
-};
 
 struct LayerEnv;
 

@@ -1,6 +1,7 @@
 #include "trident/nn/language_model.h"
 
 #include "trident/core/error.h"
+#include "trident/nn/arch/architecture.h"
 #include "trident/nn/models.h"
 
 namespace trident::nn {
@@ -58,11 +59,11 @@ std::vector<Model::Block> LanguageModel::blocks() const {
       if (i >= 0) out.push_back(static_cast<size_t>(i));
     return out;
   };
-  const std::string prefix = cfg_.kind == "gpt" ? "transformer.h." : "layers.";
+  const Architecture& arch = architecture(cfg_.kind);
   std::vector<Block> b;
   b.push_back({"embedding", ids({ix_.wte, ix_.wpe})});
   const auto& units = range_->units();
-  for (size_t l = 0; l < units.size(); ++l) b.push_back({prefix + std::to_string(l), units[l]->params()});
+  for (size_t l = 0; l < units.size(); ++l) b.push_back({arch.block_name(static_cast<int>(l)), units[l]->params()});
   b.push_back({"head", ids({ix_.lnf_w, ix_.lnf_b, ix_.head >= 0 ? ix_.head : ix_.wte})});
   return b;
 }

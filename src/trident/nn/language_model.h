@@ -1,11 +1,11 @@
-// LanguageModel: the single-process GPT or deep MLP (kind "gpt" | "mlp"; see models.h for the config and
+// LanguageModel: the single-process model of any architecture (nn/arch/; see models.h for the config and
 // model.h for the interface). It registers every parameter nn/model_spec.h declares, whole, initialises
 // them (nanoGPT's init, drawn in registration order), and runs the whole model as ONE LayerRange
 // (nn/layer_range.h: the driver pipeline stages run too) at TP = 1 with one microbatch in flight.
 //
-// Blocks: 0 is the embedding, 1..n_layer the layers, n_layer+1 ln_f and the head. Hooks fire in descending
-// parameter index order: the untied head, ln_f, then each layer's own, then wpe and wte (the tied head's
-// gradient is final only after the embedding's). Activation checkpointing keeps only each block's input
+// Blocks: 0 is the embedding, 1..n_layer the layers, n_layer+1 the final norm and the head. Hooks fire in
+// descending parameter index order: the untied head, the final norm, then each layer's own, then the
+// embedding's (the tied head's gradient is final only after the embedding's). Activation checkpointing keeps only each block's input
 // and recomputes the block inside backward into one shared activation set.
 // Ownership, blocking, thread-safety: as FlatModel (one thread at a time; buffers on the model's device).
 #pragma once

@@ -95,7 +95,7 @@ double LayerRange::forward(const LayerEnv& e, int mb, const int32_t* tokens, con
   double loss = 0;
   if (head_) {
     a.lnf.resize(ops, NC);
-    a.lnf_mean.resize(ops, N);
+    a.lnf_mean.resize(ops, head_->lnf.has_mean() ? N : 0);  // RMSNorm keeps rstd only
     a.lnf_rstd.resize(ops, N);
     a.logits.resize(ops, static_cast<size_t>(N) * head_->vl);
     const int hb = n_layer_ + 1;

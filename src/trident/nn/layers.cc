@@ -29,16 +29,17 @@ size_t LayerActs::bytes() const {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// LayerNorm, Linear
+// Norms, Linear
 
-void LayerNorm::forward(const LayerEnv& e, float* out, float* mean, float* rstd, const float* inp, int N,
-                        int C) const {
-  e.ops.layernorm_forward(out, mean, rstd, inp, e.P(w), e.P(b), N, C, 1e-5f);
+void Norm::forward(const LayerEnv& e, float* out, float* mean, float* rstd, const float* inp, int N, int C) const {
+  if (kind == NormKind::kRmsNorm) e.ops.rmsnorm_forward(out, rstd, inp, e.P(w), N, C, eps);
+  else e.ops.layernorm_forward(out, mean, rstd, inp, e.P(w), e.P(b), N, C, eps);
 }
 
-void LayerNorm::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, const float* mean,
-                         const float* rstd, int N, int C) const {
-  e.ops.layernorm_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), mean, rstd, N, C);
+void Norm::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, const float* mean,
+                    const float* rstd, int N, int C) const {
+  if (kind == NormKind::kRmsNorm) e.ops.rmsnorm_backward(dinp, e.G(w), dout, inp, e.P(w), rstd, N, C);
+  else e.ops.layernorm_backward(dinp, e.G(w), e.G(b), dout, inp, e.P(w), mean, rstd, N, C);
   e.fire(b);
   e.fire(w);
 }
@@ -65,6 +66,66 @@ void Linear::backward(const LayerEnv& e, float* dinp, const float* dout, const f
   if (partial && dinp_mul) e.ops.mul(dinp, dinp, dinp_mul, static_cast<size_t>(N) * C);
   e.fire(b);
   e.fire(w);
+}
+
+int LinearGroup::rows() const {
+  int r = 0;
+  for (const auto& p : parts) r += p.rows;
+  return r;
+}
+
+namespace {
+// Whether the parts' weights (and so their gradients, laid out alike) follow each other without a gap.
+bool contiguous(const LayerEnv& e, const std::vector<LinearGroup::Part>& parts, int C) {
+  for (size_t i = 1; i < parts.size(); ++i)
+    if (e.P(parts[i].w) != e.P(parts[i - 1].w) + static_cast<size_t>(parts[i - 1].rows) * C ||
+        e.G(parts[i].w) != e.G(parts[i - 1].w) + static_cast<size_t>(parts[i - 1].rows) * C)
+      return false;
+  return true;
+}
+}  // namespace
+
+void LinearGroup::forward(const LayerEnv& e, float* out, const float* inp, int N, int C) const {
+  const int R = rows();
+  if (contiguous(e, parts, C)) {
+    e.ops.linear_forward(out, inp, e.P(parts[0].w), nullptr, N, C, R, e.precision);
+    return;
+  }
+  int off = 0;
+  for (const auto& p : parts) {
+    e.ops.gemm(false, true, N, p.rows, C, 1.0f, inp, C, e.P(p.w), C, 0.0f, out + off, R, e.precision);
+    off += p.rows;
+  }
+}
+
+void LinearGroup::backward(const LayerEnv& e, float* dinp, const float* dout, const float* inp, int N, int C) const {
+  const int R = rows();
+  bool reduce = false;
+  for (const auto& p : parts) reduce = reduce || (p.reduce_grad && e.parallel());
+  if (!reduce && contiguous(e, parts, C)) {
+    e.ops.linear_backward(dinp, e.G(parts[0].w), nullptr, dout, inp, e.P(parts[0].w), N, C, R, 0.0f, e.precision,
+                          nullptr);
+  } else {
+    int off = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& p = parts[i];
+      const size_t n = static_cast<size_t>(p.rows) * C;
+      // d W_i = dout_i^T inp (into the gradient, or into scratch to be summed over the group first).
+      if (p.reduce_grad && e.parallel()) {
+        float* dw = e.scratch(kReduceSlot, n);
+        e.ops.gemm(true, false, p.rows, C, N, 1.0f, dout + off, R, inp, C, 0.0f, dw, C, e.precision);
+        e.all_reduce_sum(dw, n);
+        e.ops.add_inplace(e.G(p.w), dw, n);
+      } else {
+        e.ops.gemm(true, false, p.rows, C, N, 1.0f, dout + off, R, inp, C, 1.0f, e.G(p.w), C, e.precision);
+      }
+      e.ops.gemm(false, false, N, C, p.rows, 1.0f, dout + off, R, e.P(p.w), C, i == 0 ? 0.0f : 1.0f, dinp, C,
+                 e.precision);
+      off += p.rows;
+    }
+  }
+  e.all_reduce_sum(dinp, static_cast<size_t>(N) * C);
+  for (size_t i = parts.size(); i-- > 0;) e.fire(parts[i].w);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -128,6 +189,151 @@ void GptBlock::backward(const LayerEnv& e, float* dres, const float* x, LayerAct
   e.ops.attention_backward(dqkv, datty, a[kQkv], a[kAtty], a[kLse], B, T, Cl, Hl, e.precision);
   p_.attn.backward(e, dc, dqkv, a[kLn1], N, C, 3 * Cl);
   p_.ln1.backward(e, dres, dc, x, a[kLn1Mean], a[kLn1Rstd], N, C);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Rotary tables and the Llama block
+
+RopeTable::RopeTable(int head_dim, int max_positions, double theta, const nlohmann::json& scaling) {
+  TRIDENT_CHECK(head_dim >= 2 && head_dim % 2 == 0, InvalidArgument,
+                "rotary embeddings need an even head dimension >= 2, got {}", head_dim);
+  const int half = head_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i) inv_freq_[i] = 1.0 / std::pow(theta, 2.0 * i / head_dim);
+  if (scaling.is_object()) {
+    // Llama 3.1 (Hugging Face's _compute_llama3_parameters): long wavelengths divided by `factor`, short ones
+    // kept, the band between interpolated.
+    const double factor = scaling.at("factor").get<double>();
+    const double lo = scaling.at("low_freq_factor").get<double>();
+    const double hi = scaling.at("high_freq_factor").get<double>();
+    const double old_len = scaling.at("original_max_position_embeddings").get<double>();
+    const double lo_wavelen = old_len / lo, hi_wavelen = old_len / hi;
+    for (double& f : inv_freq_) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > lo_wavelen) {
+        f /= factor;
+      } else if (wavelen >= hi_wavelen) {
+        const double smooth = (old_len / wavelen - lo) / (hi - lo);
+        f = (1.0 - smooth) * f / factor + smooth * f;
+      }
+    }
+  }
+  cos_.resize(static_cast<size_t>(max_positions) * half);
+  sin_.resize(cos_.size());
+  for (int p = 0; p < max_positions; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double a = p * inv_freq_[i];
+      cos_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(a));
+      sin_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(a));
+    }
+}
+
+std::pair<const float*, const float*> RopeTable::on(const kernels::DeviceOps& ops) const {
+  if (ops.device == kernels::Device::kCpu) return {cos_.data(), sin_.data()};
+  if (dev_ops_ != &ops) {
+    dcos_.resize(ops, cos_.size());
+    dsin_.resize(ops, sin_.size());
+    ops.to_device(dcos_.data(), cos_.data(), cos_.size() * sizeof(float));
+    ops.to_device(dsin_.data(), sin_.data(), sin_.size() * sizeof(float));
+    dev_ops_ = &ops;
+  }
+  return {dcos_.data(), dsin_.data()};
+}
+
+namespace {
+enum LlamaBuf { kXn, kRstd1, kQkvKv, kQkvFull, kLAtty, kLLse, kLRes2, kXn2, kRstd2, kGateUp, kSwi };
+}  // namespace
+
+LlamaBlock::LlamaBlock(Params p, int n_embd, int n_head, int n_kv_head, int intermediate, bool kv_split,
+                       std::shared_ptr<const RopeTable> rope)
+    : p_(std::move(p)),
+      C_(n_embd),
+      H_(n_head),
+      KV_(n_kv_head),
+      I_(intermediate),
+      hd_(n_embd / n_head),
+      kv_split_(kv_split),
+      rope_(std::move(rope)) {
+  p_.o.mode = p_.down.mode = Parallelism::kRow;
+}
+
+std::vector<size_t> LlamaBlock::params() const {
+  std::vector<size_t> v;
+  push_ids(v, {p_.attn_norm.w});
+  for (const auto& q : p_.qkv.parts) push_ids(v, {q.w});
+  push_ids(v, {p_.o.w, p_.mlp_norm.w});
+  for (const auto& q : p_.gate_up.parts) push_ids(v, {q.w});
+  push_ids(v, {p_.down.w});
+  return v;
+}
+
+LlamaBlock::Local LlamaBlock::local(const LayerEnv& e) const {
+  const int T = e.tp_size(), t = e.tp_rank();
+  Local l;
+  l.heads = H_ / T;
+  l.kv_heads = kv_split_ ? KV_ / T : KV_;
+  l.inter = I_ / T;
+  l.h0 = t * l.heads;
+  l.kv0 = kv_split_ ? t * l.kv_heads : 0;
+  l.expand = H_ != KV_;
+  return l;
+}
+
+void LlamaBlock::alloc(const LayerEnv& e, LayerActs& a, size_t n) const {
+  const Local l = local(e);
+  const size_t C = C_, hd = hd_, q = static_cast<size_t>(l.heads) * hd, kv = static_cast<size_t>(l.kv_heads) * hd;
+  a.resize(e.ops, {n * C, n, n * (q + 2 * kv), l.expand ? n * 3 * q : 0, n * q, n * l.heads, n * C, n * C, n,
+                   n * 2 * l.inter, n * l.inter});
+}
+
+void LlamaBlock::forward(const LayerEnv& e, const float* x, LayerActs& a, float* out, int B, int T, bool) const {
+  const Local l = local(e);
+  const int N = B * T, C = C_, q = l.heads * hd_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  p_.attn_norm.forward(e, a[kXn], nullptr, a[kRstd1], x, N, C);
+  p_.qkv.forward(e, a[kQkvKv], a[kXn], N, C);
+  // Positions count from 0 in each window (row r of the batch is position r % T).
+  e.ops.rope(a[kQkvKv], rope_->cos(e.ops), rope_->sin(e.ops), N, T, p_.qkv.rows(), l.heads + l.kv_heads, hd_, false);
+  const float* qkv = a[kQkvKv];
+  if (l.expand) {
+    e.ops.kv_expand(a[kQkvFull], a[kQkvKv], N, l.heads, l.kv_heads, hd_, l.h0, H_ / KV_, l.kv0);
+    qkv = a[kQkvFull];
+  }
+  e.ops.attention_forward(a[kLAtty], a[kLLse], qkv, B, T, q, l.heads, e.precision);
+  p_.o.forward(e, a[kLRes2], a[kLAtty], N, q, C);
+  e.ops.add_inplace(a[kLRes2], x, NC);
+  p_.mlp_norm.forward(e, a[kXn2], nullptr, a[kRstd2], a[kLRes2], N, C);
+  p_.gate_up.forward(e, a[kGateUp], a[kXn2], N, C);
+  e.ops.swiglu_forward(a[kSwi], a[kGateUp], N, l.inter);
+  p_.down.forward(e, out, a[kSwi], N, l.inter, C);
+  e.ops.add_inplace(out, a[kLRes2], NC);
+}
+
+void LlamaBlock::backward(const LayerEnv& e, float* dres, const float* x, LayerActs& a, int B, int T) const {
+  const Local l = local(e);
+  const int N = B * T, C = C_, q = l.heads * hd_;
+  const size_t n = static_cast<size_t>(N);
+  float* dc = e.scratch(0, n * C);
+  float* dgu = e.scratch(2, n * 2 * l.inter);
+  float* dswi = e.scratch(4, n * l.inter);
+  float* datty = e.scratch(3, n * q);
+  // down_proj (row-parallel): local input gradient.
+  p_.down.backward(e, dswi, dres, a[kSwi], N, l.inter, C);
+  e.ops.swiglu_backward(dgu, dswi, a[kGateUp], N, l.inter);
+  p_.gate_up.backward(e, dc, dgu, a[kXn2], N, C);
+  p_.mlp_norm.backward(e, dres, dc, a[kLRes2], nullptr, a[kRstd2], N, C);
+  p_.o.backward(e, datty, dres, a[kLAtty], N, q, C);
+  float* dqkv = e.scratch(5, n * p_.qkv.rows());
+  if (l.expand) {
+    float* dfull = e.scratch(1, n * 3 * q);
+    e.ops.attention_backward(dfull, datty, a[kQkvFull], a[kLAtty], a[kLLse], B, T, q, l.heads, e.precision);
+    e.ops.kv_reduce(dqkv, dfull, N, l.heads, l.kv_heads, hd_, l.h0, H_ / KV_, l.kv0);
+  } else {
+    e.ops.attention_backward(dqkv, datty, a[kQkvKv], a[kLAtty], a[kLLse], B, T, q, l.heads, e.precision);
+  }
+  e.ops.rope(dqkv, rope_->cos(e.ops), rope_->sin(e.ops), N, T, p_.qkv.rows(), l.heads + l.kv_heads, hd_, true);
+  p_.qkv.backward(e, dc, dqkv, a[kXn], N, C);
+  p_.attn_norm.backward(e, dres, dc, x, nullptr, a[kRstd1], N, C);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -247,6 +453,7 @@ void Embedding::forward(const LayerEnv& e, float* out, const int32_t* tokens, in
   const int N = B * T;
   e.ops.embedding_shard_forward(out, tokens, e.P(wte), v0, vl, V, N, C);
   e.all_reduce_sum(out, static_cast<size_t>(N) * C);
+  if (wpe < 0) return;
   // + wpe[position], one batch row at a time.
   for (int b = 0; b < B; ++b) {
     float* o = out + static_cast<size_t>(b) * T * C;
@@ -260,7 +467,8 @@ void Embedding::backward(const LayerEnv& e, const float* dout, const int32_t* to
   } else {
     e.ops.embedding_shard_backward(e.G(wte), dout, tokens, v0, vl, B * T, C);
     float* dwpe = e.G(wpe);
-    for (int b = 0; b < B; ++b) e.ops.add_2d(dwpe, C, dwpe, C, dout + static_cast<size_t>(b) * T * C, C, T, C);
+    if (dwpe != nullptr)
+      for (int b = 0; b < B; ++b) e.ops.add_2d(dwpe, C, dwpe, C, dout + static_cast<size_t>(b) * T * C, C, T, C);
   }
   e.fire(wpe);
   e.fire(wte);

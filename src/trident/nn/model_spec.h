@@ -1,26 +1,14 @@
-// The parameters of trident's language models (the GPT and the deep MLP), declared once: names, logical
-// shapes, initialisation and how tensor parallelism splits each. The single-process model registers
-// every declaration whole (nn/language_model.h); parallel/parallel_model.cc registers this rank's slice of
-// the declarations of its pipeline stages (its shard plan). Both build their layers from the indices the
-// declarations landed at (build_units / make_embedding / make_head), so the two are one model.
-//
-// GPT (nanoGPT's model.py, kind "gpt"): transformer.wte.weight [V, C], transformer.wpe.weight [block, C],
-// per layer transformer.h.{l}.{ln_1.weight, ln_1.bias, attn.c_attn.weight [3C, C], attn.c_attn.bias,
-// attn.c_proj.weight [C, C], attn.c_proj.bias, ln_2.weight, ln_2.bias, mlp.c_fc.weight [4C, C],
-// mlp.c_fc.bias, mlp.c_proj.weight [C, 4C], mlp.c_proj.bias}, transformer.ln_f.{weight, bias}; the head
-// is wte (tied). Biases only with bias = true.
-// Deep MLP (kind "mlp"): wte.weight, wpe.weight, layers.{l}.{weight [C, C], bias}, ln_f.{weight, bias},
-// lm_head.weight [V, C] when tie_embeddings is false:
-//   x_0 = wte[token] + wpe[position]; x_{l+1} = x_l + gelu(x_l W_l^T + b_l); logits = ln_f(x_L) head^T.
-// Initialisation (nanoGPT's _init_weights, drawn in registration order): LayerNorm weights 1, biases 0,
-// residual projections (GPT c_proj weights, the MLP's layers) N(0, 0.02/sqrt(2 n_layer)), every other
-// weight N(0, 0.02).
+// The parameters of trident's language models, declared once per architecture (nn/arch/: the GPT-2 family,
+// the Llama family, the deep MLP): names, logical shapes, initialisation and how tensor parallelism splits
+// each. The single-process model registers every declaration whole (nn/language_model.h);
+// parallel/parallel_model.cc registers this rank's slice of the declarations of its pipeline stages (its
+// shard plan). Both build their layers from the indices the declarations landed at (build_units /
+// make_embedding / make_head, which ask the config's architecture), so the two are one model.
 //
 // Tensor parallelism over T ranks (rank t): Split::kRows keeps rows [t R/T, (t+1) R/T) of each of the
-// tensor's `sections` equal row sections (column-parallel Linear: c_attn by heads of each of q, k, v, c_fc,
-// the MLP's even layers of a stage; vocab-parallel wte and lm_head); Split::kCols keeps input columns
-// (row-parallel Linear: both c_proj, the MLP's odd layers of a stage); Split::kReplicated keeps all of it
-// (LayerNorms, row-parallel biases, wpe). The MLP's layers pair up within a stage (column then row).
+// tensor's `sections` equal row sections (column-parallel Linear; vocab-parallel embedding and head);
+// Split::kCols keeps input columns (row-parallel Linear); Split::kReplicated keeps all of it (norms,
+// row-parallel biases, learned positions, and key/value projections whose heads T does not divide).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -45,14 +33,16 @@ enum class Role : uint8_t {
   kLn1W = 0, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMprojW, kMprojB,
   // per layer (MLP)
   kMlpW = 0 + 12, kMlpB,
+  // per layer (Llama: its norms, o_proj and down_proj take the GPT's kLn1W, kLn2W, kProjW and kMprojW)
+  kQ, kK, kV, kGate, kUp,
   // not per layer
   kWte, kWpe, kLnfW, kLnfB, kLmHead,
   kWteCopy,  // the last stage's own copy of wte for the tied head, when another rank holds the embedding
 };
-inline constexpr int kLayerRoles = 14;  // roles kLn1W .. kMlpB
+inline constexpr int kLayerRoles = 19;  // roles kLn1W .. kUp
 
 struct ParamDecl {
-  std::string name;             // nanoGPT's naming
+  std::string name;             // the architecture's naming (nanoGPT's, Hugging Face's Llama)
   std::vector<int64_t> shape;   // logical (whole-model) shape, PyTorch layout
   Split split = Split::kReplicated;
   int sections = 1;             // kRows: equal row sections split separately (c_attn: q, k, v)
@@ -62,11 +52,12 @@ struct ParamDecl {
   double init = 0.0;
 };
 
-// The declarations of layers [l0, l1) in registration order, preceded by the embedding's when `embedding`
-// and followed by the head's (ln_f, an untied lm_head) when `head`; `wte_copy` adds the tied head's own
-// wte copy (a last stage on a rank without the embedding). The whole model: (cfg, 0, n_layer, true, true).
+// The declarations of layers [l0, l1) of cfg's architecture for a model split over tp_size ranks, in
+// registration order, preceded by the embedding's when `embedding` and followed by the head's (the final
+// norm, an untied head) when `head`; `wte_copy` adds the tied head's own copy of the embedding (a last stage
+// on a rank without the embedding). The whole model: (cfg, 0, n_layer, true, true).
 std::vector<ParamDecl> declare_params(const ModelConfig& cfg, int l0, int l1, bool embedding, bool head,
-                                      bool wte_copy = false);
+                                      bool wte_copy = false, int tp_size = 1);
 
 // The units a range of layers runs as: (first layer, layer count); one layer each, except the deep MLP's
 // column/row pairs under tensor parallelism.

@@ -12,6 +12,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
+#include "trident/nn/arch/architecture.h"
 #include "trident/nn/layer_range.h"
 #include "trident/nn/models.h"
 
@@ -20,13 +21,6 @@ namespace trident::parallel {
 using kernels::AlignedFloats;
 
 namespace {
-
-std::vector<int> divisors_of(int64_t g, int limit) {
-  std::vector<int> out;
-  for (int d = 1; d <= limit && d <= g; ++d)
-    if (g % d == 0) out.push_back(d);
-  return out;
-}
 
 // Rank t's slice (of T) of one declared parameter.
 ShardSpec spec_of(const nn::ParamDecl& d, int64_t t, int64_t T) {
@@ -229,33 +223,7 @@ void ParallelModel::validate_layout(const nlohmann::json& config, const ModelLay
     TRIDENT_CHECK(sum == L, InvalidArgument, "model layout: stage_layers [{}] sum to {}; they must sum to n_layer {}",
                   fmt::join(l.stage_layers, ", "), sum, L);
   }
-  if (T == 1) return;
-  const int64_t V = cfg.vocab_size;
-  if (cfg.kind == "gpt") {
-    const int64_t g = std::gcd<int64_t, int64_t>(cfg.n_head, V);
-    TRIDENT_CHECK(cfg.n_head % T == 0, InvalidArgument,
-                  "model layout: tensor-parallel size {} does not divide n_head {} (each rank holds whole heads); "
-                  "tensor-parallel sizes that work with n_head {} and vocab_size {}: {}",
-                  T, cfg.n_head, cfg.n_head, V, fmt::join(divisors_of(g, 1 << 20), ", "));
-    TRIDENT_CHECK(cfg.n_embd % T == 0 && (4 * cfg.n_embd) % T == 0, InvalidArgument,
-                  "model layout: tensor-parallel size {} does not divide n_embd {}", T, cfg.n_embd);
-    TRIDENT_CHECK(V % T == 0, InvalidArgument,
-                  "model layout: tensor-parallel size {} does not divide vocab_size {} (the embedding and head are "
-                  "split by vocabulary rows); pad vocab_size to a multiple of {} (e.g. {}) or use a tensor-parallel "
-                  "size in {{{}}}",
-                  T, V, T, (V + T - 1) / T * T, fmt::join(divisors_of(g, 1 << 20), ", "));
-  } else {
-    const int64_t g = std::gcd<int64_t, int64_t>(cfg.n_embd, V);
-    TRIDENT_CHECK(cfg.n_embd % T == 0, InvalidArgument,
-                  "model layout: tensor-parallel size {} does not divide n_embd {} (the MLP's layers are split by "
-                  "columns); tensor-parallel sizes that work: {}",
-                  T, cfg.n_embd, fmt::join(divisors_of(g, 1 << 20), ", "));
-    TRIDENT_CHECK(V % T == 0, InvalidArgument,
-                  "model layout: tensor-parallel size {} does not divide vocab_size {} (the embedding and head are "
-                  "split by vocabulary rows); pad vocab_size to a multiple of {} (e.g. {}) or use a tensor-parallel "
-                  "size in {{{}}}",
-                  T, V, T, (V + T - 1) / T * T, fmt::join(divisors_of(g, 1 << 20), ", "));
-  }
+  if (T > 1) nn::architecture(cfg.kind).check_tp(cfg, T);
 }
 
 std::vector<ShardSpec> ParallelModel::shard_plan(const nlohmann::json& config, const ModelLayout& l) {
@@ -267,7 +235,7 @@ std::vector<ShardSpec> ParallelModel::shard_plan(const nlohmann::json& config, c
     const int s = c * P + l.pp_rank;
     const auto [l0, l1] = stage_layer_range(config, l, s);
     // The last stage keeps its own copy of the tied wte when the embedding lives on another pipeline rank.
-    for (const auto& d : nn::declare_params(cfg, l0, l1, s == 0, s == S - 1, P > 1)) {
+    for (const auto& d : nn::declare_params(cfg, l0, l1, s == 0, s == S - 1, P > 1, l.tp_size)) {
       ShardSpec spec = spec_of(d, l.tp_rank, l.tp_size);
       spec.chunk = c;
       out.push_back(std::move(spec));
@@ -374,7 +342,8 @@ void ParallelModel::forward_logits(const int32_t* inputs, int B, int T, float* l
 }
 
 void ParallelModel::sync_tied_gradients() {
-  if (!embedding_group_ || embedding_group_->size() <= 1) return;
+  // An untied head (the Llama's lm_head) shares nothing with the embedding.
+  if (!cfg_.tie_embeddings || !embedding_group_ || embedding_group_->size() <= 1) return;
   const int idx = ix_.wte >= 0 ? ix_.wte : ix_.head;
   TRIDENT_CHECK(idx >= 0, InvalidArgument,
                 "sync_tied_gradients: this rank holds neither the embedding nor the tied head; pass a null "

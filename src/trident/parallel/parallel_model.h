@@ -1,5 +1,5 @@
-// ParallelModel: one rank's shard of a GPT or deep MLP under Megatron-LM tensor parallelism (tp_group)
-// and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk. It is the
+// ParallelModel: one rank's shard of a model of any architecture (nn/arch/) under Megatron-LM tensor
+// parallelism (tp_group) and pipeline stages (ModelLayout), as an nn::Model plus one parallel::Stage per model chunk. It is the
 // single-process model's code with a layout: the parameters are the declarations of nn/model_spec.h
 // (this rank's slice of those of its stages: the shard plan), the layers are nn's layers given this rank's
 // TP group, and each chunk is an nn::LayerRange (the driver the single-process model runs, over the
@@ -15,11 +15,7 @@
 // same name; sync_tied_gradients() sums the two gradients over embedding_group.
 //
 // Tensor parallelism over tp_group (T ranks, rank t): each declaration's split (nn/model_spec.h) applied
-// to rank t. GPT: c_attn column-parallel by heads (of each of q, k, v the rows of heads [t*H/T,
-// (t+1)*H/T)), c_proj and mlp.c_proj row-parallel (input columns), c_fc column-parallel; wte vocab-parallel
-// (rows [t*V/T, (t+1)*V/T)). Deep MLP ("mlp"): layers pair up inside each stage (i column-parallel, i+1
-// row-parallel); an unpaired last layer is column-parallel. The collectives each layer issues are
-// nn/layers.h's.
+// to rank t, as the architecture (nn/arch/) declares it; the collectives each layer issues are nn/layers.h's.
 //
 // Devices: every kernel, the tensor-parallel steps included, goes through the model's op table, so a shard
 // runs on any device (config key device). Stage activations (input, output, doutput, dinput) and the
@@ -107,7 +103,8 @@ class ParallelModel final : public nn::FlatModel {
   std::pair<int, int> chunk_layers(int c) const;  // [first, end) global layers of chunk c
 
   // Sums the gradient of the wte shard between the first and last stage over embedding_group (no-op
-  // when the group is null, e.g. pp_size * virtual_stages == 1 or this rank holds neither).
+  // when the group is null, e.g. pp_size * virtual_stages == 1 or this rank holds neither, and when the
+  // model's head is untied).
   void sync_tied_gradients();
 
   // Copies this rank's slices of `full` (same config: build it with nn::make_model(config)).
@@ -144,7 +141,7 @@ class ParallelModel final : public nn::FlatModel {
   nn::LayerActs workspace_;  // the layers' and the chunks' backward scratch (shared by the chunks)
 };
 
-// Builds the shard of (config, layout) for kind "gpt" or "mlp" (config keys as nn::make_model), initialised
+// Builds the shard of (config, layout) for any architecture (config keys as nn::make_model), initialised
 // with the single-process model's initial weights. tp_group: this rank's tensor-parallel group (null when
 // tp_size == 1); embedding_group: first + last pipeline stage ranks of this TP rank (null when
 // pp_size == 1 or this rank is neither).

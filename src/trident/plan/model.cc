@@ -43,6 +43,7 @@ ModelSpec gpt2(const char* name, int L, int h, int a) {
   m.heads = a;
   m.vocab = 50257;
   m.seq = 1024;
+  m.tokenizer = "gpt2";
   return m;
 }
 ModelSpec llama(const char* name, int L, int h, int a, int kv, int ffn, int seq) {
@@ -58,32 +59,70 @@ ModelSpec llama(const char* name, int L, int h, int a, int kv, int ffn, int seq)
   m.seq = seq;
   m.tied_embeddings = false;
   m.learned_positions = false;
+  m.arch = "llama";
+  m.bias = false;
+  m.norm_eps = 1e-6;
   return m;
 }
-std::vector<ModelSpec> presets() {
-  ModelSpec gpt3 = gpt2("gpt3-175b", 96, 12288, 96);
-  gpt3.seq = 2048;
-  return {gpt2("gpt2-124m", 12, 768, 12),
-          gpt2("gpt2-350m", 24, 1024, 16),
-          gpt2("gpt2-774m", 36, 1280, 20),
-          gpt2("gpt2-1.5b", 48, 1600, 25),
-          llama("llama-7b", 32, 4096, 32, 0, 11008, 2048),
-          llama("llama-13b", 40, 5120, 40, 0, 13824, 2048),
-          llama("llama-65b", 80, 8192, 64, 0, 22016, 2048),
-          llama("llama-70b", 80, 8192, 64, 8, 28672, 4096),
-          gpt3};
+ModelSpec alias(ModelSpec m, std::string name) {
+  m.aliases.push_back(std::move(name));
+  return m;
+}
+// The Hugging Face configs' values: vocabulary, theta, epsilon, tying and Llama 3's rope_scaling.
+ModelSpec hf(ModelSpec m, int vocab, double theta, double eps, bool tied) {
+  m.vocab = vocab;
+  m.rope_theta = theta;
+  m.norm_eps = eps;
+  m.tied_embeddings = tied;
+  return m;
+}
+ModelSpec llama3_scaling(ModelSpec m, double factor) {
+  m.rope_factor = factor;
+  m.rope_low_freq_factor = 1.0;
+  m.rope_high_freq_factor = 4.0;
+  m.rope_original_max_positions = 8192;
+  return m;
+}
+const std::vector<ModelSpec>& presets() {
+  static const std::vector<ModelSpec> p = [] {
+    ModelSpec gpt3 = gpt2("gpt3-175b", 96, 12288, 96);
+    gpt3.seq = 2048;
+    return std::vector<ModelSpec>{
+        alias(gpt2("gpt2-124m", 12, 768, 12), "gpt2"),
+        alias(gpt2("gpt2-350m", 24, 1024, 16), "gpt2-medium"),
+        alias(gpt2("gpt2-774m", 36, 1280, 20), "gpt2-large"),
+        alias(gpt2("gpt2-1.5b", 48, 1600, 25), "gpt2-xl"),
+        hf(llama("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 2048), 32000, 10000.0, 1e-5, false),
+        llama3_scaling(hf(llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 131072), 128256, 500000.0, 1e-5, true), 32.0),
+        hf(llama("llama2-7b", 32, 4096, 32, 0, 11008, 4096), 32000, 10000.0, 1e-5, false),
+        hf(llama("llama3-8b", 32, 4096, 32, 8, 14336, 8192), 128256, 500000.0, 1e-5, false),
+        llama("llama-7b", 32, 4096, 32, 0, 11008, 2048),
+        llama("llama-13b", 40, 5120, 40, 0, 13824, 2048),
+        llama("llama-65b", 80, 8192, 64, 0, 22016, 2048),
+        llama("llama-70b", 80, 8192, 64, 8, 28672, 4096),
+        gpt3};
+  }();
+  return p;
 }
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> v;
-  for (auto& m : presets()) v.push_back(m.name);
+  for (const auto& m : presets()) v.push_back(m.name);
   return v;
 }
 
+const ModelSpec* find_model_preset(const std::string& name) {
+  for (const auto& m : presets()) {
+    if (m.name == name) return &m;
+    for (const auto& a : m.aliases)
+      if (a == name) return &m;
+  }
+  return nullptr;
+}
+
 ModelSpec model_preset(const std::string& name) {
-  for (auto& m : presets())
-    if (m.name == name) return m;
+  if (const ModelSpec* m = find_model_preset(name)) return *m;
   std::string known;
   for (auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   TRIDENT_THROW(InvalidArgument, "--model: unknown preset '{}'; known: {} (or give --layers --hidden --heads --vocab --seq)",

@@ -11,8 +11,13 @@
 
 namespace trident::plan {
 
+// Named shapes are ONE catalog (model_preset): `trident plan`, `trident simulate` and `trident train --model
+// NAME` read the same entries (train takes an entry's architecture, shapes and rotary settings).
 struct ModelSpec {
   std::string name = "custom";
+  std::vector<std::string> aliases;  // other names of the same entry (gpt2 for gpt2-124m, ...)
+  std::string arch = "gpt";          // trident's architecture (nn/arch/): gpt | llama
+  bool transformer = true;           // attention blocks (false: trident's deep MLP, which the planner does not model)
   int layers = 12;
   int hidden = 768;
   int heads = 12;
@@ -23,6 +28,13 @@ struct ModelSpec {
   int seq = 1024;
   bool tied_embeddings = true;    // GPT-2 ties the LM head to the token embedding
   bool learned_positions = true;  // GPT-2 learns position embeddings; LLaMA uses RoPE
+  bool bias = true;               // biases in the linear layers and norms (GPT-2: yes; LLaMA: none)
+  std::string tokenizer;          // trident's tokenizer of the family's released models ("" = none built in)
+  double rope_theta = 10000.0;    // rotary base (LLaMA)
+  double norm_eps = 1e-5;         // LayerNorm / RMSNorm epsilon
+  // Llama 3.1's rope_scaling (factor 0: none).
+  double rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0;
+  int rope_original_max_positions = 0;
 
   int kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
@@ -34,9 +46,11 @@ struct ModelSpec {
   double matmul_params() const;
 };
 
-// Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-7b, llama-13b, llama-65b, llama-70b,
-// gpt3-175b. Throws InvalidArgument listing them when unknown.
+// Named presets: gpt2-124m (gpt2), gpt2-350m (gpt2-medium), gpt2-774m (gpt2-large), gpt2-1.5b (gpt2-xl),
+// tinyllama-1.1b, llama3.2-1b, llama2-7b, llama3-8b, llama-7b, llama-13b, llama-65b, llama-70b, gpt3-175b (by
+// name or alias). Throws InvalidArgument listing them when unknown; find_model_preset returns null instead.
 ModelSpec model_preset(const std::string& name);
+const ModelSpec* find_model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
 enum class Recompute { kNone, kSelective, kFull };

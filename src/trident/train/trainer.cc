@@ -17,6 +17,7 @@
 #include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/device.h"
+#include "trident/nn/arch/architecture.h"
 #include "trident/nn/models.h"
 #include "trident/optim/schedule.h"
 #include "trident/train/generate.h"
@@ -131,6 +132,8 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   // On resume the checkpoint's (possibly padded) vocabulary wins: it may come from another layout.
   if (ckpt && ckpt->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = ckpt->meta.model_config["vocab_size"];
   if (init && init->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = init->meta.model_config["vocab_size"];
+  // The initializing model's context (learned positions are that long); training windows may be shorter.
+  if (init && init->meta.model_config.contains("block_size")) mcfg["block_size"] = init->meta.model_config["block_size"];
   model_ = hooks_.make_model(mcfg);
   optim::AdamWConfig ac;
   ac.lr = static_cast<float>(cfg_.learning_rate);
@@ -202,7 +205,8 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
     // The machine facts that decide speed: the kernels, the threads (CPU) or the GPU they run on.
     if (model_->device() != kernels::Device::kCpu) {
       const auto& ops = kernels::device_ops(model_->device());
-      const int head_dim = cfg_.model == "gpt" && cfg_.n_head > 0 ? cfg_.n_embd / cfg_.n_head : 0;
+      const nn::ModelConfig mc = nn::ModelConfig::from_json(model_->config());
+      const int head_dim = nn::architecture(mc.kind).head_dim(mc);
       const std::string kernels =
           ops.kernel_summary(head_dim, cfg_.dtype == "bfloat16" ? kernels::cpu::Precision::kBFloat16
                                                                 : kernels::cpu::Precision::kFloat32);

@@ -1,7 +1,9 @@
-// Model parallelism through train_distributed, ranks forked over a FileStore: tensor parallelism (2, 4),
-// pipeline parallelism (2, 4) under GPipe, 1F1B and interleaved 1F1B (v = 2), TP 2 x PP 2 x DP 2 and ZeRO-1
-// on top of TP 2 each reproduce the loss sequence of ONE process (the plain Trainer) training on the same
-// global batch, within 1e-4 relative, over 20 steps in float32. Checkpoints hold the logical model: one
+// Model parallelism through train_distributed, ranks forked over a FileStore, for the GPT and the Llama
+// (grouped-query attention, 2 key/value heads of 4): data parallelism (DDP, ZeRO-1/2/3), tensor parallelism
+// (2, 4; for the Llama also with one key/value head, which every TP rank then holds whole), pipeline
+// parallelism (2, 4) under GPipe, 1F1B and interleaved 1F1B (v = 2), TP 2 x PP 2 x DP 2 and ZeRO-1 on top of
+// TP 2 each reproduce the loss sequence of ONE process (the plain Trainer) training on the same global
+// batch, within 1e-4 relative, over 20 steps in float32. Checkpoints hold the logical model: one
 // written at TP 2 x PP 2 evaluates to the same loss in a single process and under PP 2, and training
 // resumed from it under another layout continues the single-process loss sequence.
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "harness/multiproc.h"
@@ -35,8 +38,10 @@ constexpr int kSteps = 20;
 // no layout pads the vocabulary and every run starts from the same initial model.
 std::string make_corpus(const fs::path& dir) { return trident::testing::write_word_corpus(dir); }
 
-TrainConfig tiny(const std::string& data, const std::string& out, int batch) {
+TrainConfig tiny(const std::string& data, const std::string& out, int batch, const std::string& kind = "gpt") {
   TrainConfig c;
+  c.model = kind;
+  if (kind == "llama") c.n_kv_head = 2;  // grouped-query: 2 query heads per key/value head
   c.data = data;
   c.out_dir = out;
   c.cache_dir = out + "-cache";
@@ -138,46 +143,61 @@ void expect_same_losses(const std::vector<double>& got, const std::vector<double
   }
 }
 
-class ModelParallel : public ::testing::Test {
+// One suite per architecture (the test parameter: its kind); the single-process references of each are
+// computed once, on first use.
+class ModelParallel : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir("mp");
     data_ = make_corpus(dir_->path);
-    // References: one process at the per-rank batch 4 (dp 1 layouts) and at 8 (= dp 2 x 4).
-    ref4_ = single(tiny(data_, out("ref4"), 4), out("ref4.json"));
-    ref8_ = single(tiny(data_, out("ref8"), 8), out("ref8.json"));
   }
   static void TearDownTestSuite() {
     if (env::param_bool("TRIDENT_TEST_KEEP")) return;
     delete dir_;
     dir_ = nullptr;
+    refs_.clear();
   }
-  static std::string out(const std::string& name) { return (dir_->path / name).string(); }
+  void SetUp() override {
+    kind_ = GetParam();
+    auto& r = refs_[kind_];
+    if (r.first.losses.empty()) {
+      // References: one process at the per-rank batch 4 (dp 1 layouts) and at 8 (= dp 2 x 4).
+      r.first = single(tiny(data_, out("ref4"), 4, kind_), out("ref4.json"));
+      r.second = single(tiny(data_, out("ref8"), 8, kind_), out("ref8.json"));
+    }
+    ref4_ = r.first;
+    ref8_ = r.second;
+  }
+  std::string out(const std::string& name) const { return (dir_->path / (kind_ + "-" + name)).string(); }
 
   static testing::TempDir* dir_;
   static std::string data_;
-  static Outcome ref4_, ref8_;
+  static std::map<std::string, std::pair<Outcome, Outcome>> refs_;
+  std::string kind_;
+  Outcome ref4_, ref8_;
 };
 testing::TempDir* ModelParallel::dir_ = nullptr;
 std::string ModelParallel::data_;
-Outcome ModelParallel::ref4_, ModelParallel::ref8_;
+std::map<std::string, std::pair<Outcome, Outcome>> ModelParallel::refs_;
 
 struct Layout {
   int tp, pp, dp, v;
   std::string schedule;
   std::string parallel = "ddp";
+  int kv_heads = 2;  // the Llama's
 };
 
 void run_layout(const Layout& l, const std::string& data, const std::string& dir, const Outcome& ref4,
-                const Outcome& ref8) {
-  TrainConfig c = tiny(data, dir, 4);
+                const Outcome& ref8, const std::string& kind) {
+  TrainConfig c = tiny(data, dir, 4, kind);
+  if (kind == "llama") c.n_kv_head = l.kv_heads;
   c.tp = l.tp;
   c.pp = l.pp;
   c.dp = l.dp;
   c.virtual_stages = l.v;
   c.schedule = l.schedule;
   c.microbatches = l.pp > 1 ? 4 : 0;  // 4 microbatches of 1 row
-  std::string what = fmt::format("tp{} pp{} dp{} {} v{} {}", l.tp, l.pp, l.dp, l.schedule, l.v, l.parallel);
+  std::string what = fmt::format("{}: tp{} pp{} dp{} {} v{} {}", kind, l.tp, l.pp, l.dp, l.schedule, l.v, l.parallel);
   Outcome o = distributed(l.tp * l.pp * l.dp, c, l.parallel, dir + ".json");
   const Outcome& ref = l.dp == 1 ? ref4 : ref8;
   expect_same_losses(o.losses, ref.losses, 0, what);
@@ -189,7 +209,7 @@ void run_layout(const Layout& l, const std::string& data, const std::string& dir
   EXPECT_LE(std::abs(o.val_loss - ref.val_loss), 1e-4 * ref.val_loss) << what << ": final val loss";
 }
 
-TEST_F(ModelParallel, ReferenceLearns) {
+TEST_P(ModelParallel, ReferenceLearns) {
   ASSERT_EQ(ref4_.losses.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(ref4_.grad_norms.size(), static_cast<size_t>(kSteps));
   for (double g : ref4_.grad_norms) EXPECT_GT(g, 0.1);  // grad_clip 0.1 scales every step
@@ -199,33 +219,50 @@ TEST_F(ModelParallel, ReferenceLearns) {
   EXPECT_LT(last5, ref4_.losses.front() - 0.15);
 }
 
-TEST_F(ModelParallel, TensorParallel2And4) {
-  run_layout({2, 1, 1, 1, "1f1b"}, data_, out("tp2"), ref4_, ref8_);
-  run_layout({4, 1, 1, 1, "1f1b"}, data_, out("tp4"), ref4_, ref8_);
+TEST_P(ModelParallel, DataParallelEveryStage) {
+  // The GPT's data-parallel layouts are swept in tests/multiprocess/parallel; here the other architectures.
+  if (kind_ == "gpt") GTEST_SKIP() << "covered by tests/multiprocess/parallel (data_parallel_test.cc)";
+  for (const char* p : {"ddp", "zero1", "zero2", "zero3"})
+    run_layout({1, 1, 2, 1, "1f1b", p}, data_, out(std::string("dp2") + p), ref4_, ref8_, kind_);
 }
 
-TEST_F(ModelParallel, Pipeline2EverySchedule) {
-  run_layout({1, 2, 1, 1, "gpipe"}, data_, out("pp2g"), ref4_, ref8_);
-  run_layout({1, 2, 1, 1, "1f1b"}, data_, out("pp2f"), ref4_, ref8_);
-  run_layout({1, 2, 1, 2, "interleaved"}, data_, out("pp2i"), ref4_, ref8_);
+TEST_P(ModelParallel, TensorParallel2And4) {
+  run_layout({2, 1, 1, 1, "1f1b"}, data_, out("tp2"), ref4_, ref8_, kind_);
+  run_layout({4, 1, 1, 1, "1f1b"}, data_, out("tp4"), ref4_, ref8_, kind_);
+  if (kind_ != "llama") return;
+  // Key/value heads that tp does not divide: whole on every rank, their gradients summed over the group.
+  Layout mq{2, 1, 1, 1, "1f1b"};
+  mq.kv_heads = 1;
+  TrainConfig c = tiny(data_, out("ref4-mq"), 4, kind_);
+  c.n_kv_head = 1;
+  const Outcome ref_mq = single(c, out("ref4-mq.json"));
+  run_layout(mq, data_, out("tp2-mq"), ref_mq, ref_mq, kind_);
 }
 
-TEST_F(ModelParallel, Pipeline4EverySchedule) {
-  run_layout({1, 4, 1, 1, "gpipe"}, data_, out("pp4g"), ref4_, ref8_);
-  run_layout({1, 4, 1, 1, "1f1b"}, data_, out("pp4f"), ref4_, ref8_);
-  run_layout({1, 4, 1, 2, "interleaved"}, data_, out("pp4i"), ref4_, ref8_);
+TEST_P(ModelParallel, Pipeline2EverySchedule) {
+  run_layout({1, 2, 1, 1, "gpipe"}, data_, out("pp2g"), ref4_, ref8_, kind_);
+  run_layout({1, 2, 1, 1, "1f1b"}, data_, out("pp2f"), ref4_, ref8_, kind_);
+  run_layout({1, 2, 1, 2, "interleaved"}, data_, out("pp2i"), ref4_, ref8_, kind_);
 }
 
-TEST_F(ModelParallel, Tp2Pp2Dp2) { run_layout({2, 2, 2, 1, "1f1b"}, data_, out("tp2pp2dp2"), ref4_, ref8_); }
+TEST_P(ModelParallel, Pipeline4EverySchedule) {
+  run_layout({1, 4, 1, 1, "gpipe"}, data_, out("pp4g"), ref4_, ref8_, kind_);
+  run_layout({1, 4, 1, 1, "1f1b"}, data_, out("pp4f"), ref4_, ref8_, kind_);
+  run_layout({1, 4, 1, 2, "interleaved"}, data_, out("pp4i"), ref4_, ref8_, kind_);
+}
 
-TEST_F(ModelParallel, Zero1OnTopOfTp2) { run_layout({2, 1, 2, 1, "1f1b", "zero1"}, data_, out("tp2z1"), ref4_, ref8_); }
+TEST_P(ModelParallel, Tp2Pp2Dp2) { run_layout({2, 2, 2, 1, "1f1b"}, data_, out("tp2pp2dp2"), ref4_, ref8_, kind_); }
+
+TEST_P(ModelParallel, Zero1OnTopOfTp2) {
+  run_layout({2, 1, 2, 1, "1f1b", "zero1"}, data_, out("tp2z1"), ref4_, ref8_, kind_);
+}
 
 // A checkpoint written at TP 2 x PP 2 after 10 steps: evaluates to the same loss in one process, under PP 2,
 // and by the run that wrote it; training resumed from it under PP 2 (and in one process) continues the
 // uninterrupted single-process loss sequence.
-TEST_F(ModelParallel, CheckpointCrossesLayouts) {
+TEST_P(ModelParallel, CheckpointCrossesLayouts) {
   const std::string d = out("ckpt");
-  TrainConfig a = tiny(data_, d, 4);
+  TrainConfig a = tiny(data_, d, 4, kind_);
   a.tp = 2;
   a.pp = 2;
   a.max_iters = 10;
@@ -237,11 +274,16 @@ TEST_F(ModelParallel, CheckpointCrossesLayouts) {
   ASSERT_FALSE(ckpt.empty());
   // Logical names and full shapes: the checkpoint holds the single-process model's tensors.
   auto loaded = train::load_checkpoint(ckpt, true);
-  ASSERT_TRUE(loaded.weights.count("transformer.wte.weight"));
-  EXPECT_EQ(loaded.weights.at("transformer.wte.weight").shape, (std::vector<int64_t>{16, 16}));
-  EXPECT_EQ(loaded.weights.at("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{48, 16}));
-  ASSERT_TRUE(loaded.optimizer.count("exp_avg.transformer.h.7.mlp.c_fc.weight"));
-  EXPECT_EQ(loaded.optimizer.at("exp_avg.transformer.h.7.mlp.c_fc.weight").shape, (std::vector<int64_t>{64, 16}));
+  // [name, shape] of a tensor split by rows and of one split by columns under TP 2, and of an optimizer moment.
+  const bool gpt = kind_ == "gpt";
+  const std::string wte = gpt ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  const std::string rows = gpt ? "transformer.h.0.attn.c_attn.weight" : "model.layers.0.self_attn.k_proj.weight";
+  const std::string last = gpt ? "transformer.h.7.mlp.c_fc.weight" : "model.layers.7.mlp.gate_proj.weight";
+  ASSERT_TRUE(loaded.weights.count(wte));
+  EXPECT_EQ(loaded.weights.at(wte).shape, (std::vector<int64_t>{16, 16}));
+  EXPECT_EQ(loaded.weights.at(rows).shape, (std::vector<int64_t>{gpt ? 48 : 8, 16}));
+  ASSERT_TRUE(loaded.optimizer.count("exp_avg." + last));
+  EXPECT_EQ(loaded.optimizer.at("exp_avg." + last).shape, (std::vector<int64_t>{gpt ? 64 : 64, 16}));
 
   // Evaluation of the checkpoint: one process and PP 2 agree with the writer's own final evaluation.
   TrainConfig e = a;
@@ -267,6 +309,9 @@ TEST_F(ModelParallel, CheckpointCrossesLayouts) {
   Outcome resumed = distributed(2, r, "ddp", d + "-r.json");
   expect_same_losses(resumed.losses, ref4_.losses, 10, "resumed under pp2");
 }
+
+INSTANTIATE_TEST_SUITE_P(Architectures, ModelParallel, ::testing::Values("gpt", "llama"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(ModelParallelConfig, RefusesLayoutsThatDoNotDivide) {
   auto msg = [](const std::vector<std::string>& args, int world, const std::string& parallel = "ddp") {

@@ -1,4 +1,4 @@
-// nn's models on the GPU against the same models on the CPU: one implementation (nn/language_model.cc
+// nn's models (the GPT, the deep MLP and the Llama) on the GPU against the same models on the CPU: one implementation (nn/language_model.cc
 // over nn/layer_range.cc) run through two op tables (kernels/device.h). Same parameter layout and initial
 // weights, then the loss, the logits and the gradients of two accumulated micro-steps compared.
 // Tolerances: loss and logits 1e-5 relative (float32), 1e-3 (bf16 GEMMs: the same operands are rounded,
@@ -25,6 +25,7 @@ struct Case {
   const char* gelu;
   const char* dtype;
   bool checkpointing;
+  int kv_heads = 0;  // llama: key/value heads (0: the key left out)
 };
 
 std::vector<float> to_host(const kernels::DeviceOps& ops, const float* p, size_t n) {
@@ -37,11 +38,16 @@ TEST(CudaModel, MatchesCpuModelLossLogitsAndGradients) {
   TRIDENT_REQUIRE_GPU();
   const auto& gpu_ops = kernels::device_ops(kernels::Device::kCuda);
   for (const Case k : {Case{"gpt", true, "exact", "float32", false}, Case{"gpt", false, "tanh", "float32", true},
-                       Case{"gpt", true, "exact", "bfloat16", false}, Case{"mlp", true, "tanh", "float32", false}}) {
+                       Case{"gpt", true, "exact", "bfloat16", false}, Case{"mlp", true, "tanh", "float32", false},
+                       // The Llama: multi-query attention (1 key/value head for 3 query heads), rotary embeddings,
+                       // RMSNorm and SwiGLU through the CUDA table; and full attention under checkpointing.
+                       Case{"llama", false, "exact", "float32", false, 1}, Case{"llama", false, "exact", "float32", true, 3},
+                       Case{"llama", false, "exact", "bfloat16", false, 1}}) {
     const int L = 2, NH = 3, C = 48, BS = 16, V = 37, B = 3, T = 13;
     nlohmann::json j = {{"kind", k.kind},   {"n_layer", L},     {"n_head", NH},    {"n_embd", C},
                         {"block_size", BS}, {"vocab_size", V},  {"bias", k.bias},  {"gelu", k.gelu},
                         {"dtype", k.dtype}, {"seed", 7},        {"activation_checkpointing", k.checkpointing}};
+    if (k.kv_heads > 0) j["n_kv_head"] = k.kv_heads;
     auto cpu = nn::make_model(j);
     j["device"] = "cuda";
     auto gpu = nn::make_model(j);

@@ -1,7 +1,7 @@
 // Several ranks of `trident train --device cuda` on one GPU: the native backend reads peers' device buffers
 // through CUDA IPC (or stages them through host memory: TRIDENT_CUDA_IPC=0; comm/device_memory.h), so every
 // data-parallel strategy (the GPT and the MLP; ZeRO-3 with activation checkpointing and accumulation), tensor
-// and pipeline parallelism run on a machine with a single GPU (NCCL refuses two ranks on one device). Each
+// and pipeline parallelism, for the GPT and the Llama, run on a machine with a single GPU (NCCL refuses two ranks on one device). Each
 // layout reproduces the loss sequence of ONE CUDA process training on the same global batch within 1e-4
 // relative, the one-process CUDA run reproduces the CPU run within 1e-4 (float32), the checkpoint of a TP 2 x
 // PP 2 run on the GPU evaluates on the CPU in one process to the loss of the one-process GPU run's
@@ -189,6 +189,21 @@ TEST_F(CudaMultiRank, DataParallelEveryStrategy) {
   check_layout("mlp_ddp2", 2, 2, "--parallel ddp", {}, "--model mlp");
   check_layout("zero3_2_ckpt_accum", 2, 2, "--parallel zero3", {},
                "--activation_checkpointing true --gradient_accumulation_steps 2");
+}
+
+// The Llama (grouped-query attention: 2 key/value heads of 4; rotary embeddings, RMSNorm, SwiGLU) in every
+// layout, and its one-process CUDA run against the CPU.
+TEST_F(CudaMultiRank, LlamaEveryLayout) {
+  const std::string llama = "--model llama --n_kv_head 2";
+  expect_same(reference(4, llama), run("llama_cpu4", 4, "--device cpu " + llama), "llama: cuda vs cpu, 1 process");
+  check_layout("llama_ddp2", 2, 2, "--parallel ddp", {}, llama);
+  check_layout("llama_zero3_2", 2, 2, "--parallel zero3", {}, llama);
+  check_layout("llama_tp2", 2, 1, "--tp 2", {}, llama);
+  check_layout("llama_tp4_kv_copies", 4, 1, "--tp 4", {}, llama);
+  check_layout("llama_pp2_1f1b", 2, 1, "--pp 2 --schedule 1f1b --microbatches 4", {}, llama);
+  check_layout("llama_pp2_interleaved", 2, 1, "--pp 2 --schedule interleaved --virtual_stages 2 --microbatches 4", {},
+               llama);
+  check_layout("llama_tp2_pp2", 4, 1, "--tp 2 --pp 2 --schedule 1f1b --microbatches 4", {}, llama);
 }
 
 TEST_F(CudaMultiRank, TensorAndPipelineParallel) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "harness/op_table.h"
 #include "harness/temp_dir.h"
 #include "trident/core/error.h"
 #include "trident/kernels/device.h"
@@ -64,6 +65,16 @@ TEST(Device, CpuTableMemoryIsAlignedZeroedAndCopies) {
   EXPECT_EQ(b.size(), 7u);
   EXPECT_EQ(b.data()[0], 0.0f);
   ops.synchronize();
+}
+
+// Every entry of the CPU table is set (a designated initializer left out would leave it null).
+TEST(Device, CpuTableHasEveryEntry) {
+  const auto& ops = kernels::device_ops(Device::kCpu);
+  // 7 memory entries, 22 kernels, 7 tensor-parallel steps, 7 Llama kernels, describe, kernel_summary: the check
+  // reads every one (a new entry updates this count).
+  EXPECT_EQ(trident::testing::op_table_entries(), 45u);
+  EXPECT_EQ(trident::testing::null_op_entries(ops), std::vector<size_t>{})
+      << "null entries of the CPU op table (0 = alloc, in kernels/device.h's order)";
 }
 
 // The table's entries forward every argument to the CPU kernels: the same bits as calling them directly.

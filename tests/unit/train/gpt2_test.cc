@@ -18,7 +18,7 @@
 #include "trident/data/file_io.h"
 #include "trident/data/gpt2_bpe.h"
 #include "trident/data/token_shards.h"
-#include "trident/train/gpt2_hf.h"
+#include "trident/train/hf.h"
 #include "trident/train/trainer.h"
 
 using namespace trident;

@@ -78,6 +78,33 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // Row-wise softmax of inp[N,C] into out (may alias).
 void softmax_forward(float* out, const float* inp, int N, int C);
 
+// ---- Llama-family layers (llama.cc): RMSNorm, rotary embeddings, SwiGLU, grouped-query key/value sharing ----
+// RMSNorm over the last dim C: out = inp * rstd * weight, rstd[r] = 1/sqrt(mean_c(inp[r,c]^2) + eps) (the
+// mean of squares summed in double); rstd [N] saved for backward (nullable).
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+// dinp += d inp (accumulates, as layernorm_backward); dweight += sum over rows of dout * inp * rstd.
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
+// Rotary position embedding in place, Hugging Face's rotate-half layout: x holds N rows of `stride` floats; row
+// r is position p = r % T; heads h in [0, n_heads) start at x + r*stride + h*hd (hd even). For i < hd/2, with
+// c = cos[p*(hd/2)+i], s = sin[p*(hd/2)+i], a = x[i], b = x[i+hd/2]: forward x[i] = a*c - b*s,
+// x[i+hd/2] = b*c + a*s; inverse (the backward: rotation by -angle) x[i] = a*c + b*s, x[i+hd/2] = b*c - a*s.
+// cos/sin: tables [T_max, hd/2] (position-major), T <= T_max.
+void rope(float* x, const float* cos, const float* sin, int N, int T, int stride, int n_heads, int hd, bool inverse);
+// SwiGLU: h[N, 2I] holds each row's [gate (I) | up (I)]; out[N, I] = silu(gate) * up, silu(g) = g * sigmoid(g).
+void swiglu_forward(float* out, const float* h, int N, int I);
+// dh[N, 2I] (overwritten): d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))), d up = dout * silu(g).
+void swiglu_backward(float* dh, const float* dout, const float* h, int N, int I);
+// Grouped-query attention's key/value sharing as multi-head attention's packed layout: src[N, (nh + 2*nkv)*hd]
+// holds each row's q (nh heads) | k (nkv heads) | v (nkv heads); dst[N, 3*nh*hd] = q | k | v with nh heads
+// each, where local q head j reads k and v of local kv head (h0 + j) / group - kv0 (h0: global index of the
+// first local q head, group = n_head / n_kv_head, kv0: global index of the first local kv head). Every kv
+// index must lie in [0, nkv): checked, throws InvalidArgument.
+void kv_expand(float* dst, const float* src, int N, int nh, int nkv, int hd, int h0, int group, int kv0);
+// The adjoint: dsrc[N, (nh + 2*nkv)*hd] (overwritten) from ddst[N, 3*nh*hd]: dq copied; d k (d v) of each local
+// kv head = the sum of d k (d v) of the q heads that read it, in ascending j order (0 for a kv head none reads).
+void kv_reduce(float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, int h0, int group, int kv0);
+
 // Causal multi-head self-attention. qkv[B,T,3C] holds q | k | v, head h in columns h*hd..(h+1)*hd of each
 // (hd = C/NH), scale 1/sqrt(hd). out[B,T,C] (heads concatenated), lse[B,NH,T] the log-sum-exp of each
 // score row, saved for backward. Memory-light: no T x T matrix is kept; backward recomputes scores.

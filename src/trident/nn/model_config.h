@@ -1,0 +1,73 @@
+// The configuration of one of trident's language models: the keys nn::make_model reads (nn/models.h), their
+// defaults, their validation, and the JSON a checkpoint stores. One struct for every architecture; what an
+// architecture makes of it (which keys it uses, their defaults where the JSON leaves them out, its rules)
+// is its descriptor's (nn/arch/architecture.h), looked up by `kind`.
+//
+// Keys (JSON; unknown keys and bad values throw InvalidArgument naming the key and what is allowed):
+//   kind "gpt" | "llama" | "mlp" (default "gpt"): the architecture;
+//   n_layer (6), n_head (6), n_embd (384), block_size (256), vocab_size (required);
+//   n_kv_head (0 = n_head): key/value heads of grouped-query attention (llama; must divide n_head);
+//   intermediate_size (0 = the architecture's: gpt 4 n_embd, llama ~8/3 n_embd rounded up to 32);
+//   bias (gpt, mlp: true; llama: false only), dropout (0.0; > 0 is refused: not implemented),
+//   gelu "exact" | "tanh" (gpt, mlp), norm_eps (1e-5: LayerNorm's or RMSNorm's epsilon),
+//   rope_theta (10000), rope_scaling (null or {"rope_type": "llama3", "factor", "low_freq_factor",
+//     "high_freq_factor", "original_max_position_embeddings"}: Llama 3.1's; other types are refused by name),
+//   tie_embeddings (gpt: true only; llama: false; mlp: true), activation_checkpointing (false), seed (1337),
+//   dtype "float32" | "bfloat16" (also "fp32", "bf16"): precision of the GEMM operands, float32
+//     accumulation; master weights, gradients and optimizer state stay float32,
+//   device "cpu" | "cuda" (cpu): where the flat buffers live and the kernels run (kernels/device.h); not
+//     echoed by to_json(), so checkpoints stay device-independent.
+// to_json() holds every key with its resolved value, enough to rebuild the model.
+//
+// Ownership: value type. Thread-safety: no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trident/kernels/cpu/ops.h"
+#include "trident/kernels/device.h"
+
+namespace trident::nn {
+
+struct ModelConfig {
+  std::string kind = "gpt";
+  int n_layer = 6;
+  int n_head = 6;
+  int n_kv_head = 0;  // 0 = n_head
+  int n_embd = 384;
+  int intermediate_size = 0;  // 0 = the architecture's default (resolved by from_json)
+  int block_size = 256;
+  int vocab_size = 0;
+  bool bias = true;
+  double dropout = 0.0;
+  std::string gelu = "exact";
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  nlohmann::json rope_scaling;  // null, or Llama 3.1's scaling (see above)
+  bool activation_checkpointing = false;
+  uint64_t seed = 1337;
+  std::string dtype = "float32";
+  bool tie_embeddings = true;
+  // cpu | cuda: where the buffers live and the kernels run. Not part of to_json() (nor of a model's
+  // config(), nor so of checkpoints): it says where a model runs, not what it is.
+  std::string device = "cpu";
+
+  // Reads and validates (the architecture's rules included); keys left out take the architecture's defaults.
+  static ModelConfig from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
+  kernels::cpu::GeluKind gelu_kind() const;
+  kernels::cpu::Precision precision() const;
+  kernels::Device device_kind() const { return kernels::parse_device(device); }
+};
+
+// The keys ModelConfig::from_json understands (a trainer can pick these out of its full config).
+const std::vector<std::string>& model_config_keys();
+
+}  // namespace trident::nn

@@ -1,0 +1,172 @@
+// Architectures as data (nn/arch/): the table of descriptors, each one's declarations (Hugging Face's names
+// for the Llama, forward order, shapes from the config, tensor-parallel splits) and its configuration rules,
+// each refusal naming the key, what was found and what would work.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "trident/core/error.h"
+#include "trident/nn/arch/architecture.h"
+#include "trident/nn/models.h"
+
+namespace trident::nn {
+namespace {
+
+nlohmann::json llama_cfg() {
+  return {{"kind", "llama"}, {"n_layer", 2}, {"n_head", 4}, {"n_kv_head", 2}, {"n_embd", 32},
+          {"intermediate_size", 48}, {"block_size", 16}, {"vocab_size", 24}};
+}
+
+std::string error_of(const nlohmann::json& j) {
+  try {
+    ModelConfig::from_json(j);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+#define EXPECT_CONTAINS(s, sub) EXPECT_NE(std::string(s).find(sub), std::string::npos) << (s)
+
+TEST(Architecture, TableNamesEveryKindAndRefusesOthersByName) {
+  EXPECT_EQ(architecture_kinds(), (std::vector<std::string>{"gpt", "llama", "mlp"}));
+  for (const auto& k : architecture_kinds()) EXPECT_EQ(architecture(k).kind(), k);
+  try {
+    architecture("mamba");
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "'mamba'");
+    EXPECT_CONTAINS(e.what(), "gpt, llama, mlp");
+  }
+  EXPECT_CONTAINS(error_of({{"kind", "mamba"}, {"vocab_size", 8}}), "gpt|llama|mlp");
+}
+
+TEST(Architecture, LlamaDeclaresHuggingFaceNamesInForwardOrder) {
+  const ModelConfig c = ModelConfig::from_json(llama_cfg());
+  EXPECT_FALSE(c.bias);
+  EXPECT_FALSE(c.tie_embeddings);  // the Llama's default
+  const auto d = declare_params(c, 0, 2, true, true);
+  std::vector<std::string> names;
+  for (const auto& p : d) names.push_back(p.name);
+  const std::vector<std::string> layer0 = {
+      "model.layers.0.input_layernorm.weight",          "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight",         "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight",         "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",            "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight"};
+  ASSERT_EQ(names.size(), 1 + 2 * layer0.size() + 2);
+  EXPECT_EQ(names.front(), "model.embed_tokens.weight");
+  for (size_t i = 0; i < layer0.size(); ++i) EXPECT_EQ(names[1 + i], layer0[i]);
+  EXPECT_EQ(names[names.size() - 2], "model.norm.weight");
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  // Shapes: q [H hd, C], k and v [KV hd, C], o [C, H hd], gate and up [I, C], down [C, I]; no biases.
+  EXPECT_EQ(d[2].shape, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(d[3].shape, (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(d[5].shape, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(d[7].shape, (std::vector<int64_t>{48, 32}));
+  EXPECT_EQ(d[9].shape, (std::vector<int64_t>{32, 48}));
+  // Tensor parallelism: key/value projections split when tp divides n_kv_head, else copied whole.
+  EXPECT_EQ(declare_params(c, 0, 1, false, false, false, 2)[2].split, Split::kRows);
+  EXPECT_EQ(declare_params(c, 0, 1, false, false, false, 4)[2].split, Split::kReplicated);
+  EXPECT_EQ(declare_params(c, 0, 1, false, false, false, 4)[1].split, Split::kRows);  // q by heads
+  EXPECT_EQ(declare_params(c, 0, 1, false, false, false, 4)[4].split, Split::kCols);  // o_proj
+
+  // The model registers them: make_model's parameters are the declarations, and its blocks are named too.
+  auto m = make_model(llama_cfg());
+  ASSERT_EQ(m->parameters().size(), d.size());
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(m->parameters()[i].name, d[i].name);
+  EXPECT_EQ(m->blocks()[1].name, "model.layers.0");
+  nlohmann::json tied = llama_cfg();
+  tied["tie_embeddings"] = true;
+  EXPECT_EQ(make_model(tied)->parameters().back().name, "model.norm.weight");
+}
+
+TEST(Architecture, LlamaConfigRefusalsNameTheKeyAndTheFix) {
+  nlohmann::json j = llama_cfg();
+  j["n_kv_head"] = 3;
+  std::string m = error_of(j);
+  EXPECT_CONTAINS(m, "n_head 4 is not divisible by n_kv_head 3");
+  EXPECT_CONTAINS(m, "1, 2, 4");
+  j = llama_cfg();
+  j["bias"] = true;
+  EXPECT_CONTAINS(error_of(j), "no biases");
+  j = llama_cfg();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_CONTAINS(error_of(j), "rope_scaling type 'yarn' is not supported");
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}};  // the old spelling of the key, fields missing
+  EXPECT_CONTAINS(error_of(j), "'low_freq_factor'");
+  j = llama_cfg();
+  j["n_embd"] = 36;  // head dimension 9: rotary embeddings rotate pairs
+  EXPECT_CONTAINS(error_of(j), "even whole head dimension");
+  j = llama_cfg();
+  j["rope_theta"] = -1;
+  EXPECT_CONTAINS(error_of(j), "'rope_theta' must be a number > 0");
+  // The GPT keeps its own rules: full attention, a tied head, learned positions.
+  EXPECT_CONTAINS(error_of({{"kind", "gpt"}, {"vocab_size", 8}, {"n_kv_head", 2}}), "grouped-query attention is kind llama's");
+  EXPECT_CONTAINS(error_of({{"kind", "gpt"}, {"vocab_size", 8}, {"rope_scaling", {{"rope_type", "llama3"}}}}),
+                  "learns its positions");
+  EXPECT_CONTAINS(error_of({{"kind", "gpt"}, {"vocab_size", 8}, {"tie_embeddings", false}}), "always ties");
+  // Defaults resolved by the architecture: SwiGLU width ~8/3 n_embd rounded up to 32; the GPT's 4 n_embd.
+  nlohmann::json d = llama_cfg();
+  d.erase("intermediate_size");
+  EXPECT_EQ(ModelConfig::from_json(d).intermediate_size, 96);  // 8 * 32 / 3 = 85 -> 96
+  EXPECT_EQ(ModelConfig::from_json({{"kind", "gpt"}, {"vocab_size", 8}, {"n_embd", 12}, {"n_head", 2}}).intermediate_size,
+            48);
+}
+
+TEST(Architecture, TensorParallelChecksNameWhatWorks) {
+  ModelConfig c = ModelConfig::from_json(llama_cfg());
+  const Architecture& a = architecture(c.kind);
+  EXPECT_NO_THROW(a.check_tp(c, 2));
+  EXPECT_NO_THROW(a.check_tp(c, 4));  // n_kv_head 2: copies on every rank
+  try {
+    a.check_tp(c, 3);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "tp=3 does not divide n_head=4");
+    EXPECT_CONTAINS(e.what(), "1, 2, 4");
+  }
+  c.intermediate_size = 50;
+  EXPECT_THROW(a.check_tp(c, 4), InvalidArgument);
+}
+
+TEST(Architecture, ConfigRoundTripsThroughJson) {
+  nlohmann::json j = llama_cfg();
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 16}};
+  j["rope_theta"] = 500000.0;
+  j["norm_eps"] = 1e-6;
+  const ModelConfig c = ModelConfig::from_json(j);
+  const ModelConfig d = ModelConfig::from_json(c.to_json());
+  EXPECT_EQ(c.to_json(), d.to_json());
+  EXPECT_EQ(d.kv_heads(), 2);
+  EXPECT_EQ(d.rope_theta, 500000.0);
+  EXPECT_EQ(d.norm_eps, 1e-6);
+  EXPECT_EQ(d.rope_scaling["factor"], 8.0);
+}
+
+TEST(Architecture, RopeTableFollowsLlama3Scaling) {
+  // head_dim 8, theta 10000: inverse frequencies 1, 0.1, 0.01, 0.001 (wavelengths 2 pi / f). With factor 8,
+  // low 1, high 4 and 1024 original positions, wavelengths above 1024 are divided by 8, below 256 kept, and the
+  // band between interpolated.
+  const nlohmann::json s = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 1024}};
+  RopeTable plain(8, 4, 10000.0, nullptr), scaled(8, 4, 10000.0, s);
+  EXPECT_DOUBLE_EQ(plain.inv_freq()[1], 0.1);
+  EXPECT_DOUBLE_EQ(scaled.inv_freq()[0], 1.0);     // wavelength 6.3: kept
+  EXPECT_DOUBLE_EQ(scaled.inv_freq()[1], 0.1);     // 62.8: kept
+  const double f2 = 0.01, wl2 = 2 * M_PI / f2;     // 628: inside the band
+  const double smooth = (1024 / wl2 - 1.0) / 3.0;
+  EXPECT_NEAR(scaled.inv_freq()[2], (1 - smooth) * f2 / 8 + smooth * f2, 1e-15);
+  EXPECT_DOUBLE_EQ(scaled.inv_freq()[3], 0.001 / 8);  // 6283: divided
+}
+
+}  // namespace
+}  // namespace trident::nn
