@@ -48,6 +48,11 @@ void dev_copy_2d(float* dst, size_t ldd, const float* src, size_t lds, size_t ro
                                        cudaMemcpyDeviceToDevice, nullptr));
 }
 
+void dev_fill_2d(float* dst, size_t ldd, float value, size_t rows, size_t cols) {
+  launch::fill_2d(dst, ldd, value, rows, cols, nullptr);
+  TRIDENT_CUDA_CHECK_LAUNCH("fill_2d");
+}
+
 void dev_add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
                 size_t cols) {
   launch::add_2d(out, ldo, a, lda, b, ldb, rows, cols, nullptr);
@@ -185,6 +190,7 @@ const k::DeviceOps kCudaOps = {
     .to_bf16 = [](uint16_t* out, const float* in, size_t n) { cuda::to_bf16(out, in, n); },
     .from_bf16 = [](float* out, const uint16_t* in, size_t n) { cuda::from_bf16(out, in, n); },
     .copy_2d = dev_copy_2d,
+    .fill_2d = dev_fill_2d,
     .add_2d = dev_add_2d,
     .embedding_shard_forward = dev_embedding_shard_forward,
     .embedding_shard_backward = dev_embedding_shard_backward,

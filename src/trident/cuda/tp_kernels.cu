@@ -25,6 +25,12 @@ __global__ void add_2d_k(float* out, size_t ldo, const float* a, size_t lda, con
   }
 }
 
+__global__ void fill_2d_k(float* dst, size_t ldd, float value, size_t rows, size_t cols) {
+  const size_t n = rows * cols;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[(i / cols) * ldd + i % cols] = value;
+}
+
 __global__ void emb_shard_fwd_k(float* out, const int32_t* tokens, const float* wte, int64_t v0, int64_t vl,
                                 int64_t V, int N, int C, int* bad) {
   const size_t n = size_t(N) * C;
@@ -99,6 +105,10 @@ __global__ void ce_finish_k(double* losses, float* dlogits, const float* st, con
 
 }  // namespace
 
+void fill_2d(float* dst, size_t ldd, float value, size_t rows, size_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  fill_2d_k<<<grid_for(rows * cols, kThreads), kThreads, 0, s>>>(dst, ldd, value, rows, cols);
+}
 void add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows, size_t cols,
             cudaStream_t s) {
   if (rows * cols == 0) return;

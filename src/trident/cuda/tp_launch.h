@@ -11,6 +11,7 @@
 namespace trident::cuda::launch {
 
 // out[r*ldo + c] = a[r*lda + c] + b[r*ldb + c] (ldb 0: one row of b broadcast).
+void fill_2d(float* dst, size_t ldd, float value, size_t rows, size_t cols, cudaStream_t s);
 void add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows, size_t cols,
             cudaStream_t s);
 // *bad = 1 + a position whose token is outside [0, V) (any one).

@@ -43,6 +43,10 @@ void cpu_copy_2d(float* dst, size_t ldd, const float* src, size_t lds, size_t ro
   for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * lds, sizeof(float) * cols);
 }
 
+void cpu_fill_2d(float* dst, size_t ldd, float value, size_t rows, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) std::fill(dst + r * ldd, dst + r * ldd + cols, value);
+}
+
 void cpu_add_2d(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
                 size_t cols) {
   for (size_t r = 0; r < rows; ++r) {
@@ -169,6 +173,7 @@ const DeviceOps kCpuOps = {
     .to_bf16 = cpu::to_bf16,
     .from_bf16 = cpu::from_bf16,
     .copy_2d = cpu_copy_2d,
+    .fill_2d = cpu_fill_2d,
     .add_2d = cpu_add_2d,
     .embedding_shard_forward = cpu_embedding_shard_forward,
     .embedding_shard_backward = cpu_embedding_shard_backward,

@@ -96,6 +96,8 @@ struct DeviceOps {
   // dst[r * ldd + c] = src[r * lds + c] for r < rows, c < cols (both in the device).
   void (*copy_2d)(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols);
   // out[r * ldo + c] = a[r * lda + c] + b[r * ldb + c]; ldb 0 broadcasts one row of b; out may alias a.
+  // dst[r * ldd + c] = value for r < rows, c < cols (the padded vocabulary's logits: -inf).
+  void (*fill_2d)(float* dst, size_t ldd, float value, size_t rows, size_t cols);
   void (*add_2d)(float* out, size_t ldo, const float* a, size_t lda, const float* b, size_t ldb, size_t rows,
                  size_t cols);
   // Vocab-parallel embedding over the rows [v0, v0 + vl) of a [V, C] table: out[i] = wte_shard[tokens[i] - v0]

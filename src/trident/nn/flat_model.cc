@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "trident/core/error.h"
+#include "trident/nn/model_spec.h"
 #include "trident/nn/models.h"
 
 namespace trident::nn {
@@ -31,7 +32,6 @@ void FlatModel::finalize_params() {
   grads_ = grad_store_.data();
   grad_owner_.reset();
   if (ops_->device != kernels::Device::kCpu) init_staging_.assign(n, 0.0f);
-  rng_.seed(cfg_.seed);
 }
 
 float* FlatModel::init_target(int idx) {
@@ -45,20 +45,45 @@ void FlatModel::finish_init() {
   kernels::AlignedFloats().swap(init_staging_);
 }
 
-void FlatModel::init_normal(int idx, double std) {
-  float* p = init_target(idx);
-  const size_t n = params_[idx].numel;
-  const double k53 = 1.0 / 9007199254740992.0;  // 2^-53
-  for (size_t i = 0; i < n; ++i) {
-    const double u1 = static_cast<double>((rng_() >> 11) + 1) * k53;  // (0, 1]
-    const double u2 = static_cast<double>(rng_() >> 11) * k53;        // [0, 1)
-    p[i] = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-  }
+void FlatModel::init_param(int idx, const ParamDecl& d, const std::vector<std::pair<int64_t, int64_t>>& rows,
+                           int64_t col0, int64_t ncols) {
+  init_slice(d, cfg_.seed, rows, col0, ncols, init_target(idx));
 }
 
-void FlatModel::init_constant(int idx, float value) {
-  float* p = init_target(idx);
-  for (size_t i = 0; i < params_[idx].numel; ++i) p[i] = value;
+void init_slice(const ParamDecl& d, uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& rows,
+                int64_t col0, int64_t ncols, float* dst) {
+  int64_t numel = 1;
+  for (auto x : d.shape) numel *= x;
+  const int64_t R = d.shape.empty() ? 1 : d.shape[0], cols = R > 0 ? numel / R : 0;
+  if (!d.normal) {
+    size_t n = 0;
+    for (const auto& [r0, cnt] : rows) n += static_cast<size_t>(cnt * ncols);
+    std::fill(dst, dst + n, static_cast<float>(d.init));
+    return;
+  }
+  // The tensor's own stream: the model's seed mixed with its name (FNV-1a, then SplitMix64's finalizer).
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : d.name) h = (h ^ ch) * 1099511628211ull;
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  std::mt19937_64 rng(z ^ (z >> 31));
+  const double k53 = 1.0 / 9007199254740992.0;  // 2^-53
+  std::vector<float> row(static_cast<size_t>(cols));
+  int64_t next = 0;  // the next row the stream would draw
+  for (const auto& [r0, cnt] : rows) {
+    for (int64_t r = r0; r < r0 + cnt; ++r) {
+      TRIDENT_CHECK(r >= next, InvalidArgument, "init_slice('{}'): rows must ascend", d.name);
+      for (; next <= r; ++next)
+        for (auto& v : row) {
+          const double u1 = static_cast<double>((rng() >> 11) + 1) * k53;  // (0, 1]
+          const double u2 = static_cast<double>(rng() >> 11) * k53;        // [0, 1)
+          v = static_cast<float>(d.init * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+        }
+      std::copy_n(row.data() + col0, ncols, dst);
+      dst += ncols;
+    }
+  }
 }
 
 bool FlatModel::adopt_grad_storage(float* storage, std::shared_ptr<void> owner) {

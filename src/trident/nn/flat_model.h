@@ -1,10 +1,12 @@
 // Shared machinery of trident's models (internal to nn/): parameter registration into
 // one flat 64-byte-aligned buffer, seeded initialization, and the grad-ready hook.
 //
-// Initialization RNG (bit-reproducible across runs and machines with the same libm): std::mt19937_64
-// seeded with config.seed; each normal draw is Box-Muller on two 53-bit uniforms u1 in (0,1], u2 in
-// [0,1): sqrt(-2 ln u1) * cos(2 pi u2) (the sine half is discarded), computed in double and scaled by
-// the std. Parameters are drawn in registration order (the order of parameters()).
+// Initialization (bit-reproducible across runs and machines with the same libm): each tensor draws from its
+// own std::mt19937_64, seeded with config.seed mixed with the tensor's name (init_slice), in row-major order;
+// each normal draw is Box-Muller on two 53-bit uniforms u1 in (0,1], u2 in [0,1): sqrt(-2 ln u1) *
+// cos(2 pi u2) (the sine half is discarded), computed in double and scaled by the std. So a tensor's values
+// do not depend on which other tensors a model holds: a tensor/pipeline shard initializes only its own
+// slices and holds what the single-process model holds there, without ever building the whole model.
 // Device: the flat buffers and activations live in the memory of config.device ("cpu" | "cuda"),
 // allocated through that device's op table (kernels/device.h), and every kernel call goes through the
 // table. Initial values are drawn on the host (into the buffer itself on the CPU, into a host staging
@@ -27,6 +29,15 @@
 namespace trident::nn {
 
 struct LayerEnv;
+struct ParamDecl;
+
+// The initial values of declaration d of a model seeded with `seed` (N(0, d.init^2) or the constant d.init,
+// from an RNG seeded by seed and d.name), restricted to the rows `rows` ((first, count) pairs, in order) and
+// columns [col0, col0 + ncols) of the tensor viewed as [shape[0], numel / shape[0]], written densely into dst.
+// Draws every element up to the last row kept (so a slice equals the same slice of the whole tensor) but
+// holds one row at a time.
+void init_slice(const ParamDecl& d, uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& rows,
+                int64_t col0, int64_t ncols, float* dst);
 
 class FlatModel : public Model {
  public:
@@ -53,9 +64,10 @@ class FlatModel : public Model {
   int add_param(std::string name, std::vector<int64_t> shape);
   // Allocates the flat buffers (zero-filled) after all add_param calls.
   void finalize_params();
-  // Fills parameter idx with N(0, std^2), or a constant; then finish_init() once, after the last one.
-  void init_normal(int idx, double std);
-  void init_constant(int idx, float value);
+  // Fills parameter idx with the rows `rows` ((first, count) pairs, in order) and columns [col0, col0 + ncols)
+  // of declaration d's initial values (init_slice); then finish_init() once, after the last one.
+  void init_param(int idx, const ParamDecl& d, const std::vector<std::pair<int64_t, int64_t>>& rows, int64_t col0,
+                  int64_t ncols);
   void finish_init();
   // Host memory the init_* calls write parameter idx into (the buffer itself on the CPU).
   float* init_target(int idx);
@@ -95,7 +107,6 @@ class FlatModel : public Model {
   GradReadyHook hook_;
   BlockHook block_hook_;
   bool release_on_zero_ = false;
-  std::mt19937_64 rng_;
 };
 
 // Page-level memory helpers (used by ZeRO to free and to measure memory honestly).

@@ -12,8 +12,9 @@ LanguageModel::LanguageModel(ModelConfig c) : FlatModel(std::move(c)), ix_(cfg_.
   for (const auto& d : decls) ix_.set(d.layer, d.role, add_param(d.name, d.shape));
   finalize_params();
   for (size_t i = 0; i < decls.size(); ++i) {
-    if (decls[i].normal) init_normal(static_cast<int>(i), decls[i].init);
-    else init_constant(static_cast<int>(i), static_cast<float>(decls[i].init));
+    const auto& d = decls[i];
+    const int64_t R = d.shape[0], cols = static_cast<int64_t>(params_[i].numel) / std::max<int64_t>(R, 1);
+    init_param(static_cast<int>(i), d, {{0, R}}, 0, cols);
   }
   finish_init();
   std::vector<int> firsts;

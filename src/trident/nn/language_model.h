@@ -1,7 +1,8 @@
 // LanguageModel: the single-process model of any architecture (nn/arch/; see models.h for the config and
-// model.h for the interface). It registers every parameter nn/model_spec.h declares, whole, initialises
-// them (nanoGPT's init, drawn in registration order), and runs the whole model as ONE LayerRange
-// (nn/layer_range.h: the driver pipeline stages run too) at TP = 1 with one microbatch in flight.
+// model.h for the interface). It registers every parameter its architecture declares, whole, initialises
+// them (the architecture's init, each tensor from its own seeded stream: flat_model.h), and runs the whole
+// model as ONE LayerRange (nn/layer_range.h: the driver pipeline stages run too) at TP = 1 with one
+// microbatch in flight.
 //
 // Blocks: 0 is the embedding, 1..n_layer the layers, n_layer+1 the final norm and the head. Hooks fire in
 // descending parameter index order: the untied head, the final norm, then each layer's own, then the

@@ -478,6 +478,11 @@ void LmHead::forward(const LayerEnv& e, float* logits, float* lnf_out, float* me
                      int N, int C) const {
   lnf.forward(e, lnf_out, mean, rstd, x, N, C);
   e.ops.linear_forward(logits, lnf_out, e.P(head), nullptr, N, C, static_cast<int>(vl), e.precision);
+  // Padding ids take no probability (softmax exp(-inf) = 0): their gradients stay 0 and they are never sampled.
+  const int64_t first_pad = V_valid > 0 ? std::max<int64_t>(V_valid - v0, 0) : vl;
+  if (first_pad < vl)
+    e.ops.fill_2d(logits + first_pad, static_cast<size_t>(vl), -INFINITY, static_cast<size_t>(N),
+                  static_cast<size_t>(vl - first_pad));
 }
 
 double LmHead::loss(const LayerEnv& e, float* dlogits, const float* logits, const int32_t* targets, int N,

@@ -290,6 +290,7 @@ struct LmHead {
   int head = -1;
   bool fire_head = true;  // false when `head` is the embedding's own wte (final only after its backward)
   int64_t V = 0, v0 = 0, vl = 0;
+  int64_t V_valid = 0;  // ids [V_valid, V) are padding: their logits are -inf (0: none)
   // lnf_out, mean (LayerNorm only; may be null otherwise), rstd: saved for backward; logits [N, vl].
   void forward(const LayerEnv& e, float* logits, float* lnf_out, float* mean, float* rstd, const float* x, int N,
                int C) const;

@@ -13,7 +13,7 @@ namespace trident::nn {
 const std::vector<std::string>& model_config_keys() {
   static const std::vector<std::string> keys = {
       "kind",      "n_layer",    "n_head",       "n_kv_head", "n_embd",       "intermediate_size",
-      "block_size", "vocab_size", "bias",         "dropout",   "gelu",         "norm_eps",
+      "block_size", "vocab_size", "valid_vocab_size", "bias",         "dropout",   "gelu",         "norm_eps",
       "rope_theta", "rope_scaling", "activation_checkpointing", "seed", "dtype", "tie_embeddings", "device"};
   return keys;
 }
@@ -94,6 +94,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
   TRIDENT_CHECK(j.contains("vocab_size"), InvalidArgument,
                 "model config: 'vocab_size' is required (the tokenizer's vocabulary size)");
   c.vocab_size = get_int(j, "vocab_size", 0, 1);
+  c.valid_vocab_size = get_int(j, "valid_vocab_size", 0, 0);
+  TRIDENT_CHECK(c.valid_vocab_size <= c.vocab_size, InvalidArgument,
+                "model config: valid_vocab_size {} exceeds vocab_size {} (the padded vocabulary it is part of)",
+                c.valid_vocab_size, c.vocab_size);
+  if (c.valid_vocab_size == c.vocab_size) c.valid_vocab_size = 0;
   c.bias = get_bool(j, "bias", c.bias);
   if (j.contains("dropout")) {
     const auto& v = j.at("dropout");
@@ -139,6 +144,7 @@ nlohmann::json ModelConfig::to_json() const {
           {"rope_scaling", rope_scaling},
           {"block_size", block_size},
           {"vocab_size", vocab_size},
+          {"valid_vocab_size", valid_vocab_size},
           {"bias", bias},
           {"dropout", dropout},
           {"gelu", gelu},

@@ -5,7 +5,8 @@
 //
 // Keys (JSON; unknown keys and bad values throw InvalidArgument naming the key and what is allowed):
 //   kind "gpt" | "llama" | "mlp" (default "gpt"): the architecture;
-//   n_layer (6), n_head (6), n_embd (384), block_size (256), vocab_size (required);
+//   n_layer (6), n_head (6), n_embd (384), block_size (256), vocab_size (required), valid_vocab_size (0:
+//     vocab_size; below it, the ids above are padding whose logits are -inf);
 //   n_kv_head (0 = n_head): key/value heads of grouped-query attention (llama; must divide n_head);
 //   intermediate_size (0 = the architecture's: gpt 4 n_embd, llama ~8/3 n_embd rounded up to 32);
 //   bias (gpt, mlp: true; llama: false only), dropout (0.0; > 0 is refused: not implemented),
@@ -42,6 +43,9 @@ struct ModelConfig {
   int intermediate_size = 0;  // 0 = the architecture's default (resolved by from_json)
   int block_size = 256;
   int vocab_size = 0;
+  // Ids [valid_vocab_size, vocab_size) are padding rows (a vocabulary rounded up for the GPU or for tensor
+  // parallelism): never targets, never predicted (their logits are -inf). 0 = vocab_size (no padding).
+  int valid_vocab_size = 0;
   bool bias = true;
   double dropout = 0.0;
   std::string gelu = "exact";

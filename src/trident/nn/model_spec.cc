@@ -49,7 +49,7 @@ LmHead make_head(const ModelConfig& cfg, const ParamIndex& ix, int64_t v0, int64
   // model that also holds the embedding is final only after the embedding's backward.
   const int head = ix.head >= 0 ? ix.head : ix.wte;
   const Norm lnf{architecture(cfg.kind).norm(), ix.lnf_w, ix.lnf_b, static_cast<float>(cfg.norm_eps)};
-  return LmHead{lnf, head, ix.head >= 0, cfg.vocab_size, v0, vl};
+  return LmHead{lnf, head, ix.head >= 0, cfg.vocab_size, v0, vl, cfg.valid_vocab_size};
 }
 
 }  // namespace trident::nn

@@ -33,6 +33,7 @@ ShardSpec spec_of(const nn::ParamDecl& d, int64_t t, int64_t T) {
   s.layer = d.layer;
   s.role = d.role;
   s.tied_copy = d.role == nn::Role::kWteCopy;
+  s.decl = d;
   switch (d.split) {
     case nn::Split::kReplicated:
       s.row_ranges = {{0, d.shape[0]}};
@@ -265,6 +266,9 @@ ParallelModel::ParallelModel(nn::ModelConfig cfg, ModelLayout layout, std::share
   specs_ = shard_plan(j, layout_);
   for (const auto& s : specs_) ix_.set(s.layer, s.role, add_param(s.name, s.shape));
   finalize_params();
+  for (size_t i = 0; i < specs_.size(); ++i)
+    init_param(static_cast<int>(i), specs_[i].decl, specs_[i].row_ranges, specs_[i].col0, specs_[i].ncols);
+  finish_init();
   const ShardRange vr = shard_range(cfg_.vocab_size, layout_.tp_rank, layout_.tp_size);
   v0_ = vr.begin;
   vl_ = vr.size();
@@ -446,9 +450,7 @@ std::unique_ptr<ParallelModel> make_parallel_model(const nlohmann::json& model_c
                                                    std::shared_ptr<ProcessGroup> embedding_group) {
   const nn::ModelConfig cfg = nn::ModelConfig::from_json(model_config);
   ParallelModel::validate_layout(model_config, layout);
-  auto m = std::make_unique<ParallelModel>(cfg, layout, std::move(tp_group), std::move(embedding_group));
-  m->load_from_full(*nn::make_model(model_config));
-  return m;
+  return std::make_unique<ParallelModel>(cfg, layout, std::move(tp_group), std::move(embedding_group));
 }
 
 }  // namespace trident::parallel

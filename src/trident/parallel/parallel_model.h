@@ -26,8 +26,9 @@
 // Parameters: ONE flat 64-byte-aligned float32 buffer (and a grad buffer) for all chunks, named with the
 // logical nanoGPT names and the LOCAL shard shape, registered chunk by chunk in model order; the grad-ready
 // hook fires in strictly descending index order within each chunk's backward (every microbatch's backward
-// fires it; chunk c's parameters precede chunk c+1's). Values: the factory initialises every rank with
-// the single-process model's initial weights (load_from_full(nn::make_model(config))).
+// fires it; chunk c's parameters precede chunk c+1's). Values: each rank initialises only its own slices
+// (nn::init_slice: each tensor's own seeded stream), which are the single-process model's initial weights
+// there; no rank builds the whole model.
 //
 // nn::Model::forward_backward / forward_logits work when pp_size == 1 (chunks chained in this process,
 // microbatch 0; forward_logits all-gathers the vocab shards so every TP rank gets the full logits); with
@@ -75,6 +76,7 @@ struct ShardSpec {
   int chunk = 0;            // local chunk that owns it
   int layer = -1;           // global layer index, -1 for embedding / head / ln_f
   nn::Role role = nn::Role::kWte;
+  nn::ParamDecl decl;       // the logical tensor's declaration (its initialisation)
 };
 
 class ParallelModel final : public nn::FlatModel {
@@ -142,7 +144,7 @@ class ParallelModel final : public nn::FlatModel {
 };
 
 // Builds the shard of (config, layout) for any architecture (config keys as nn::make_model), initialised
-// with the single-process model's initial weights. tp_group: this rank's tensor-parallel group (null when
+// with the single-process model's initial weights (its own slices of them only). tp_group: this rank's tensor-parallel group (null when
 // tp_size == 1); embedding_group: first + last pipeline stage ranks of this TP rank (null when
 // pp_size == 1 or this rank is neither).
 std::unique_ptr<ParallelModel> make_parallel_model(const nlohmann::json& model_config, const ModelLayout& layout,

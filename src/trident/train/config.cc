@@ -611,6 +611,7 @@ nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
                         {"norm_eps", cfg.norm_eps},
                         {"block_size", cfg.block_size},
                         {"vocab_size", padded_vocab(cfg, vocab_size)},
+                        {"valid_vocab_size", vocab_size},
                         {"bias", cfg.bias},
                         {"dropout", cfg.dropout},
                         {"gelu", cfg.gelu},

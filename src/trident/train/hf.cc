@@ -234,6 +234,7 @@ Dims llama_from_hf(const ConfigReader& c, int block_size, int vocab_multiple, js
          {"intermediate_size", d.I},
          {"block_size", d.T},
          {"vocab_size", d.Vp},
+         {"valid_vocab_size", d.V},  // the padding rows take no probability
          {"bias", false},
          {"rope_theta", c.number("rope_theta", 10000.0)},
          {"norm_eps", c.number("rms_norm_eps", 1e-6)},
@@ -356,7 +357,7 @@ Dims gpt2_from_hf(const ConfigReader& c, int block_size, int vocab_multiple, jso
   d.T = block_size > 0 ? block_size : d.T_hf;
   d.Vp = round_up(d.V, vocab_multiple);
   *mc = {{"kind", "gpt"}, {"n_layer", d.L},       {"n_head", d.NH}, {"n_embd", d.C},
-         {"block_size", d.T}, {"vocab_size", d.Vp}, {"bias", true},   {"gelu", gelu}};
+         {"block_size", d.T}, {"vocab_size", d.Vp}, {"valid_vocab_size", d.V}, {"bias", true}, {"gelu", gelu}};
   return d;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/nn/arch/architecture.h"
 #include "trident/nn/models.h"
 
@@ -166,6 +167,50 @@ TEST(Architecture, RopeTableFollowsLlama3Scaling) {
   const double smooth = (1024 / wl2 - 1.0) / 3.0;
   EXPECT_NEAR(scaled.inv_freq()[2], (1 - smooth) * f2 / 8 + smooth * f2, 1e-15);
   EXPECT_DOUBLE_EQ(scaled.inv_freq()[3], 0.001 / 8);  // 6283: divided
+}
+
+// A padded vocabulary (rows rounded up for tensor parallelism or the GPU) changes nothing: the padding ids'
+// logits are -inf, so the loss and every gradient equal those of the unpadded model with the same weights, and
+// the padding rows' gradients are 0. At every ISA level the machine has (each has its own softmax).
+TEST(Architecture, PaddedVocabularyTakesNoProbability) {
+  namespace kc = kernels::cpu;
+  const kc::Isa was = kc::active_isa();
+  for (int level = 0; level <= static_cast<int>(kc::machine_isa()); ++level) {
+    kc::set_isa(static_cast<kc::Isa>(level));
+    for (const char* kind : {"gpt", "llama"}) {
+      SCOPED_TRACE(std::string(kind) + " at " + kc::isa_name(kc::active_isa()));
+      nlohmann::json small = {{"kind", kind}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 16}, {"block_size", 8},
+                              {"vocab_size", 13}, {"seed", 3}};
+      nlohmann::json padded = small;
+      padded["vocab_size"] = 16;
+      padded["valid_vocab_size"] = 13;
+      auto a = make_model(small), b = make_model(padded);
+      // b's weights: a's, the padding rows of the embedding and head random (they must not matter).
+      for (size_t i = 0; i < a->parameters().size(); ++i) {
+        const auto &pa = a->parameters()[i], &pb = b->parameters()[i];
+        ASSERT_EQ(pa.name, pb.name);
+        std::copy_n(a->param_data() + pa.offset, pa.numel, b->param_data() + pb.offset);
+        for (size_t j = pa.numel; j < pb.numel; ++j) b->param_data()[pb.offset + j] = 0.5f * std::sin(float(j));
+      }
+      std::vector<int32_t> x = {1, 5, 12, 0, 7, 3, 3, 9}, y = {5, 12, 0, 7, 3, 3, 9, 11};
+      a->zero_grad();
+      b->zero_grad();
+      const float la = a->forward_backward(x.data(), y.data(), 1, 8, true);
+      const float lb = b->forward_backward(x.data(), y.data(), 1, 8, true);
+      EXPECT_FLOAT_EQ(la, lb);
+      for (size_t i = 0; i < a->parameters().size(); ++i) {
+        const auto &pa = a->parameters()[i], &pb = b->parameters()[i];
+        for (size_t j = 0; j < pa.numel; ++j)
+          ASSERT_NEAR(a->grad_data()[pa.offset + j], b->grad_data()[pb.offset + j], 1e-6) << pa.name << " " << j;
+        for (size_t j = pa.numel; j < pb.numel; ++j) ASSERT_EQ(b->grad_data()[pb.offset + j], 0.0f) << pb.name;
+      }
+      std::vector<float> logits(8 * 16);
+      b->forward_logits(x.data(), 1, 8, logits.data());
+      for (int r = 0; r < 8; ++r)
+        for (int v = 13; v < 16; ++v) EXPECT_EQ(logits[r * 16 + v], -INFINITY);
+    }
+  }
+  kc::set_isa(was);
 }
 
 }  // namespace

@@ -72,7 +72,7 @@ TEST(Device, CpuTableHasEveryEntry) {
   const auto& ops = kernels::device_ops(Device::kCpu);
   // 7 memory entries, 22 kernels, 7 tensor-parallel steps, 7 Llama kernels, describe, kernel_summary: the check
   // reads every one (a new entry updates this count).
-  EXPECT_EQ(trident::testing::op_table_entries(), 45u);
+  EXPECT_EQ(trident::testing::op_table_entries(), 46u);
   EXPECT_EQ(trident::testing::null_op_entries(ops), std::vector<size_t>{})
       << "null entries of the CPU op table (0 = alloc, in kernels/device.h's order)";
 }

@@ -50,9 +50,12 @@ inline float bits_to_float(int32_t i) {
 }
 
 // exp(x) for float: range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error
-// about 2e-7 (within 2 ulp); clamps to [-87.3, 88.7] (no inf, no denormals). Vectorizes (no libm call).
+// about 2e-7 (within 2 ulp); 0 below -87.3 (so exp(-inf) = 0), clamped at 88.7 (no inf, no denormals).
+// Vectorizes (no libm call).
 inline float fast_exp(float x) {
-  x = x < -87.3f ? -87.3f : x;
+  // Below -87.3 the result is 0 (exp(-inf) in a softmax over a padded vocabulary must give exactly 0).
+  const bool under = x < -87.3f;
+  x = under ? -87.3f : x;
   x = x > 88.7f ? 88.7f : x;
   const float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   float t = x * 1.44269504088896341f + kShift;
@@ -67,7 +70,7 @@ inline float fast_exp(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  return p * bits_to_float(e);
+  return under ? 0.0f : p * bits_to_float(e);
 }
 
 // erf(x) given e = exp(-x*x), Abramowitz & Stegun 7.1.26: absolute error <= 1.5e-7. Vectorizes.

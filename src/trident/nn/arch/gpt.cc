@@ -5,8 +5,8 @@
 // transformer.h.{l}.{ln_1.weight, ln_1.bias, attn.c_attn.weight [3C, C], attn.c_attn.bias, attn.c_proj.weight
 // [C, C], attn.c_proj.bias, ln_2.weight, ln_2.bias, mlp.c_fc.weight [4C, C], mlp.c_fc.bias, mlp.c_proj.weight
 // [C, 4C], mlp.c_proj.bias}, transformer.ln_f.{weight, bias}; biases only with bias = true.
-// Initialisation (nanoGPT's _init_weights, drawn in registration order): LayerNorm weights 1, biases 0,
-// c_proj weights N(0, 0.02/sqrt(2 n_layer)), every other weight N(0, 0.02).
+// Initialisation (nanoGPT's _init_weights; each tensor from its own stream, flat_model.h): LayerNorm weights
+// 1, biases 0, c_proj weights N(0, 0.02/sqrt(2 n_layer)), every other weight N(0, 0.02).
 // Tensor parallelism: c_attn column-parallel by heads of each of q, k, v (3 row sections), c_fc
 // column-parallel, both c_proj row-parallel, wte vocab-parallel; LayerNorms, wpe and row-parallel biases
 // replicated.
