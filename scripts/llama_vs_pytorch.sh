@@ -16,14 +16,14 @@ D=${DATA:-$ROOT/../shared/data/tinyshakespeare/input.txt}
 OUTD=${OUT:-$ROOT/out/llama-vs-pytorch}; mkdir -p "$OUTD"
 ITERS=${ITERS:-300}
 med() { python3 -c "import sys,json,statistics as s; v=[json.loads(l)['tokens_per_s'] for l in open(sys.argv[1]) if l.startswith('{') and json.loads(l).get('type')=='step']; v=v[10:]; print(f'{s.median(v):.0f}')" "$1"; }
-tr() {  # name, extra flags...
+trident() {  # name, extra flags...
   local name=$1; shift
   env -u OPENBLAS_CORETYPE $B train --config $ROOT/configs/shakespeare_char.json --data $D --max_iters $ITERS \
     --eval_interval 1000 --eval_iters 1 --sample_tokens 0 --threads 1 --json --out_dir $OUTD/run_$name "$@" \
     > $OUTD/${name}_$r.jsonl 2>$OUTD/${name}_$r.err
   echo "$name $(med $OUTD/${name}_$r.jsonl)" | tee -a $OUTD/round_$r.txt
 }
-pt() {  # name, extra flags...
+torch() {  # name, extra flags...
   local name=$1; shift
   env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 \
     $ROOT/microbench/llama_torch_train.py --data $D --iters $ITERS --threads 1 "$@" > $OUTD/${name}_$r.txt 2>&1
@@ -32,14 +32,14 @@ pt() {  # name, extra flags...
 for r in $(seq 1 $REPS); do
   : > $OUTD/round_$r.txt
   l0=$(cut -d' ' -f1 /proc/loadavg); echo "== rep $r load $l0"
-  tr trident_gpt
-  tr trident_llama --model llama
-  pt pytorch_llama
-  tr trident_llama_kv2 --model llama --n_kv_head 2
-  pt pytorch_llama_kv2 --n_kv_head 2
-  tr trident_gpt_bf16 --dtype bfloat16
-  tr trident_llama_bf16 --model llama --dtype bfloat16
-  pt pytorch_llama_bf16 --dtype bfloat16
+  trident trident_gpt
+  trident trident_llama --model llama
+  torch pytorch_llama
+  trident trident_llama_kv2 --model llama --n_kv_head 2
+  torch pytorch_llama_kv2 --n_kv_head 2
+  trident trident_gpt_bf16 --dtype bfloat16
+  trident trident_llama_bf16 --model llama --dtype bfloat16
+  torch pytorch_llama_bf16 --dtype bfloat16
   l1=$(cut -d' ' -f1 /proc/loadavg); echo "load at the end $l1"
   echo "load $l0 $l1" >> $OUTD/round_$r.txt
   python3 - $OUTD/round_$r.txt <<'EOF'

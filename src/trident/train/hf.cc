@@ -677,13 +677,16 @@ std::string import_hf(const HfImportOptions& o, std::string* note) {
 }
 
 namespace {
-// Tensors of `ckpt` in Hugging Face's names and layouts, cropped to `vocab` (0: recorded or the tokenizer's).
+// Tensors of `ckpt` in Hugging Face's names and layouts, cropped to `vocab` (0: the config.json recorded at
+// import, else the ids the model predicts, else the tokenizer's).
 std::vector<std::pair<std::string, Tensor32>> hf_tensors_of(const LoadedCheckpoint& ckpt, int vocab, const Arch& a,
                                                             Dims* dims) {
   const json& mc = ckpt.meta.model_config;
   int64_t V = vocab;
   const json& rec = ckpt.meta.hf_config;
   if (V <= 0 && rec.is_object() && rec.contains("vocab_size")) json_int::to_int(rec.at("vocab_size"), &V);
+  // The ids the model predicts (a run initialised from an import keeps them, whatever its tokenizer).
+  if (V <= 0 && mc.contains("valid_vocab_size")) json_int::to_int(mc.at("valid_vocab_size"), &V);
   if (V <= 0) V = data::Tokenizer::from_json(ckpt.meta.tokenizer).vocab_size();
   const Dims d = a.from_trident(mc, V, ckpt.dir);
   if (d.V > d.Vp)

@@ -63,7 +63,7 @@ struct HfImportOptions {
 std::string import_hf(const HfImportOptions& o, std::string* note = nullptr);
 
 // Writes `dir`/config.json and `dir`/model.safetensors. `vocab` 0: the config.json recorded at import, else
-// the checkpoint tokenizer's vocabulary.
+// the ids the model predicts (its valid_vocab_size), else the checkpoint tokenizer's vocabulary.
 void export_hf(const LoadedCheckpoint& ckpt, const std::string& dir, int vocab = 0);
 
 // The trident model config a Hugging Face config.json maps to (vocab padded to vocab_multiple; block_size 0:

@@ -130,8 +130,19 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   const int vocab = dataset_->tokenizer().vocab_size();
   nlohmann::json mcfg = model_config_json(cfg_, vocab);
   // On resume the checkpoint's (possibly padded) vocabulary wins: it may come from another layout.
-  if (ckpt && ckpt->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = ckpt->meta.model_config["vocab_size"];
-  if (init && init->meta.model_config.contains("vocab_size")) mcfg["vocab_size"] = init->meta.model_config["vocab_size"];
+  // The same for the ids the model predicts (its valid vocabulary): the model's, whatever this run's tokenizer.
+  for (const LoadedCheckpoint* from : {ckpt ? &*ckpt : nullptr, init ? &*init : nullptr}) {
+    if (from == nullptr || !from->meta.model_config.contains("vocab_size")) continue;
+    mcfg["vocab_size"] = from->meta.model_config["vocab_size"];
+    mcfg["valid_vocab_size"] = from->meta.model_config.value("valid_vocab_size", nlohmann::json(0));
+  }
+  const int predicted = mcfg.value("valid_vocab_size", 0) > 0 ? mcfg["valid_vocab_size"].get<int>()
+                                                               : mcfg["vocab_size"].get<int>();
+  TRIDENT_CHECK(vocab <= predicted, InvalidArgument,
+                "the tokenizer ({}) has {} ids but the model of {} predicts {}; use the checkpoint's tokenizer (or "
+                "one with at most {} ids)",
+                cfg_.tokenizer, vocab, ckpt ? ckpt->dir : init ? init->dir : std::string("this run"), predicted,
+                predicted);
   // The initializing model's context (learned positions are that long); training windows may be shorter.
   if (init && init->meta.model_config.contains("block_size")) mcfg["block_size"] = init->meta.model_config["block_size"];
   model_ = hooks_.make_model(mcfg);
