@@ -10,6 +10,7 @@
 #include "command.h"
 #include "plan_cli.h"
 #include "trident/core/error.h"
+#include "trident/plan/model.h"
 #include "trident/plan/planner.h"
 
 namespace trident::cli {
@@ -21,8 +22,10 @@ std::string default_catalog_dir() {
 }
 
 void add_plan_common_options(CLI::App* c, PlanCommon* o) {
-  c->add_option("--model", o->model, "model preset: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-7b, llama-13b, "
-                                     "llama-65b, llama-70b, gpt3-175b");
+  // The one catalog of named shapes (plan/model.h), which `trident train --model NAME` reads too.
+  std::string names;
+  for (const auto& n : plan::model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  c->add_option("--model", o->model, "model preset (the catalog `trident train --model` reads too): " + names);
   c->add_option("--layers", o->layers, "transformer layers (custom model, or override a preset)");
   c->add_option("--hidden", o->hidden, "hidden size");
   c->add_option("--heads", o->heads, "attention heads");

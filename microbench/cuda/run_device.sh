@@ -4,7 +4,8 @@
 #   2. trident train on cpu and on cuda, same config (float32): the loss sequences; the CUDA run's checkpoint
 #      evaluated, sampled (greedy) and resumed on both devices.
 #   3. GPT-2 124M (T = 1024, vocabulary padded to 50304, B = 16) in bf16 and float32: tokens/s, MFU and the
-#      planner's predicted step beside the measured one, as `trident train` prints them.
+#      planner's predicted step beside the measured one, as `trident train` prints them; TinyLlama 1.1B's shape
+#      (grouped-query attention, SwiGLU, rotary embeddings; GPT-2's tokenizer) in bf16 the same way.
 #   4. bench_cuda: GEMM, kernel, attention, bandwidth and NCCL tables, and the GPT step.
 #   5. Collectives on GPU buffers, 2 ranks on GPU 0: the CUDA IPC device path and staged through host memory
 #      (trident bench comm --device cuda), and GPT-2 124M bf16 with 2 ranks sharing the GPU (DDP, ZeRO-2).
@@ -24,7 +25,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   echo "build ok"
 fi
 T=$B/trident
-timeout 300 "$B/tests/test_unit_cuda" > "$OUT/test.log" 2>&1; echo "test_unit_cuda rc=$?"
+timeout 420 "$B/tests/test_unit_cuda" > "$OUT/test.log" 2>&1; echo "test_unit_cuda rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst" "$OUT/test.log"
 grep -B2 -A6 "Failure" "$OUT/test.log" | head -60
 
@@ -60,6 +61,9 @@ timeout 300 "$T" train $G --dtype bfloat16 --max_iters 50 --log_interval 10 --ou
 echo "gpt2 bf16 rc=$?"; grep -E "^(prediction|measured|done)" "$OUT/gpt2_bf16.txt"
 timeout 300 "$T" train $G --dtype float32 --max_iters 10 --log_interval 5 --out_dir "$W/g_f32" > "$OUT/gpt2_f32.txt" 2>&1
 echo "gpt2 f32 rc=$?"; grep -E "^(prediction|measured|done)" "$OUT/gpt2_f32.txt"
+timeout 300 "$T" train ${G/--model gpt2/--model tinyllama-1.1b} --batch_size 4 --dtype bfloat16 --max_iters 20 \
+  --log_interval 5 --out_dir "$W/tinyllama" > "$OUT/tinyllama_bf16.txt" 2>&1
+echo "tinyllama-1.1b bf16 rc=$?"; grep -E "^(prediction|measured|done)" "$OUT/tinyllama_bf16.txt"
 rm -rf "$W"
 
 timeout 300 "$B/bench_cuda" ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1; echo "bench_cuda rc=$?"

@@ -1,7 +1,8 @@
 // Megatron tensor parallelism and pipeline chunks (parallel/parallel_model.h) against the single-process
 // model (nn::make_model, same config and seed): loss, full logits and every gathered gradient at TP 1
-// (bit-identical: the same layers and kernels), 2 and 4 (GPT with and without biases, with activation
-// checkpointing, deep MLP); LayerNorm and replicated bias gradients bit-identical across TP ranks;
+// (bit-identical: the same layers and kernels), 2, 3 and 4 (GPT with and without biases, with activation
+// checkpointing, deep MLP, Llama with key/value heads split or copied over the ranks, tied or not);
+// LayerNorm and replicated bias gradients bit-identical across TP ranks;
 // exactly 4 all-reduces of B*T*C per block, counted by a wrapper ProcessGroup; pipeline chunks chained by hand (several microbatches, interleaved chunks) and
 // across processes (tied embedding gradient sync, gather over tp x pp); layout errors name the fix;
 // 5 AdamW steps under TP 2 track the single process.
@@ -218,21 +219,36 @@ TEST_P(TensorParallelParity, LossLogitsAndGradientsMatchOneProcess) {
                                  {"vocab_size", 66}, {"bias", c.bias}, {"seed", 13}};
   if (c.kind == "mlp") cfg = {{"kind", "mlp"}, {"n_layer", 3}, {"n_embd", 32}, {"block_size", 16},
                               {"vocab_size", 64}, {"bias", c.bias}, {"seed", 5}, {"tie_embeddings", !c.ckpt}};
+  if (c.kind.rfind("llama", 0) == 0) {
+    // llama_kvK: K key/value heads of 4 (split over the TP ranks when tp divides K, else copied on each);
+    // llama_h6_kv2: 6 query heads, 2 key/value heads, for tp 3. bias=true here means a tied head; ckpt as named.
+    const bool h6 = c.kind == "llama_h6_kv2";
+    cfg = {{"kind", "llama"},     {"n_layer", 2},        {"n_head", h6 ? 6 : 4},
+           {"n_kv_head", h6 ? 2 : c.kind.back() - '0'}, {"n_embd", h6 ? 48 : 32}, {"intermediate_size", h6 ? 96 : 40},
+           {"block_size", 16},     {"vocab_size", h6 ? 66 : 64}, {"seed", 7},
+           {"tie_embeddings", c.bias}, {"activation_checkpointing", c.ckpt}};
+  }
   auto res = testing::run_processes(c.tp, [&](int r, int n, std::shared_ptr<Store> st) { tp_parity_rank(cfg, r, n, st); },
                                     run_options());
   ASSERT_EQ(testing::failures(res), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Gpt, TensorParallelParity,
+    Models, TensorParallelParity,
     ::testing::Values(TpCase{1, true, false, "gpt"}, TpCase{2, true, false, "gpt"}, TpCase{4, true, false, "gpt"},
                       TpCase{1, false, false, "gpt"}, TpCase{2, false, false, "gpt"}, TpCase{4, false, false, "gpt"},
                       TpCase{1, true, true, "gpt"}, TpCase{2, true, true, "gpt"}, TpCase{3, true, false, "gpt_h6"},
                       // mlp: ckpt=true here means an untied lm_head (see the test body).
                       TpCase{1, true, false, "mlp"}, TpCase{1, false, true, "mlp"}, TpCase{2, true, false, "mlp"},
-                      TpCase{2, false, true, "mlp"}, TpCase{4, true, false, "mlp"}),
+                      TpCase{2, false, true, "mlp"}, TpCase{4, true, false, "mlp"},
+                      // llama: bias=true means a tied head (the Llama has no biases).
+                      TpCase{1, false, false, "llama_kv2"}, TpCase{2, false, false, "llama_kv2"},
+                      TpCase{4, false, false, "llama_kv2"}, TpCase{2, false, true, "llama_kv1"},
+                      TpCase{2, true, false, "llama_kv4"}, TpCase{3, false, false, "llama_h6_kv2"}),
     [](const auto& info) {
-      return fmt::format("{}_tp{}_{}{}", info.param.kind, info.param.tp, info.param.bias ? "bias" : "nobias",
+      const bool llama = info.param.kind.rfind("llama", 0) == 0;
+      return fmt::format("{}_tp{}_{}{}", info.param.kind, info.param.tp,
+                         llama ? (info.param.bias ? "tied" : "untied") : info.param.bias ? "bias" : "nobias",
                          info.param.ckpt ? (info.param.kind == "mlp" ? "_untied" : "_ckpt") : "");
     });
 

@@ -62,4 +62,12 @@ inline double expect_close(const std::vector<float>& got, const std::vector<floa
   return worst;
 }
 
+// A device copy of a host vector.
+template <typename T>
+DeviceBuffer<T> dev(const std::vector<T>& v) {
+  DeviceBuffer<T> b(v.size());
+  b.upload(v);
+  return b;
+}
+
 }  // namespace trident::cuda::testing

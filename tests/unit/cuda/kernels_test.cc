@@ -19,13 +19,7 @@ namespace cpu = trident::kernels::cpu;
 using testing::expect_close;
 using testing::random_floats;
 using testing::random_ints;
-
-template <typename T>
-DeviceBuffer<T> dev(const std::vector<T>& v) {
-  DeviceBuffer<T> b(v.size());
-  b.upload(v);
-  return b;
-}
+using testing::dev;
 
 TEST(CudaDevice, ErrorsNameTheCudaCall) {
   TRIDENT_REQUIRE_GPU();

@@ -23,13 +23,7 @@ namespace {
 namespace cpu = trident::kernels::cpu;
 using testing::expect_close;
 using testing::random_floats;
-
-template <typename T>
-DeviceBuffer<T> dev(const std::vector<T>& v) {
-  DeviceBuffer<T> b(v.size());
-  b.upload(v);
-  return b;
-}
+using testing::dev;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);

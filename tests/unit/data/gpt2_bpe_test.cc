@@ -13,6 +13,7 @@
 
 #include "harness/shared_data.h"
 
+#include "harness/token_ids.h"
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
 #include "trident/data/gpt2_bpe.h"
@@ -22,6 +23,7 @@
 
 namespace fs = std::filesystem;
 using namespace trident;
+using trident::testing::first_difference;
 using namespace trident::data;
 
 namespace {
@@ -48,14 +50,6 @@ std::vector<int32_t> reference_ids(const std::string& text_file) {
   return ids;
 }
 
-// Index of the first difference, with context, for a readable failure.
-std::string first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  if (i == a.size() && i == b.size()) return "equal";
-  return fmt::format("sizes {} vs {}, first difference at {}: {} vs {}", a.size(), b.size(), i,
-                     i < a.size() ? a[i] : -1, i < b.size() ? b[i] : -1);
-}
 }  // namespace
 
 TEST(Gpt2Bpe, TortureTextMatchesCommittedReferenceIds) {

@@ -18,6 +18,7 @@
 #include "harness/shared_data.h"
 #include "harness/temp_dir.h"
 
+#include "harness/token_ids.h"
 #include "trident/core/error.h"
 #include "trident/data/file_io.h"
 #include "trident/data/llama3_bpe.h"
@@ -26,19 +27,12 @@
 
 namespace fs = std::filesystem;
 using namespace trident;
+using trident::testing::first_difference;
 using namespace trident::data;
 
 namespace {
-const std::string kSource = TRIDENT_SOURCE_DIR;
-const std::string kScript = kSource + "/tests/unit/data/llama3_reference.js";
+const std::string kScript = std::string(TRIDENT_SOURCE_DIR) + "/tests/unit/data/llama3_reference.js";
 
-std::string first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  if (i == a.size() && i == b.size()) return "equal";
-  return fmt::format("sizes {} vs {}, first difference at {}: {} vs {}", a.size(), b.size(), i,
-                     i < a.size() ? a[i] : -1, i < b.size() ? b[i] : -1);
-}
 
 std::string expect_invalid(const std::function<void()>& f) {
   try {
@@ -166,8 +160,8 @@ TEST_F(Llama3Reference, BothFilesLoadTheSameVocabulary) {
 }
 
 TEST_F(Llama3Reference, TortureTextMatchesReference) {
-  expect_reference(kSource + "/tests/unit/data/llama3_torture.txt");
-  expect_reference(kSource + "/tests/unit/data/gpt2_torture.txt");
+  expect_reference(std::string(TRIDENT_SOURCE_DIR) + "/tests/unit/data/llama3_torture.txt");
+  expect_reference(std::string(TRIDENT_SOURCE_DIR) + "/tests/unit/data/gpt2_torture.txt");
   // Single cases, each encoded alone (the start and end of text next to the piece).
   const std::vector<std::string> cases = {"1234567", "  leading", "trailing  ", "\n", "\n\n \n", "a\r\n\r\nb",
                                           "'S'LL", " 's", "?!\n\n", "\u4f60\u597d", "\U0001F600\U0001F600",

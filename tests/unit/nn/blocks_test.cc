@@ -26,9 +26,11 @@ namespace {
 
 nlohmann::json cfg(const std::string& kind, bool ckpt, bool tie = true) {
   nlohmann::json j = {{"kind", kind},          {"n_layer", 3},  {"n_embd", 16},   {"block_size", 6},
-                      {"vocab_size", 13},      {"bias", true},  {"seed", 5},      {"activation_checkpointing", ckpt}};
-  if (kind == "gpt") j["n_head"] = 2;
-  else j["tie_embeddings"] = tie;
+                      {"vocab_size", 13},      {"bias", kind != "llama"},  {"seed", 5},
+                      {"activation_checkpointing", ckpt}};
+  if (kind != "mlp") j["n_head"] = 2;
+  if (kind == "llama") j["n_kv_head"] = 1;  // multi-query: the key/value heads widened before attention
+  if (kind != "gpt") j["tie_embeddings"] = tie;
   return j;
 }
 
@@ -109,7 +111,8 @@ TEST_P(Blocks, EventsAndParameterListsAreComplete) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Blocks,
                          ::testing::Values(std::tuple{"gpt", false, true}, std::tuple{"gpt", true, true},
-                                           std::tuple{"mlp", false, true}, std::tuple{"mlp", true, false}),
+                                           std::tuple{"mlp", false, true}, std::tuple{"mlp", true, false},
+                                           std::tuple{"llama", false, false}, std::tuple{"llama", true, true}),
                          [](const auto& info) {
                            return fmt::format("{}_{}_{}", std::get<0>(info.param),
                                               std::get<1>(info.param) ? "ckpt" : "plain",

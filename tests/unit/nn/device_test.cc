@@ -7,6 +7,7 @@
 #include <random>
 
 #include "harness/op_table.h"
+#include "kernel_test_util.h"
 #include "harness/temp_dir.h"
 #include "trident/core/error.h"
 #include "trident/kernels/device.h"
@@ -14,6 +15,8 @@
 
 using namespace trident;
 using kernels::Device;
+
+using kernel_test::same_bits;
 
 namespace {
 
@@ -25,9 +28,6 @@ std::vector<float> randoms(size_t n, uint64_t seed) {
   return v;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernel_test_util.h"
 #include "reference.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/isa.h"
@@ -19,14 +20,11 @@
 namespace kc = trident::kernels::cpu;
 using ref::Vec;
 
-namespace {
+using kernel_test::levels;
+using kernel_test::rel_err;
+using kernel_test::to_double;
 
-// The levels this machine runs, lowest first.
-std::vector<kc::Isa> levels() {
-  std::vector<kc::Isa> out;
-  for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) out.push_back(static_cast<kc::Isa>(i));
-  return out;
-}
+namespace {
 
 // Runs the kernels at one level (one thread), and with a bfloat16-dot mode, for a scope.
 class IsaScope {
@@ -64,18 +62,6 @@ std::vector<Path> paths() {
   }
   return out;
 }
-
-// max |got - want| / max(max |want|, floor).
-double rel_err(const std::vector<float>& got, const Vec& want, double floor = 1e-30) {
-  double num = 0, den = floor;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
-    den = std::max(den, std::abs(want[i]));
-  }
-  return num / den;
-}
-
-Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 
 std::vector<float> bf16_rounded(const std::vector<float>& x) {
   std::vector<uint16_t> h(x.size());

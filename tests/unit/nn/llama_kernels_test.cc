@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "kernel_test_util.h"
 #include "reference.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/isa.h"
@@ -23,6 +24,11 @@
 
 namespace kc = trident::kernels::cpu;
 using ref::Vec;
+
+using kernel_test::levels;
+using kernel_test::rel_err;
+using kernel_test::same_bits;
+using kernel_test::to_double;
 
 namespace {
 
@@ -155,17 +161,6 @@ const KvShape kKvShapes[] = {
 std::vector<float> rnd(size_t n, uint64_t seed, double scale = 1.0) {
   return ref::to_float(ref::random_vec(n, seed, scale));
 }
-Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
-
-// max |got - want| / max(max |want|, floor).
-double rel_err(const std::vector<float>& got, const Vec& want, double floor = 1e-30) {
-  double num = 0, den = floor;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
-    den = std::max(den, std::abs(want[i]));
-  }
-  return num / den;
-}
 double rel_err64(const Vec& got, const Vec& want) {
   double num = 0, den = 1e-300;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -175,16 +170,6 @@ double rel_err64(const Vec& got, const Vec& want) {
   return num / den;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-// The levels this machine runs, lowest first.
-std::vector<kc::Isa> levels() {
-  std::vector<kc::Isa> out;
-  for (int i = 0; i <= static_cast<int>(kc::machine_isa()); ++i) out.push_back(static_cast<kc::Isa>(i));
-  return out;
-}
 
 // An ISA level, a thread count and the task-size knob for a scope; restores one thread and whole tasks.
 class Scope {

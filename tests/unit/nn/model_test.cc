@@ -160,6 +160,31 @@ TEST(Gpt, ActivationCheckpointingGivesBitIdenticalGradients) {
   EXPECT_EQ(0, std::memcmp(a->grad_data(), b->grad_data(), a->num_params() * sizeof(float)));
 }
 
+// The Llama under activation checkpointing (its rotary tables, grouped-query widening and SwiGLU recomputed)
+// and over two accumulated micro-steps: bit-identical to keeping every activation; hooks fire once per
+// parameter in descending order (its parameters are registered in forward order).
+TEST(Llama, ActivationCheckpointingAccumulationAndHookOrder) {
+  nlohmann::json cfg = {{"kind", "llama"}, {"n_layer", 3}, {"n_head", 4}, {"n_kv_head", 2}, {"n_embd", 16},
+                        {"block_size", 5}, {"vocab_size", 11}, {"seed", 4}};
+  auto a = trident::nn::make_model(cfg);
+  cfg["activation_checkpointing"] = true;
+  auto b = trident::nn::make_model(cfg);
+  ASSERT_EQ(0, std::memcmp(a->param_data(), b->param_data(), a->num_params() * sizeof(float)));
+  std::vector<size_t> fired;
+  b->set_grad_ready_hook([&](size_t i) { fired.push_back(i); });
+  const int B = 2, T = 5;
+  auto x = tokens(B * T, 11, 8), y = tokens(B * T, 11, 9);
+  a->zero_grad();
+  b->zero_grad();
+  for (int micro = 0; micro < 2; ++micro) {
+    EXPECT_EQ(a->forward_backward(x.data(), y.data(), B, T, true, 0.5f),
+              b->forward_backward(x.data(), y.data(), B, T, true, 0.5f));
+  }
+  EXPECT_EQ(0, std::memcmp(a->grad_data(), b->grad_data(), a->num_params() * sizeof(float)));
+  ASSERT_EQ(fired.size(), 2 * b->parameters().size());
+  for (size_t k = 0; k < b->parameters().size(); ++k) EXPECT_EQ(fired[k], b->parameters().size() - 1 - k);
+}
+
 TEST(Gpt, SameSeedIsBitReproducibleAndSeedMatters) {
   auto a = trident::nn::make_model(tiny_gpt());
   auto b = trident::nn::make_model(tiny_gpt());
