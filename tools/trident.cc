@@ -1,6 +1,8 @@
 // trident: one binary, thin: parses the command line, then calls the library.
 #include <algorithm>
 #include <csignal>
+#include <exception>
+#include <new>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -38,6 +40,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const trident::Error& e) {
+    std::fprintf(stderr, "trident: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "trident: error: out of memory (an allocation failed); use a smaller model or batch, or "
+                         "shard it over more ranks: `trident plan` predicts each layout's memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    // Anything else that escaped the library's typed errors: its message, not an abort.
     std::fprintf(stderr, "trident: error: %s\n", e.what());
     return 2;
   }

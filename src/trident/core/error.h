@@ -43,6 +43,13 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// An allocation the machine could not satisfy: `bytes` is what was asked for.
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(const std::string& what, size_t bytes) : Error(what), bytes(bytes) {}
+  size_t bytes;
+};
+
 // Communication with a peer failed. `rank` is this process's rank in `group`, `peer` the other side
 // (-1 when not one peer), `op` the collective or "connect"/"send"/"recv", `seq` its sequence number.
 class NetworkError : public Error {

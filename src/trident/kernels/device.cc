@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -22,8 +23,31 @@ Device parse_device(const std::string& name) {
 
 namespace {
 
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+double available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
 void* cpu_alloc(size_t bytes) {
-  void* p = ::operator new(bytes, std::align_val_t(kAlignment));
+  void* p = nullptr;
+  try {
+    p = ::operator new(bytes, std::align_val_t(kAlignment));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(::trident::detail::with_location(
+                          fmt::format("cannot allocate {:.2f} GB of host memory ({:.2f} GB available); use a smaller "
+                                      "model or batch, or shard the model over more ranks (--tp, --pp, --parallel "
+                                      "zero3): `trident plan` predicts each layout's memory",
+                                      bytes / 1e9, available_bytes() / 1e9),
+                          __FILE__, __LINE__),
+                      bytes);
+  }
   std::memset(p, 0, bytes);
   return p;
 }

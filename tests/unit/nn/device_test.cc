@@ -3,6 +3,10 @@
 // in tests/unit/cuda (GPU only).
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 
@@ -185,4 +189,35 @@ TEST(Device, CpuTableTensorParallelEntries) {
   EXPECT_NEAR(sharded, plain, 1e-5 * N);
   for (size_t i = 0; i < d1.size(); ++i) EXPECT_NEAR(d1[i], d2[i], 1e-6) << i;
   EXPECT_THROW(ops.ce_shard_max(mx.data(), logits.data(), bad.data(), N, V, V), InvalidArgument);
+}
+
+// An allocation the machine cannot satisfy is a typed OutOfMemory naming the size and the way out, not an
+// escaped std::bad_alloc (which aborted `trident train --model llama3-8b` on a small machine). In a child
+// whose address space is capped, so the test never takes the memory it asks for.
+TEST(Device, AnAllocationTheMachineCannotSatisfyIsOutOfMemory) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{size_t(2) << 30, size_t(2) << 30};
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(3);
+    const size_t bytes = size_t(8) << 30;
+    try {
+      void* p = kernels::device_ops(Device::kCpu).alloc(bytes);
+      kernels::device_ops(Device::kCpu).free(p);
+      ::_exit(1);
+    } catch (const OutOfMemory& e) {
+      const std::string m = e.what();
+      ::_exit(e.bytes == bytes && m.find("cannot allocate 8.59 GB") != std::string::npos &&
+                      m.find("trident plan") != std::string::npos
+                  ? 0
+                  : 2);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the allocation succeeded; 2: wrong size or message; 3: setrlimit; "
+                                       "4: another exception";
 }
