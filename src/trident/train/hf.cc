@@ -153,6 +153,7 @@ Tensor32 to_hf(const TensorMap& m, const Tensor32& t) {
 // tensor's name, shape and layout.
 struct Arch {
   const char* model_type;  // what export writes
+  std::vector<std::string> reads;  // the model_type values import takes (model_type and its kin)
   const char* kind;        // trident's model kind
   const char* hf_class;    // transformers' class (config.json "architectures")
   Dims (*from_hf)(const ConfigReader& c, int block_size, int vocab_multiple, json* model_config);
@@ -432,6 +433,7 @@ std::string gpt2_canonical(const std::string& name) {
 }
 
 const Arch kLlama{.model_type = "llama",
+                  .reads = {"llama", "mistral"},
                   .kind = "llama",
                   .hf_class = "LlamaForCausalLM",
                   .from_hf = llama_from_hf,
@@ -441,6 +443,7 @@ const Arch kLlama{.model_type = "llama",
                   .ignored = llama_ignored,
                   .canonical = same_name};
 const Arch kGpt2{.model_type = "gpt2",
+                 .reads = {"gpt2"},
                  .kind = "gpt",
                  .hf_class = "GPT2LMHeadModel",
                  .from_hf = gpt2_from_hf,
@@ -450,11 +453,15 @@ const Arch kGpt2{.model_type = "gpt2",
                  .ignored = gpt2_ignored,
                  .canonical = gpt2_canonical};
 
+// The Hugging Face families trident reads and writes, one record each.
+const Arch* const kArchs[] = {&kLlama, &kGpt2};
+
 // config.json's model_type -> the architecture that reads it.
 const Arch& arch_for_model_type(const ConfigReader& c) {
   const std::string type = c.string("model_type", "");
-  if (type == "llama" || type == "mistral") return kLlama;
-  if (type == "gpt2") return kGpt2;
+  for (const Arch* a : kArchs)
+    for (const auto& t : a->reads)
+      if (type == t) return *a;
   const std::string found = type.empty() ? "missing" : "\"" + type + "\"";
   if (type == "qwen2")
     TRIDENT_HF_REFUSE(c.where, "model_type", "model_type", found,
@@ -463,10 +470,11 @@ const Arch& arch_for_model_type(const ConfigReader& c) {
   TRIDENT_HF_REFUSE(c.where, "model_type", "model_type", found, "llama, mistral or gpt2");
 }
 
+// A trident model config's kind -> the architecture that exports it.
 const Arch& arch_for_kind(const json& mc, const std::string& where) {
   const std::string kind = mc.value("kind", "gpt");
-  if (kind == "llama") return kLlama;
-  if (kind == "gpt") return kGpt2;
+  for (const Arch* a : kArchs)
+    if (kind == a->kind) return *a;
   TRIDENT_HF_REFUSE(where, "kind", "the model kind", "\"" + kind + "\"", "llama or gpt");
 }
 
