@@ -220,8 +220,6 @@ TEST_P(ModelParallel, ReferenceLearns) {
 }
 
 TEST_P(ModelParallel, DataParallelEveryStage) {
-  // The GPT's data-parallel layouts are swept in tests/multiprocess/parallel; here the other architectures.
-  if (kind_ == "gpt") GTEST_SKIP() << "covered by tests/multiprocess/parallel (data_parallel_test.cc)";
   for (const char* p : {"ddp", "zero1", "zero2", "zero3"})
     run_layout({1, 1, 2, 1, "1f1b", p}, data_, out(std::string("dp2") + p), ref4_, ref8_, kind_);
 }
