@@ -6,14 +6,19 @@
 // worker thread, which runs the group's calls in issue order (so every rank issues trident collectives in
 // the order the user issued them) and ends when the group is destroyed. With TRIDENT_TORCH_INLINE=1 a
 // collective issued while the group is idle runs on its caller's thread instead (no hand-off, no overlap).
+// Sends and receives are only started by the worker (in issue order); trident's group completes them, on its
+// own thread, under the native engine's rules (sends and receives never wait behind each other), so
+// batch_isend_irecv completes in any order of its operations; a receive without src matches any rank.
 // Thread-safety: every method may be called from any thread (calls are queued under a mutex).
-// Blocking: each collective returns a Work at once; its wait() blocks until the call finished and rethrows its
+// Blocking: each call returns a Work at once; its wait() blocks until the call finished and rethrows its
 // error; getFuture() completes (value: the output tensors, as DDP's comm hooks expect) or fails with it.
 // Timeouts: a call's deadline is its options' timeout, else the group's (init_process_group(timeout=...),
 // default 30 min); trident's dead-peer detection fails a call within seconds whatever the deadline.
 // Errors: trident's typed errors (PeerDiedError, MismatchError, TimeoutError, InvalidArgument) reach Python as
-// RuntimeError with the rank, the group and the collective in the message; what this backend cannot do
-// (CUDA tensors, bitwise reduce ops, several tensors per call) raises RuntimeError naming it.
+// RuntimeError with the rank, the group and the collective in the message, and c10d's words for the condition
+// ("Timed out", "Rank N failed - Connection closed by peer"); what this backend cannot do (CUDA tensors,
+// bitwise reduce ops, several tensors per call, sparse tensors other than all_reduce SUM) raises RuntimeError
+// naming it.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -195,6 +200,16 @@ class TridentWork final : public c10d::Work {
     return exception_;
   }
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A receive's sender (recv/irecv without src: the rank whose message matched).
+  int sourceRank() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(source_rank_ >= 0, "trident backend: sourceRank() is known only for a completed receive; wait() first");
+    return source_rank_;
+  }
+  void set_source_rank(int r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    source_rank_ = r;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   bool wait(std::chrono::milliseconds timeout) override {
@@ -202,8 +217,8 @@ class TridentWork final : public c10d::Work {
     if (timeout == kNoTimeout) {
       cv_.wait(lock, [&] { return completed_; });
     } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-      TORCH_CHECK(false, "trident backend, rank ", rank_, ": ", what_, " did not finish within ", timeout.count(),
-                  " ms (Work.wait timeout; the collective itself keeps running until its own deadline)");
+      TORCH_CHECK(false, "trident backend, rank ", rank_, ": Timed out waiting ", timeout.count(), "ms for ", what_,
+                  " (Work.wait's timeout; the call itself keeps running until its own deadline)");
     }
     if (exception_) std::rethrow_exception(exception_);
     return true;
@@ -222,6 +237,7 @@ class TridentWork final : public c10d::Work {
 
  private:
   std::string what_;
+  int source_rank_ = -1;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -253,11 +269,15 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     cv_.notify_all();
     // The worker drops the last references to tensors Python created, which takes the GIL: join without it
     // (torch destroys groups from Python, with the GIL held).
+    // trident's group completes sends and receives on its own thread, which may hold their tensors last: it
+    // is ended (pg_ reset) without the GIL as well.
     if (PyGILState_Check()) {
       pybind11::gil_scoped_release no_gil;
       worker_.join();
+      pg_.reset();
     } else {
       worker_.join();
+      pg_.reset();
     }
   }
 
@@ -277,6 +297,7 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) return sparse_allreduce(tensors[0], opts);
     at::Tensor t = single(tensors, "allreduce");
     trident::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type());
     return enqueue(c10d::OpType::ALLREDUCE, "all_reduce", opts.timeout, {t}, [=, this](const trident::CallOptions& co) {
@@ -284,6 +305,92 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
       pg_->all_reduce(c.data_ptr(), c.numel(), *trident_dtype(c.scalar_type()), op, co);
       copy_back(t, c);
     });
+  }
+
+  // all_reduce of a sparse COO tensor, as gloo does it: every rank's coalesced indices and values are
+  // gathered (all_gatherv: ranks hold different numbers of nonzeros) and summed into a coalesced result, which
+  // replaces the tensor's contents. Only SUM (gloo's only sparse reduction); every rank passes the same sizes,
+  // sparse and dense dimensions and dtype (checked: the error names the ranks that differ).
+  static constexpr int kSparseMaxDims = 16;
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(const at::Tensor& t, const c10d::AllreduceOptions& opts) {
+    TORCH_CHECK(t.device().is_cpu(), "trident backend: all_reduce got a sparse tensor on ", t.device(),
+                "; trident's torch backend reduces sparse tensors on the CPU");
+    TORCH_CHECK(opts.reduceOp.op_ == c10d::ReduceOp::SUM, "trident backend: all_reduce of a sparse tensor supports ",
+                "ReduceOp.SUM only (as gloo), got ", reduce_op_name(opts.reduceOp),
+                "; reduce its dense form (t.to_dense()) for other ops");
+    TORCH_CHECK(t.dim() <= kSparseMaxDims, "trident backend: all_reduce of a sparse tensor of ", t.dim(),
+                " dimensions; at most ", kSparseMaxDims, " are supported");
+    return enqueue(c10d::OpType::ALLREDUCE, "all_reduce (sparse)", opts.timeout, {t},
+                   [=, this](const trident::CallOptions& co) {
+                     const int n = getSize();
+                     at::Tensor in = t.coalesce();
+                     // Metadata, one fixed-size row per rank: nnz, sparse dims, dense dims, dtype, ndim, sizes.
+                     constexpr int kMeta = 5 + kSparseMaxDims;
+                     std::vector<int64_t> mine(kMeta, -1);
+                     mine[0] = in._nnz();
+                     mine[1] = in.sparse_dim();
+                     mine[2] = in.dense_dim();
+                     mine[3] = static_cast<int64_t>(in.scalar_type());
+                     mine[4] = in.dim();
+                     for (int64_t d = 0; d < in.dim(); ++d) mine[5 + d] = in.size(d);
+                     std::vector<int64_t> meta(static_cast<size_t>(kMeta) * n);
+                     pg_->all_gather(mine.data(), meta.data(), kMeta, DType::kInt64, co);
+                     auto shape = [&](int r) {
+                       const int64_t* m = &meta[static_cast<size_t>(r) * kMeta];
+                       std::string d = "[";
+                       for (int64_t i = 0; i < m[4]; ++i) d += (i ? ", " : "") + std::to_string(m[5 + i]);
+                       return fmt::format("{}] with {} sparse and {} dense dimensions of {}", d, m[1], m[2],
+                                          c10::toString(static_cast<at::ScalarType>(m[3])));
+                     };
+                     for (int r = 0; r < n; ++r)
+                       TORCH_CHECK(std::equal(mine.begin() + 1, mine.end(), meta.begin() + r * kMeta + 1),
+                                   "trident backend: all_reduce of a sparse tensor: rank ", r, " passed sizes ",
+                                   shape(r), " but rank ", getRank(), " passed ", shape(getRank()),
+                                   "; every rank must pass the same sizes, layout and dtype");
+                     const int64_t sd = in.sparse_dim();
+                     at::Tensor idx = in._indices().contiguous(), val = in._values().contiguous();
+                     // values are [nnz, dense sizes...]: one row per nonzero
+                     int64_t row_bytes = static_cast<int64_t>(val.element_size());
+                     for (int64_t d = 1; d < val.dim(); ++d) row_bytes *= val.size(d);
+                     std::vector<size_t> idx_counts, val_counts;
+                     int64_t total = 0;
+                     for (int r = 0; r < n; ++r) {
+                       const int64_t nnz = meta[static_cast<size_t>(r) * kMeta];
+                       idx_counts.push_back(static_cast<size_t>(sd * nnz));
+                       val_counts.push_back(static_cast<size_t>(row_bytes * nnz));
+                       total += nnz;
+                     }
+                     std::vector<int64_t> val_shape = val.sizes().vec();
+                     val_shape[0] = total;
+                     at::Tensor all_idx = at::empty({sd * total}, idx.options());
+                     at::Tensor all_val = at::empty(val_shape, val.options());
+                     pg_->all_gatherv(idx.data_ptr(), all_idx.data_ptr(), idx_counts, DType::kInt64, co);
+                     pg_->all_gatherv(val.data_ptr(), all_val.data_ptr(), val_counts, DType::kUInt8, co);
+                     // Rank r's block of indices is [sd, nnz_r]: lay the blocks side by side.
+                     std::vector<at::Tensor> blocks;
+                     int64_t off = 0;
+                     for (int r = 0; r < n; ++r) {
+                       const int64_t nnz = meta[static_cast<size_t>(r) * kMeta];
+                       blocks.push_back(all_idx.narrow(0, off, sd * nnz).view({sd, nnz}));
+                       off += sd * nnz;
+                     }
+                     at::Tensor sum = at::sparse_coo_tensor(at::cat(blocks, 1), all_val, in.sizes(), in.options())
+                                          .coalesce();
+                     const_cast<at::Tensor&>(t).copy_(sum);
+                   });
+  }
+  static std::string reduce_op_name(const c10d::ReduceOp& op) {
+    switch (op.op_) {
+      case c10d::ReduceOp::SUM: return "SUM";
+      case c10d::ReduceOp::AVG: return "AVG";
+      case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+      case c10d::ReduceOp::MIN: return "MIN";
+      case c10d::ReduceOp::MAX: return "MAX";
+      case c10d::ReduceOp::BAND: return "BAND";
+      case c10d::ReduceOp::BOR: return "BOR";
+      case c10d::ReduceOp::BXOR: return "BXOR";
+      default: return "PREMUL_SUM";
+    }
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -529,27 +636,30 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     });
   }
 
+  // Sends and receives are started on trident's group in issue order and finish when their message moved:
+  // the worker does not wait for them, so the native engine's rules apply as they are (independent send and
+  // receive lanes; per peer and tag, messages match in the order sent), and batch_isend_irecv completes in any
+  // order of its operations. isend/irecv/batch_isend_irecv's Works are these.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     at::Tensor t = single(tensors, "send");
-    return enqueue(c10d::OpType::SEND, "send", c10d::kUnsetTimeout, {}, [=, this](const trident::CallOptions& co) {
-      at::Tensor c = t.contiguous();
+    check_peer(dst, "send", "dst");
+    return enqueue_p2p(c10d::OpType::SEND, "send", {}, [=, this](const trident::CallOptions& co) -> P2PStart {
+      at::Tensor c = t.contiguous();  // kept alive by the completion until the bytes left
       Buf b = moved(c);
-      pg_->send(b.ptr, b.count, b.dtype, dst, static_cast<uint32_t>(tag), co);
+      return {pg_->send_async(b.ptr, b.count, b.dtype, dst, checked_tag(tag), co), [c] {}};
     });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     at::Tensor t = single(tensors, "recv");
-    return enqueue(c10d::OpType::RECV, "recv", c10d::kUnsetTimeout, {t}, [=, this](const trident::CallOptions& co) {
-      at::Tensor c = t.contiguous();
-      Buf b = moved(c);
-      pg_->recv(b.ptr, b.count, b.dtype, src, static_cast<uint32_t>(tag), co);
-      copy_back(t, c);
-    });
+    check_peer(src, "recv", "src");
+    return start_recv(t, src, tag, c10d::OpType::RECV, "recv");
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    TORCH_CHECK(false, "trident backend: recv without a source rank (recvAnysource) is not supported; pass src");
+  // recv/irecv without src: the first message with the tag from any rank; Work._source_rank() names it.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    at::Tensor t = single(tensors, "recv (any source)");
+    return start_recv(t, trident::kAnySource, tag, c10d::OpType::RECVANYSOURCE, "recv from any source");
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -564,18 +674,47 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
 
  private:
   using Body = std::function<void(const trident::CallOptions&)>;
+  // A send or receive started on trident's group: its Work, and what runs once it succeeded (copying a
+  // received message into the user's tensor; holding a send's contiguous copy until then).
+  struct P2PStart {
+    std::shared_ptr<trident::Work> work;
+    std::function<void()> then;
+  };
+  using P2PBody = std::function<P2PStart(const trident::CallOptions&)>;
+
   struct Task {
     c10::intrusive_ptr<TridentWork> work;
     std::vector<at::Tensor> outputs;
     trident::CallOptions options;
     std::string what;
-    Body body;
+    Body body;     // a collective: runs to completion on the worker
+    P2PBody p2p;   // a send or receive: started by the worker, completed by trident's group (run)
   };
+
+  void check_peer(int peer, const char* op, const char* arg) const {
+    TORCH_CHECK(peer >= 0 && peer < getSize() && peer != getRank(), "trident backend: ", op, " ", arg, "=", peer,
+                " on rank ", getRank(), " must name another rank of the group, in [0, ", getSize(), ")");
+  }
+  static uint32_t checked_tag(int tag) {
+    TORCH_CHECK(tag >= 0, "trident backend: tag ", tag, " is negative; tags are integers >= 0");
+    return static_cast<uint32_t>(tag);
+  }
+  c10::intrusive_ptr<c10d::Work> start_recv(const at::Tensor& t, int src, int tag, c10d::OpType type, const char* what) {
+    const uint32_t utag = checked_tag(tag);
+    return enqueue_p2p(type, what, {t}, [=, this](const trident::CallOptions& co) -> P2PStart {
+      at::Tensor c = t.contiguous();
+      Buf b = moved(c);
+      return {pg_->recv_async(b.ptr, b.count, b.dtype, src, utag, co), [t, c] { copy_back(t, c); }};
+    });
+  }
 
   static void check_cpu(const at::Tensor& t, const char* op) {
     TORCH_CHECK(t.device().is_cpu(), "trident backend: ", op, " got a tensor on ", t.device(),
                 "; trident's torch backend runs collectives on CPU tensors (use nccl for CUDA tensors)");
-    TORCH_CHECK(t.layout() == at::kStrided, "trident backend: ", op, " needs dense (strided) tensors");
+    TORCH_CHECK(t.layout() != at::kSparse, "trident backend: ", op, " does not take sparse tensors; of the "
+                "collectives only all_reduce (ReduceOp.SUM) does, as with gloo: pass t.to_dense()");
+    TORCH_CHECK(t.layout() == at::kStrided, "trident backend: ", op, " needs dense (strided) tensors, got layout ",
+                t.layout());
   }
   static at::Tensor single(std::vector<at::Tensor>& ts, const char* op) {
     TORCH_CHECK(ts.size() == 1, "trident backend: ", op, " takes one tensor per call, got ", ts.size());
@@ -696,20 +835,25 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     output.copy_(at::cat(parts).view(output.sizes()));
   }
 
+  c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
+                                             P2PBody start) {
+    return enqueue(type, what, c10d::kUnsetTimeout, std::move(outputs), nullptr, std::move(start));
+  }
+
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* what, std::chrono::milliseconds timeout,
-                                         std::vector<at::Tensor> outputs, Body body) {
+                                         std::vector<at::Tensor> outputs, Body body, P2PBody p2p = nullptr) {
     auto work = c10::make_intrusive<TridentWork>(getRank(), type, nullptr,
                                                  std::string(what) + " on group '" + pg_->name() + "'");
-    Task task{work, std::move(outputs), {}, what, std::move(body)};
+    Task task{work, std::move(outputs), {}, what, std::move(body), std::move(p2p)};
     if (timeout != c10d::kUnsetTimeout) task.options.timeout = std::chrono::duration_cast<Seconds>(timeout);
     // Inline (TRIDENT_TORCH_INLINE=1): a collective issued while nothing is queued or running runs here, on
     // the caller's thread, and returns completed; point-to-point calls always go to the worker (an isend
     // must not block the recv its caller issues next).
-    const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
+    const bool point_to_point = static_cast<bool>(task.p2p);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++calls_;
-      if (!inline_ || p2p || busy_ || !queue_.empty()) {
+      if (!inline_ || point_to_point || busy_ || !queue_.empty()) {
         queue_.push_back(std::move(task));
         cv_.notify_one();
         return work;
@@ -727,16 +871,43 @@ class ProcessGroupTrident final : public c10d::ProcessGroup {
     return work;
   }
 
-  // Runs one call and completes its Work (never throws: the error goes to the Work and its future).
+  // One message with the backend, the rank and the call, whatever threw (trident's errors name the group, the
+  // sequence number and the peer, in c10d's words too; torch's checks name the argument).
+  static std::exception_ptr failed(int rank, int size, const std::string& what, const std::exception& e) {
+    return std::make_exception_ptr(
+        std::runtime_error(fmt::format("trident backend, rank {} of {}: {} failed: {}", rank, size, what, e.what())));
+  }
+
+  // Runs one call and completes its Work (never throws: the error goes to the Work and its future). A send
+  // or receive is only started here; trident's group completes it (on its own thread) when the message moved.
   void run(Task& task) {
     std::exception_ptr error;
+    if (task.p2p) {
+      P2PStart started;
+      try {
+        started = task.p2p(task.options);
+      } catch (const std::exception& e) {
+        task.work->complete({}, failed(getRank(), getSize(), task.what, e));
+        return;
+      }
+      started.work->on_finish([work = task.work, outputs = std::move(task.outputs), then = std::move(started.then),
+                               what = task.what, rank = getRank(), size = getSize()](trident::Work& w) mutable {
+        std::exception_ptr error;
+        try {
+          if (std::exception_ptr e = w.error()) std::rethrow_exception(e);
+          then();
+        } catch (const std::exception& e) {
+          error = failed(rank, size, what, e);
+        }
+        work->set_source_rank(w.source_rank());
+        work->complete(error ? std::vector<at::Tensor>{} : std::move(outputs), error);
+      });
+      return;
+    }
     try {
       task.body(task.options);
     } catch (const std::exception& e) {
-      // One message with the backend, the rank and the call, whatever threw (trident's errors name the
-      // group, the sequence number and the peer; torch's checks name the argument).
-      error = std::make_exception_ptr(std::runtime_error(
-          fmt::format("trident backend, rank {} of {}: {} failed: {}", getRank(), getSize(), task.what, e.what())));
+      error = failed(getRank(), getSize(), task.what, e);
     }
     task.work->complete(error ? std::vector<at::Tensor>{} : std::move(task.outputs), error);
   }

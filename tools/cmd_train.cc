@@ -109,7 +109,7 @@ void setup_train(CLI::App& app) {
       if (pf->max_restarts > 0 || (launched && env::max_restarts() > 0)) defaults.resume = train::Resume::kAuto;
       train::TrainConfig cfg = train::parse_train_args(sub->remaining(), defaults);  // checked before any rank starts
       // --device cuda on a build or machine without one fails here, before any data is read or rank started.
-      kernels::device_ops(kernels::parse_device(cfg.device));
+      kernels::device_ops(kernels::parse_device(cfg.model.device));
       train::check_backend(cfg, pf->dist);
       if (pf->dist.backend == "mpi" && pf->nproc > 1)
         TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident train "

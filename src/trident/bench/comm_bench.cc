@@ -20,6 +20,7 @@
 
 #include "trident/bench/verifiable.h"
 #include "trident/comm/algorithms/algorithm.h"
+#include "trident/comm/collective.h"
 #include "trident/comm/device_memory.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/reduce.h"
@@ -120,16 +121,11 @@ class DeviceBuffer {
 
 struct Case;
 
-// One row per benchmarked collective (nccl-tests' struct testColl): its size and bandwidth conventions,
-// where its buffers are, how its inputs are filled and its outputs checked, and the call. The harness below
+// One row per benchmarked collective (nccl-tests' struct testColl): where its buffers are, how its inputs are filled and its outputs checked, and the call. The harness below
 // (run_comm_bench) knows no collective by name; a new one is a new row.
 struct BenchColl {
   OpKind op;
-  bool rooted;        // takes --root
-  bool reduces;       // takes --redop
   bool out_of_place;  // has an out-of-place form (the API broadcasts in place only)
-  bool per_rank_blocks;  // size (nccl-tests) = count x world x element size, else count x element size
-  int busbw_kind;        // busbw / algbw: 0 none (barrier), 1 one, 2 (n-1)/n, 3 2(n-1)/n
   const void* (*send)(const Case&);  // nullptr: the send buffer (in place: the receive buffer)
   void* (*recv)(const Case&);        // nullptr: the receive buffer
   void (*prepare)(const Case&, int iter);
@@ -155,7 +151,7 @@ struct Case {
   size_t nc() const { return c * n; }
   size_t cc() const { return std::max<size_t>(c, 1); }
   void fill(void* p, size_t count, int rank, size_t k0, int iter) const {
-    fill_input(p, count, dt, rank, k0, iter, redop, coll->reduces);
+    fill_input(p, count, dt, rank, k0, iter, redop, collective_info(coll->op).reduces);
   }
   // Inputs for iteration `iter`; outputs poisoned (a poisoned output region that aliases an input is
   // poisoned first, then the input written over it).
@@ -174,14 +170,14 @@ struct Case {
   }
   uint64_t wrong_gathered(const void* out, int iter, size_t first) const {
     const size_t b = cc();
-    return count_wrong_moved(out, nc(), dt, iter, redop, coll->reduces, [&](size_t i) { return static_cast<int>(i / b); },
+    return count_wrong_moved(out, nc(), dt, iter, redop, collective_info(coll->op).reduces, [&](size_t i) { return static_cast<int>(i / b); },
                              [&](size_t i) { return first + i % b; });
   }
 };
 
 const std::vector<BenchColl>& bench_colls() {
   static const std::vector<BenchColl> rows = {
-      {OpKind::kBroadcast, true, false, false, false, 1, [](const Case& k) -> const void* { return k.recvbuf; },
+      {OpKind::kBroadcast, false, [](const Case& k) -> const void* { return k.recvbuf; },
        nullptr,
        [](const Case& k, int iter) {
          if (k.r == k.root) k.fill(k.recvbuf, k.c, k.r, 0, iter);
@@ -192,7 +188,7 @@ const std::vector<BenchColl>& bench_colls() {
                                   [](size_t i) { return i; });
        },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.broadcast(k.recvbuf, k.c, k.dt, k.root, co); }},
-      {OpKind::kReduce, true, true, true, false, 1, nullptr, nullptr,
+      {OpKind::kReduce, true, nullptr, nullptr,
        [](const Case& k, int iter) { k.prepare_one_block(iter); },
        [](const Case& k, int iter) -> uint64_t {
          return k.r == k.root ? count_wrong_reduced(k.recv(), k.c, k.dt, k.n, 0, iter, k.redop) : 0;
@@ -200,13 +196,13 @@ const std::vector<BenchColl>& bench_colls() {
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
          pg.reduce(k.send(), k.recv(), k.c, k.dt, k.redop, k.root, co);
        }},
-      {OpKind::kAllReduce, false, true, true, false, 3, nullptr, nullptr,
+      {OpKind::kAllReduce, true, nullptr, nullptr,
        [](const Case& k, int iter) { k.prepare_one_block(iter); },
        [](const Case& k, int iter) -> uint64_t { return count_wrong_reduced(k.recv(), k.c, k.dt, k.n, 0, iter, k.redop); },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
          pg.all_reduce(k.send(), k.recv(), k.c, k.dt, k.redop, co);
        }},
-      {OpKind::kGather, true, false, true, true, 2,
+      {OpKind::kGather, true,
        [](const Case& k) -> const void* { return k.inplace ? k.at(k.recvbuf, k.r * k.c) : k.sendbuf; }, nullptr,
        [](const Case& k, int iter) {
          poison(k.recvbuf, k.nc(), k.dt);
@@ -214,7 +210,7 @@ const std::vector<BenchColl>& bench_colls() {
        },
        [](const Case& k, int iter) -> uint64_t { return k.r == k.root ? k.wrong_gathered(k.recvbuf, iter, 0) : 0; },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.gather(k.send(), k.recv(), k.c, k.dt, k.root, co); }},
-      {OpKind::kScatter, true, false, true, true, 2, [](const Case& k) -> const void* { return k.sendbuf; },
+      {OpKind::kScatter, true, [](const Case& k) -> const void* { return k.sendbuf; },
        [](const Case& k) -> void* { return k.inplace ? k.at(k.sendbuf, k.r * k.c) : k.recvbuf; },
        [](const Case& k, int iter) {
          if (k.r == k.root) {
@@ -229,7 +225,7 @@ const std::vector<BenchColl>& bench_colls() {
                                   [&](size_t i) { return k.r * k.c + i; });
        },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.scatter(k.send(), k.recv(), k.c, k.dt, k.root, co); }},
-      {OpKind::kAllGather, false, false, true, true, 2,
+      {OpKind::kAllGather, true,
        [](const Case& k) -> const void* { return k.inplace ? k.at(k.recvbuf, k.r * k.c) : k.sendbuf; }, nullptr,
        [](const Case& k, int iter) {
          poison(k.recvbuf, k.nc(), k.dt);
@@ -237,7 +233,7 @@ const std::vector<BenchColl>& bench_colls() {
        },
        [](const Case& k, int iter) -> uint64_t { return k.wrong_gathered(k.recvbuf, iter, 0); },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.all_gather(k.send(), k.recv(), k.c, k.dt, co); }},
-      {OpKind::kReduceScatter, false, true, true, true, 2, [](const Case& k) -> const void* { return k.sendbuf; },
+      {OpKind::kReduceScatter, true, [](const Case& k) -> const void* { return k.sendbuf; },
        [](const Case& k) -> void* { return k.inplace ? k.at(k.sendbuf, k.r * k.c) : k.recvbuf; },
        [](const Case& k, int iter) {
          k.fill(k.sendbuf, k.nc(), k.r, 0, iter);
@@ -249,7 +245,7 @@ const std::vector<BenchColl>& bench_colls() {
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) {
          pg.reduce_scatter(k.send(), k.recv(), k.c, k.dt, k.redop, co);
        }},
-      {OpKind::kAllToAll, false, false, true, true, 2, nullptr, nullptr,
+      {OpKind::kAllToAll, true, nullptr, nullptr,
        [](const Case& k, int iter) {
          if (k.inplace) {
            k.fill(k.recvbuf, k.nc(), k.r, 0, iter);
@@ -260,7 +256,7 @@ const std::vector<BenchColl>& bench_colls() {
        },
        [](const Case& k, int iter) -> uint64_t { return k.wrong_gathered(k.recvbuf, iter, k.r * k.c); },
        [](const Case& k, ProcessGroup& pg, const CallOptions& co) { pg.all_to_all(k.send(), k.recv(), k.c, k.dt, co); }},
-      {OpKind::kBarrier, false, false, true, false, 0, nullptr, nullptr, [](const Case&, int) {},
+      {OpKind::kBarrier, true, nullptr, nullptr, [](const Case&, int) {},
        [](const Case&, int) -> uint64_t { return 0; },
        [](const Case&, ProcessGroup& pg, const CallOptions& co) { pg.barrier(co); }},
   };
@@ -272,13 +268,11 @@ const BenchColl& bench_coll(OpKind op) {
     if (row.op == op) return row;
   TRIDENT_THROW(InvalidArgument, "bench comm: {} is not a benchmarked collective", op_name(op));
 }
-bool op_reduces(OpKind op) { return bench_coll(op).reduces; }
-bool op_rooted(OpKind op) { return bench_coll(op).rooted; }
+// Root, reduction and size conventions are the collective's record's (comm/collective.h).
+bool op_reduces(OpKind op) { return collective_info(op).reduces; }
+bool op_rooted(OpKind op) { return collective_info(op).rooted; }
 // size (nccl-tests) = count_per_rank x multiplier x element size.
-size_t size_multiplier(OpKind op, int n) {
-  if (op == OpKind::kBarrier) return 0;
-  return bench_coll(op).per_rank_blocks ? static_cast<size_t>(n) : 1;
-}
+size_t size_multiplier(OpKind op, int n) { return size_elems(op, 1, n); }
 bool has_out_of_place(OpKind op) { return bench_coll(op).out_of_place; }
 
 CollArgs sample_args(OpKind op, size_t c, const CommBenchOptions& o) {
@@ -391,20 +385,6 @@ std::vector<Algo> parse_algos(const std::string& text, bool* all, const std::str
     if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
   }
   return out;
-}
-
-double busbw_factor(OpKind op, int n) {
-  const double nn = n;
-  for (const auto& row : bench_colls()) {
-    if (row.op != op) continue;
-    switch (row.busbw_kind) {
-      case 1: return 1.0;
-      case 2: return (nn - 1) / nn;
-      case 3: return 2.0 * (nn - 1) / nn;
-      default: return 0.0;
-    }
-  }
-  return 0.0;
 }
 
 void validate(const CommBenchOptions& o, int world) {
@@ -753,7 +733,7 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
         rec.root = op_rooted(sec.op) ? o.root : -1;
         rec.time_us = stats[0];
         rec.algbw = stats[0] > 0 ? static_cast<double>(size) / (stats[0] * 1e-6) / 1e9 : 0;
-        rec.busbw = rec.algbw * busbw_factor(sec.op, n);
+        rec.busbw = rec.algbw * bus_factor(sec.op, n);
         if (o.check) rec.wrong = static_cast<uint64_t>(wrong_all);
         rec.lat_min_us = stats[1];
         rec.lat_p50_us = stats[2];

@@ -14,8 +14,8 @@
 //   time     per-iteration wall time of the blocking call on each rank (a barrier before the timed loop);
 //            the row reports the max over ranks of each rank's mean; min/p50/p99 are each the max over
 //            ranks of that rank's percentile.
-//   algbw    size / time (GB/s, 1 GB = 1e9 B);  busbw = algbw x factor: all_reduce 2(n-1)/n; all_gather,
-//            reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast, reduce 1; barrier 0.
+//   algbw    size / time (GB/s, 1 GB = 1e9 B);  busbw = algbw x the collective's bus factor
+//            (bus_factor in comm/collective.h, nccl-tests' factors).
 //   --check  every element of every timed iteration is compared with the expected value computed
 //            independently on each rank (bench/verifiable.h); inputs are refilled and outputs poisoned before
 //            each iteration, untimed, with a barrier after. #wrong is summed over ranks.
@@ -104,8 +104,6 @@ std::vector<OpKind> parse_ops(const std::string& text, const std::string& flag =
 std::vector<Algo> parse_algos(const std::string& text, bool* all, const std::string& flag = "--algo");
 // The collectives `--op all` runs.
 const std::vector<OpKind>& bench_ops();
-// busbw / algbw for `op` at `world` ranks (nccl-tests' factors).
-double busbw_factor(OpKind op, int world);
 // Checks the options against each other and the world size; throws InvalidArgument naming the flag.
 void validate(const CommBenchOptions& o, int world);
 

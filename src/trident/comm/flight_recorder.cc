@@ -1,6 +1,7 @@
 #include "trident/comm/flight_recorder.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <time.h>
@@ -8,14 +9,17 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "trident/comm/collective.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
@@ -86,7 +90,8 @@ uint64_t FlightRing::enqueue(const CollArgs& a) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
   FlightRecord& r = slots_[(id - 1) % slots_.size()];
-  const bool collective = a.op != OpKind::kSend && a.op != OpKind::kRecv;
+  const CollectiveInfo& info = collective_info(a.op);
+  const bool collective = !info.point_to_point;
   r.id = id;
   r.seq = collective ? next_seq_++ : 0;
   r.op = a.op;
@@ -94,9 +99,7 @@ uint64_t FlightRing::enqueue(const CollArgs& a) {
   r.redop = a.redop;
   r.algo = Algo::kAuto;
   r.state = CallState::kQueued;
-  const bool rooted = a.op == OpKind::kBroadcast || a.op == OpKind::kReduce || a.op == OpKind::kGather ||
-                      a.op == OpKind::kScatter;
-  r.root = rooted ? a.root : -1;
+  r.root = info.rooted ? a.root : -1;
   r.peer = collective ? -1 : a.peer;
   r.tag = collective ? 0 : a.tag;
   r.count = a.count;
@@ -177,6 +180,7 @@ struct Registry {
   bool warned_no_dir = false;
   int pipe_rd = -1;
   bool handled[2] = {false, false};  // SIGTERM, SIGUSR1: our handler is installed
+  bool recording = false;            // rings are kept (SIGUSR1's dump is installed only then)
 };
 Registry& registry() {
   static Registry* r = new Registry;  // never destroyed: the dump thread may outlive static destructors
@@ -184,14 +188,38 @@ Registry& registry() {
 }
 std::atomic<int> g_pipe_wr{-1};
 std::atomic<bool> g_failure_dumped{false};
-constexpr int kSignals[2] = {SIGTERM, SIGUSR1};
 
-void on_signal(int sig) {
+// Functions that abort this process's groups (add_termination_hook). A mutex of their own: a hook may take
+// a while (an abort writes its record to the store), and nothing else waits on it meanwhile.
+struct Hooks {
+  std::mutex mu;
+  std::map<uint64_t, std::function<void()>> fns;
+  uint64_t next = 1;
+};
+Hooks& hooks() {
+  static Hooks* h = new Hooks;  // never destroyed: the dump thread may outlive static destructors
+  return *h;
+}
+
+// The program's own SIGTERM action when trident's handler was installed over it (a Python handler, say):
+// trident's handler runs it too. Written only while SIGTERM is trident's (reinstalled by guard_locked).
+struct sigaction g_prev_term {};
+std::atomic<bool> g_prev_term_is_handler{false};
+
+void on_signal(int sig, siginfo_t* info, void* ctx) {
   const int saved = errno;
   const int fd = g_pipe_wr.load(std::memory_order_relaxed);
   const char c = static_cast<char>(sig);
   if (fd >= 0) (void)!::write(fd, &c, 1);
+  if (sig == SIGTERM && g_prev_term_is_handler.load(std::memory_order_acquire)) {
+    if (g_prev_term.sa_flags & SA_SIGINFO) g_prev_term.sa_sigaction(sig, info, ctx);
+    else g_prev_term.sa_handler(sig);
+  }
   errno = saved;
+}
+
+bool ours(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) && a.sa_sigaction == on_signal;
 }
 
 // In a forked child only the forking thread exists: forget the dump thread and give the signals back
@@ -199,8 +227,12 @@ void on_signal(int sig) {
 void after_fork_child() {
   Registry& reg = registry();
   new (&reg.mu) std::mutex();
-  for (int i = 0; i < 2; ++i)
-    if (reg.handled[i]) ::signal(kSignals[i], SIG_DFL), reg.handled[i] = false;
+  // SIGTERM goes back to what the program had (its own handler, or the default: a child must still die of it).
+  if (reg.handled[0]) ::sigaction(SIGTERM, &g_prev_term, nullptr), reg.handled[0] = false;
+  if (reg.handled[1]) ::signal(SIGUSR1, SIG_DFL), reg.handled[1] = false;
+  g_prev_term_is_handler.store(false);
+  new (&hooks().mu) std::mutex();
+  hooks().fns.clear();
   if (reg.pipe_rd >= 0) ::close(reg.pipe_rd);
   const int wr = g_pipe_wr.exchange(-1);
   if (wr >= 0) ::close(wr);
@@ -229,8 +261,57 @@ void dump_logged(const std::string& reason) {
   }
 }
 
+// How long a program with a SIGTERM handler of its own has, after SIGTERM, to end by itself.
+constexpr auto kTermGrace = std::chrono::seconds(5);
+
+// SIGTERM, on the dump thread: the dump (when rings are kept), then the default action, so the process ends
+// whatever its calls are doing. A program with a SIGTERM handler of its own (trident's handler ran it) first
+// gets kTermGrace to end by itself: every group is aborted, so that a call blocked in one returns with an
+// error (Python runs its signal handlers only between bytecodes, never while a call waits in C++).
+void terminate_after_sigterm() {
+  bool recording;
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    recording = reg.recording;
+  }
+  if (recording) dump_logged("signal SIGTERM");
+  if (g_prev_term_is_handler.load(std::memory_order_acquire)) {
+    // On a thread of its own: an abort that blocks (a store that does not answer) must not delay the bound.
+    std::thread([] {
+      Hooks& h = hooks();
+      std::lock_guard<std::mutex> lock(h.mu);  // a group being destroyed waits in remove_termination_hook
+      for (auto& [id, fn] : h.fns) {
+        try {
+          fn();
+        } catch (...) {
+          // the group failed already: nothing more to do for it
+        }
+      }
+    }).detach();
+    std::this_thread::sleep_for(kTermGrace);
+    log_warn("SIGTERM: the program did not end within {} s of it (its own handler ran); ending it now",
+             std::chrono::duration_cast<std::chrono::seconds>(kTermGrace).count());
+  }
+  ::signal(SIGTERM, SIG_DFL);
+  ::kill(::getpid(), SIGTERM);
+}
+
+void guard_locked(Registry& reg);
+
 void dump_thread(int fd) {
   for (;;) {
+    // Once a second without a signal: a SIGTERM handler the program installed since (Python's
+    // signal.signal after init_process_group) gets trident's installed over it again, chained.
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 1000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      Registry& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mu);
+      guard_locked(reg);
+      continue;
+    }
     char c = 0;
     const ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
@@ -246,18 +327,39 @@ void dump_thread(int fd) {
       if (!reason.empty()) dump_logged(reason);
       continue;
     }
-    dump_logged(sig == SIGTERM ? "signal SIGTERM" : "signal SIGUSR1");
     if (sig == SIGTERM) {
-      // Terminate as the default action would have: the dump was the only thing in the way.
-      ::signal(SIGTERM, SIG_DFL);
-      ::kill(::getpid(), SIGTERM);
+      terminate_after_sigterm();
+      continue;
     }
+    dump_logged("signal SIGUSR1");
   }
+}
+
+// Installs trident's SIGTERM handler over the program's (which it chains to), unless the program ignores
+// SIGTERM or the handler is already trident's. Holds reg.mu; the dump thread runs.
+void guard_locked(Registry& reg) {
+  if (g_pipe_wr.load() < 0) return;
+  struct sigaction old {};
+  if (::sigaction(SIGTERM, nullptr, &old) != 0 || ours(old)) return;
+  if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) return;  // the program chose to ignore it
+  const bool handler = (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL;
+  g_prev_term_is_handler.store(false, std::memory_order_release);  // not chained while g_prev_term changes
+  g_prev_term = old;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
+  if (::sigaction(SIGTERM, &sa, nullptr) != 0) return;
+  g_prev_term_is_handler.store(handler, std::memory_order_release);
+  reg.handled[0] = true;
 }
 
 // Starts the dump thread and installs the handlers. Holds reg.mu.
 void start_locked(Registry& reg) {
-  if (reg.started) return;
+  if (reg.started) {
+    guard_locked(reg);  // the program may have installed a SIGTERM handler of its own since
+    return;
+  }
   static std::once_flag atfork;
   std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, after_fork_child); });
   int fds[2];
@@ -270,15 +372,16 @@ void start_locked(Registry& reg) {
   reg.pipe_rd = fds[0];
   g_pipe_wr.store(fds[1]);
   std::thread(dump_thread, fds[0]).detach();
-  for (int i = 0; i < 2; ++i) {
+  guard_locked(reg);
+  if (reg.recording) {
     struct sigaction old {};
-    if (::sigaction(kSignals[i], nullptr, &old) != 0) continue;
-    if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;  // the program handles it
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    if (::sigaction(kSignals[i], &sa, nullptr) == 0) reg.handled[i] = true;
+    if (::sigaction(SIGUSR1, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL) {
+      struct sigaction sa {};
+      sa.sa_sigaction = on_signal;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = SA_RESTART | SA_SIGINFO;
+      if (::sigaction(SIGUSR1, &sa, nullptr) == 0) reg.handled[1] = true;
+    }
   }
   reg.started = true;
 }
@@ -329,15 +432,30 @@ size_t capacity() {
 
 std::shared_ptr<FlightRing> make_ring(const std::string& group, int rank, int size) {
   const size_t n = capacity();
-  if (n == 0) return nullptr;
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
-  start_locked(reg);
+  reg.recording = reg.recording || n > 0;
+  start_locked(reg);  // the SIGTERM guard, recording or not
+  if (n == 0) return nullptr;
   const int generation = reg.generations[{group, rank, size}]++;
   auto ring = std::make_shared<FlightRing>(group, rank, size, generation, n);
   std::erase_if(reg.rings, [](const std::weak_ptr<FlightRing>& w) { return w.expired(); });
   reg.rings.push_back(ring);
   return ring;
+}
+
+uint64_t add_termination_hook(std::function<void()> fn) {
+  Hooks& h = hooks();
+  std::lock_guard<std::mutex> lock(h.mu);
+  const uint64_t id = h.next++;
+  h.fns.emplace(id, std::move(fn));
+  return id;
+}
+
+void remove_termination_hook(uint64_t id) {
+  Hooks& h = hooks();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.fns.erase(id);
 }
 
 void set_dump_dir(const std::string& dir) {
@@ -393,8 +511,7 @@ std::string dump_json(const std::string& reason) {
       jr["count"] = r.count;
       jr["bytes"] = r.count * dtype_size(r.dtype);
       jr["dtype"] = dtype_name(r.dtype);
-      const bool reduces = r.op == OpKind::kReduce || r.op == OpKind::kAllReduce || r.op == OpKind::kReduceScatter;
-      jr["redop"] = reduces ? json(reduce_op_name(r.redop)) : json(nullptr);
+      jr["redop"] = collective_info(r.op).reduces ? json(reduce_op_name(r.redop)) : json(nullptr);
       jr["root"] = r.root;
       jr["peer"] = r.peer;
       jr["tag"] = r.tag;

@@ -13,13 +13,19 @@
 // <out_dir>/flight_recorder), else none (automatic dumps are skipped with one warning). A dump is written
 // (temp file + rename) when a collective fails with a NetworkError (deadline, dead peer, mismatch), on
 // SIGUSR1 (the process goes on), on SIGTERM (the process then terminates as it would have), and on dump().
-// Signal handlers only write one byte to a pipe; a thread does the dump. They are installed when the first
-// ring is made, and only where the signal's disposition is still the default.
-// TRIDENT_FLIGHT_RECORDER_SIZE=0 disables recording: no ring, no thread, no handler.
+// Signal handlers only write one byte to a pipe; a thread does the dump. They are installed when a process
+// group is made. SIGUSR1's only where its disposition is still the default.
+// SIGTERM always ends the process within a bounded time, whatever its calls are doing (torchrun, Slurm,
+// Kubernetes and Process.terminate() send it first): trident's handler is installed over a handler the
+// program set (a Python one, say), which it runs too, but not where the program ignores SIGTERM. After the
+// dump, the default action runs at once; a program with a handler of its own first gets 5 s to end by
+// itself, its groups aborted (add_termination_hook) so that a call blocked in one returns with an error.
+// TRIDENT_FLIGHT_RECORDER_SIZE=0 disables recording: no ring, no SIGUSR1 handler (the SIGTERM guard stays).
 #pragma once
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -91,9 +97,15 @@ namespace flight_recorder {
 
 // TRIDENT_FLIGHT_RECORDER_SIZE (read once): calls kept per group; 0 = off.
 size_t capacity();
-// A registered ring for a new group, or nullptr when recording is off. The first call also starts the dump
-// thread and installs the SIGTERM/SIGUSR1 handlers.
+// A registered ring for a new group, or nullptr when recording is off. Every call, recording or not, also
+// makes sure of the SIGTERM guard (the dump thread and trident's SIGTERM handler, see the top of this file;
+// installed over a handler the program set since the last call, too) and, when recording, the SIGUSR1 dump.
 std::shared_ptr<FlightRing> make_ring(const std::string& group, int rank, int size);
+// Functions the SIGTERM guard calls, on a thread of its own, when the program has a SIGTERM handler of its
+// own: a backend aborts its group there, so that calls blocked in it return and the program's handler can
+// run. add returns an id for remove; remove waits while the hooks run (call it before the group is torn down).
+uint64_t add_termination_hook(std::function<void()> fn);
+void remove_termination_hook(uint64_t id);
 // The folder of automatic dumps when TRIDENT_FLIGHT_RECORDER_DIR is unset (the run's out dir).
 void set_dump_dir(const std::string& dir);
 // TRIDENT_FLIGHT_RECORDER_DIR, else set_dump_dir's folder, else "".

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "trident/comm/collective.h"
 #include "trident/comm/device_memory.h"
 #include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
@@ -18,36 +19,6 @@
 namespace trident {
 
 // ---- buffers in memory the backend cannot read: device memory on native/mpi, host memory on nccl ----
-namespace {
-
-// Bytes of this rank's send and receive buffers in call `a` (0 for a buffer this rank does not pass or
-// whose contents do not matter: a broadcast's buffer is read at the root and written elsewhere).
-std::pair<size_t, size_t> buffer_bytes(const CollArgs& a, int rank, int size) {
-  const size_t es = dtype_size(a.dtype), n = a.count * es, all = n * static_cast<size_t>(size);
-  const bool root = rank == a.root;
-  switch (a.op) {
-    case OpKind::kBroadcast: return root ? std::pair{n, size_t{0}} : std::pair{size_t{0}, n};
-    case OpKind::kReduce: return {n, root ? n : 0};
-    case OpKind::kAllReduce: return {n, n};
-    case OpKind::kGather: return {n, root ? all : 0};
-    case OpKind::kScatter: return {root ? all : 0, n};
-    case OpKind::kAllGather: return {n, all};
-    case OpKind::kAllGatherV: {
-      size_t total = 0;
-      for (size_t c : *a.counts) total += c;
-      return {(*a.counts)[static_cast<size_t>(rank)] * es, total * es};
-    }
-    case OpKind::kReduceScatter: return {all, n};
-    case OpKind::kAllToAll: return {all, all};
-    case OpKind::kSend: return {n, 0};
-    case OpKind::kRecv: return {0, n};
-    case OpKind::kBarrier: return {0, 0};
-  }
-  return {0, 0};
-}
-
-}  // namespace
-
 // Copies of one call's buffers in memory the backend reads: host copies of device buffers (native, mpi) or
 // device copies of host buffers (nccl). Made (and filled) before the call; results copied back after it.
 struct ProcessGroup::Staging {
@@ -154,9 +125,9 @@ DeviceRecord device_record_of(const CollArgs& a) {
   DeviceRecord r;
   r.op = static_cast<int32_t>(a.op);
   r.dtype = static_cast<int32_t>(a.dtype);
-  const bool reduces = a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
-  r.redop = reduces ? static_cast<int32_t>(a.redop) : 0;
-  r.root = a.op == OpKind::kBroadcast ? a.root : 0;
+  const CollectiveInfo& info = collective_info(a.op);
+  r.redop = info.reduces ? static_cast<int32_t>(a.redop) : 0;
+  r.root = info.rooted ? a.root : 0;
   if (a.op == OpKind::kAllGatherV) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
     for (size_t c : *a.counts) h = (h ^ c) * 1099511628211ull;
@@ -193,17 +164,11 @@ bool ProcessGroup::device_path_applies(const CollArgs& a) const {
     return false;
   // Small calls stage (DeviceMemory::direct_min_bytes, or TRIDENT_CUDA_IPC_MIN_BYTES). The size is the
   // call's largest buffer, the same on every rank.
-  size_t elems = a.count;
-  if (a.op == OpKind::kAllGatherV) {
-    elems = 0;
-    for (size_t k : *a.counts) elems += k;
-  } else if (a.op == OpKind::kAllGather || a.op == OpKind::kReduceScatter) {
-    elems *= static_cast<size_t>(size_);
-  }
+  const size_t bytes = size_bytes(a, size_);
   static const int64_t min_override =
       env::param_string("TRIDENT_CUDA_IPC_MIN_BYTES").empty() ? -1 : env::param_size("TRIDENT_CUDA_IPC_MIN_BYTES");
   const size_t min_bytes = min_override >= 0 ? static_cast<size_t>(min_override) : dm->direct_min_bytes;
-  if (elems == 0 || elems * dtype_size(a.dtype) < min_bytes) return false;
+  if (bytes == 0 || bytes < min_bytes) return false;
   // Every buffer this rank passes is device memory (ranks pass the same kinds: a rank with a host buffer here
   // while its peers pass device buffers is named by the group's mismatch check on the handshake, or, once
   // the group has a lane, by the deadline or mismatch check of the group call that rank waits in).
@@ -225,9 +190,8 @@ bool ProcessGroup::run_on_device(const CollArgs& a, const CallOptions& o) {
   // rank's inputs are ready. A rank that cannot share its memory, or reduce this dtype, makes all stage.
   dm->synchronize();
   DeviceRecord mine = device_record_of(a);
-  const bool reduces = a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
   mine.ok = dm->export_handle(send_buf, &mine.send) && dm->export_handle(a.recv, &mine.recv) &&
-            (!reduces || dm->reduce(nullptr, nullptr, size_, 0, a.dtype, a.redop));
+            (!collective_info(a.op).reduces || dm->reduce(nullptr, nullptr, size_, 0, a.dtype, a.redop));
   std::vector<DeviceRecord> all(static_cast<size_t>(size_));
   all_gather(&mine, all.data(), sizeof(DeviceRecord), DType::kUInt8, o);
   // Every rank sees the same records, so every rank names the same two: rank 0 and the first that differs.
@@ -433,6 +397,7 @@ std::shared_ptr<Work> ProcessGroup::after_staging(std::shared_ptr<Work> inner, s
       }
     }
     outer->mark_started(w.started_ns());
+    outer->set_source_rank(w.source_rank());
     outer->finish(e);
   });
   return outer;
@@ -503,54 +468,38 @@ void ProcessGroup::validate(const CollArgs& a) const {
   auto fail = [&](const std::string& why) {
     TRIDENT_THROW(InvalidArgument, "{} on rank {} of group '{}' ({} ranks): {}", describe(a), rank_, name_, size_, why);
   };
-  const bool rooted = a.op == OpKind::kBroadcast || a.op == OpKind::kReduce || a.op == OpKind::kGather ||
-                      a.op == OpKind::kScatter;
-  if (rooted && (a.root < 0 || a.root >= size_)) fail(fmt::format("root {} is outside [0, {})", a.root, size_));
-  if ((a.op == OpKind::kSend || a.op == OpKind::kRecv)) {
-    if (a.peer < 0 || a.peer >= size_) fail(fmt::format("peer {} is outside [0, {})", a.peer, size_));
+  const CollectiveInfo& info = collective_info(a.op);
+  if (info.rooted && (a.root < 0 || a.root >= size_)) fail(fmt::format("root {} is outside [0, {})", a.root, size_));
+  if (info.point_to_point) {
+    if (a.peer == kAnySource && a.op == OpKind::kRecv) {
+      if (size_ < 2) fail("a receive from any source needs another rank in the group");
+      if (!supports_any_source())
+        TRIDENT_THROW(Unsupported, "backend {}: {} on rank {} of group '{}': a receive from any source is not "
+                      "supported; name the sending rank (the native backend receives from any source)",
+                      backend_name(), describe(a), rank_, name_);
+    } else if (a.peer < 0 || a.peer >= size_) {
+      fail(fmt::format("peer {} is outside [0, {}){}", a.peer, size_,
+                       a.op == OpKind::kRecv ? " (kAnySource receives from any rank)" : ""));
+    }
     if (a.peer == rank_) fail("a rank cannot send to or receive from itself");
   }
-  const bool reduces = a.op == OpKind::kReduce || a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter;
-  if (reduces && !reduce_supported(a.dtype, a.redop))
+  if (info.reduces && !reduce_supported(a.dtype, a.redop))
     fail(fmt::format("reduce op {} is not defined on {} (it supports data movement only: broadcast, gather, "
                      "scatter, all_gather, all_to_all, send/recv)",
                      reduce_op_name(a.redop), dtype_name(a.dtype)));
-  size_t n = a.count;
-  auto need = [&](const void* p, const char* which) {
-    if (p == nullptr && n > 0) fail(fmt::format("{} buffer is null but count is {}", which, a.count));
+  if (a.op == OpKind::kAllGatherV && (!a.counts || a.counts->size() != static_cast<size_t>(size_)))
+    fail(fmt::format("counts has {} entries; it needs one per rank ({})", a.counts ? a.counts->size() : 0, size_));
+  // A side this rank reads or writes needs its buffer; an in-place call's one buffer is recv.
+  const BufferBytes bytes = buffer_bytes(a, rank_, size_);
+  auto need = [&](const void* p, const char* which, size_t nbytes) {
+    if (p == nullptr && nbytes > 0) fail(fmt::format("{} buffer is null but count is {}", which, a.count));
   };
-  switch (a.op) {
-    case OpKind::kBroadcast: need(a.recv, "the"); break;
-    case OpKind::kReduce:
-      need(a.send, "send");
-      if (rank_ == a.root) need(a.recv, "recv");
-      break;
-    case OpKind::kAllReduce: need(a.recv, "recv"); break;
-    case OpKind::kGather:
-      need(a.send, "send");
-      if (rank_ == a.root) need(a.recv, "recv");
-      break;
-    case OpKind::kScatter:
-      need(a.recv, "recv");
-      if (rank_ == a.root) need(a.send, "send");
-      break;
-    case OpKind::kAllGatherV: {
-      if (!a.counts || a.counts->size() != static_cast<size_t>(size_))
-        fail(fmt::format("counts has {} entries; it needs one per rank ({})", a.counts ? a.counts->size() : 0, size_));
-      n = (*a.counts)[rank_];
-      need(a.send, "send");
-      size_t total = 0;
-      for (size_t c : *a.counts) total += c;
-      n = total;
-      need(a.recv, "recv");
-      break;
-    }
-    case OpKind::kSend: need(a.send, "send"); break;
-    case OpKind::kRecv: need(a.recv, "recv"); break;
-    case OpKind::kBarrier: break;
-    default:
-      need(a.send, "send");
-      need(a.recv, "recv");
+  if (info.in_place) {
+    // (broadcast's one buffer is `buf` in the API, all_reduce's the receive buffer)
+    need(a.recv, info.reduces ? "recv" : "the", std::max(bytes.send, bytes.recv));
+  } else {
+    need(a.send, "send", bytes.send);
+    need(a.recv, "recv", bytes.recv);
   }
 }
 

@@ -58,6 +58,10 @@ struct TransportInfo {
   std::string summary;  // one line, e.g. "4 ranks on 1 host; transport auto: 3 shm peers, 0 tcp peers"
 };
 
+// recv's peer for a receive from any rank: it matches the first message with its tag from any rank, and its
+// Work's source_rank() names the sender (native backend; others throw Unsupported, see supports_any_source).
+inline constexpr int kAnySource = -1;
+
 struct CallOptions {
   std::optional<Seconds> timeout;  // unset: the group's timeout
   Algo algo = Algo::kAuto;         // force an algorithm (tests, benchmarks)
@@ -93,6 +97,8 @@ class ProcessGroup {
   // This rank's transfer counters per peer and its recent collectives' times (comm/types.h). Backends that
   // leave transports to their library report none. Local, non-blocking, thread-safe.
   virtual GroupTraffic traffic() const { return {}; }
+  // Whether recv accepts kAnySource as its peer.
+  virtual bool supports_any_source() const { return false; }
 
   // ---- async forms ----
   std::shared_ptr<Work> broadcast_async(void* buf, size_t count, DType dtype, int root, const CallOptions& o = {});

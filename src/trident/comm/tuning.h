@@ -4,7 +4,7 @@
 // measured time instead of the one the alpha-beta cost model (comm/cost/cost.h) predicts.
 //
 // For each (op, algorithm) the file records the median (p50) latency of the blocking call at a few sizes (by
-// default 8 B, 128 B, 2 KiB, 32 KiB, 512 KiB, 8 MiB; size as cost_bytes() in algorithms/algorithm.h counts
+// default 8 B, 128 B, 2 KiB, 32 KiB, 512 KiB, 8 MiB; size as size_bytes() in comm/collective.h counts
 // it). predict() interpolates between the two nearest measured sizes linearly in log(bytes) and log(time);
 // below the smallest size it takes the smallest size's time; above the largest it scales the largest size's
 // time in proportion to bytes. docs/ARCHITECTURE.md ("Where the numbers come from") says why a table and
@@ -32,7 +32,7 @@
 namespace trident {
 
 struct TuningPoint {
-  double bytes = 0;    // size as cost_bytes() counts it
+  double bytes = 0;    // size as size_bytes() (comm/collective.h) counts it
   double seconds = 0;  // measured p50 of the blocking call
 };
 

@@ -1,5 +1,7 @@
 #include "trident/comm/types.h"
 
+#include "trident/comm/collective.h"
+
 #include "trident/core/error.h"
 
 namespace trident {
@@ -24,18 +26,15 @@ ReduceOp parse_reduce_op(std::string_view n) {
   TRIDENT_THROW(InvalidArgument, "unknown reduce op '{}'; use sum, avg, max, min or prod", n);
 }
 
-static const char* const kOpNames[kNumOpKinds] = {"broadcast",   "reduce",         "all_reduce", "gather",
-                                                  "scatter",     "all_gather",     "all_gatherv",
-                                                  "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
-
+// The names live in the collectives' records (comm/collective.cc).
 const char* op_name(OpKind op) {
   auto i = static_cast<int>(op);
-  return i < kNumOpKinds ? kOpNames[i] : "?";
+  return i < kNumOpKinds ? collective_info(op).name : "?";
 }
 
 OpKind parse_op(std::string_view n) {
   for (int i = 0; i < kNumOpKinds; ++i)
-    if (n == kOpNames[i]) return static_cast<OpKind>(i);
+    if (n == collective_info(static_cast<OpKind>(i)).name) return static_cast<OpKind>(i);
   if (n == "allreduce") return OpKind::kAllReduce;
   if (n == "allgather") return OpKind::kAllGather;
   if (n == "reducescatter") return OpKind::kReduceScatter;
@@ -74,25 +73,6 @@ CollArgs fingerprint_args(int op, int dtype, int redop, int root, uint64_t count
   a.root = root;
   a.count = count;
   return a;
-}
-
-std::string describe(const CollArgs& a) {
-  switch (a.op) {
-    case OpKind::kBarrier: return "barrier()";
-    case OpKind::kSend: return fmt::format("send(count={}, {}, peer={}, tag={})", a.count, dtype_name(a.dtype), a.peer, a.tag);
-    case OpKind::kRecv: return fmt::format("recv(count={}, {}, peer={}, tag={})", a.count, dtype_name(a.dtype), a.peer, a.tag);
-    case OpKind::kBroadcast:
-    case OpKind::kGather:
-    case OpKind::kScatter:
-      return fmt::format("{}(count={}, {}, root={})", op_name(a.op), a.count, dtype_name(a.dtype), a.root);
-    case OpKind::kReduce:
-      return fmt::format("reduce(count={}, {}, {}, root={})", a.count, dtype_name(a.dtype), reduce_op_name(a.redop), a.root);
-    case OpKind::kAllReduce:
-    case OpKind::kReduceScatter:
-      return fmt::format("{}(count={}, {}, {})", op_name(a.op), a.count, dtype_name(a.dtype), reduce_op_name(a.redop));
-    default:
-      return fmt::format("{}(count={}, {})", op_name(a.op), a.count, dtype_name(a.dtype));
-  }
 }
 
 }  // namespace trident

@@ -79,7 +79,8 @@ struct CollArgs {
   uint64_t record = 0;                          // the call's flight-recorder id (ProcessGroup sets it; 0: none)
 };
 
-// "all_reduce(count=7, float32, sum)" — used in errors and logs.
+// "all_reduce(count=7, float32, sum)" — used in errors and logs; written from the collective's record
+// (comm/collective.h).
 std::string describe(const CollArgs& a);
 // The call a collective's fingerprint (as the backends exchange it) stands for, without buffers: what
 // describe() prints for another rank's call in a mismatch error.

@@ -11,8 +11,8 @@ void Work::wait(std::optional<Seconds> timeout) {
   if (timeout) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(*timeout);
     if (!cv_.wait_until(lock, deadline, [&] { return done_; }))
-      TRIDENT_THROW(TimeoutError, "Work::wait: {} did not finish within {:.3f}s (it is still running)", description_,
-                    timeout->count());
+      TRIDENT_THROW(TimeoutError, "Timed out waiting {:.0f}ms for {} (Work::wait; the call is still running)",
+                    timeout->count() * 1e3, description_);
   } else {
     cv_.wait(lock, [&] { return done_; });
   }

@@ -37,6 +37,10 @@ class Work {
   bool test() { return completed(); }
   std::exception_ptr error();      // null while running or after success
   const std::string& description() const { return description_; }
+  // A finished receive: the rank its message came from (a receive from kAnySource learns it here); -1 for
+  // other calls and for backends that do not report it.
+  int source_rank() const { return source_rank_.load(std::memory_order_acquire); }
+  void set_source_rank(int r) { source_rank_.store(r, std::memory_order_release); }  // backend, before finish()
 
   // Called by the backend exactly once (records finished_ns()).
   void finish(std::exception_ptr error = nullptr);
@@ -61,6 +65,7 @@ class Work {
   std::exception_ptr error_;
   std::string description_;
   std::atomic<int64_t> started_ns_{0}, finished_ns_{0};
+  std::atomic<int> source_rank_{-1};
   std::shared_ptr<FlightRing> ring_;  // guarded by mu_
   std::function<void(Work&)> on_finish_;  // guarded by mu_
   uint64_t record_ = 0;

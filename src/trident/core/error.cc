@@ -39,6 +39,19 @@ std::exception_ptr copy_error(const std::exception_ptr& e, const std::string& le
   }
 }
 
+std::string with_timed_out_words(const std::string& message) {
+  if (message.find("Timed out") != std::string::npos) return message;
+  return "Timed out - " + message;
+}
+
+std::string with_peer_failed_words(const std::string& message, int peer) {
+  if (message.find("Connection closed by peer") != std::string::npos) return message;
+  std::string lead = "Connection closed by peer - ";
+  if (peer >= 0 && message.find(fmt::format("Rank {} failed", peer)) == std::string::npos)
+    lead = fmt::format("Rank {} failed - ", peer) + lead;
+  return lead + message;
+}
+
 }  // namespace trident
 
 namespace trident::detail {

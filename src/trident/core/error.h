@@ -94,6 +94,15 @@ class TimeoutError : public NetworkError {
 // touching it after that.
 std::exception_ptr copy_error(const std::exception_ptr& e, const std::string& lead = {});
 
+// c10d's words for a condition a typed error describes, put before `message` unless it has them already, so
+// that programs and tools that match PyTorch's messages (its tests: " (Timed out|closed|timeout) ") recognise
+// trident's; the fields and the rest of the message stay as they are.
+// An expired deadline: "Timed out - <message>".
+std::string with_timed_out_words(const std::string& message);
+// A peer that died or closed its connection: "Rank <peer> failed - Connection closed by peer - <message>"
+// (without "Rank <peer> failed" when peer < 0).
+std::string with_peer_failed_words(const std::string& message, int peer);
+
 namespace detail {
 std::string with_location(const std::string& msg, const char* file, int line);
 std::string errno_string(int err);

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "trident/kernels/aligned.h"
 #include "trident/kernels/cpu/isa.h"
 
@@ -35,24 +37,63 @@ double available_bytes() {
   return kb * 1024;
 }
 
+// Host memory of the CPU device, zero-filled. Large buffers (kMapBytes and up) are anonymous mappings: the
+// kernel hands them out as shared zero pages that become resident only when written, so a buffer a rank
+// never touches in full (ZeRO-3's flat parameter buffer outside the units it gathers, an optimizer's moments
+// before its first step) costs no memory, and no memset faults every page in up front. Smaller ones come
+// from the heap and are cleared. A header just before the returned (64-byte aligned) pointer says which, for
+// cpu_free.
+struct HostBlockHeader {
+  size_t bytes;
+  uint64_t mapped;  // kMappedTag: an mmap of kPage + bytes; kHeapTag: operator new of kAlignment + bytes
+};
+constexpr size_t kMapBytes = size_t{1} << 20;
+constexpr size_t kPage = 4096;
+constexpr uint64_t kMappedTag = 0x6d61707065642121ull, kHeapTag = 0x6865617021212121ull;
+static_assert(sizeof(HostBlockHeader) <= kAlignment);
+
+[[noreturn]] void host_oom(size_t bytes) {
+  throw OutOfMemory(::trident::detail::with_location(
+                        fmt::format("cannot allocate {:.2f} GB of host memory ({:.2f} GB available); use a smaller "
+                                    "model or batch, or shard the model over more ranks (--tp, --pp, --parallel "
+                                    "zero3): `trident plan` predicts each layout's memory",
+                                    bytes / 1e9, available_bytes() / 1e9),
+                        __FILE__, __LINE__),
+                    bytes);
+}
+
 void* cpu_alloc(size_t bytes) {
-  void* p = nullptr;
-  try {
-    p = ::operator new(bytes, std::align_val_t(kAlignment));
-  } catch (const std::bad_alloc&) {
-    throw OutOfMemory(::trident::detail::with_location(
-                          fmt::format("cannot allocate {:.2f} GB of host memory ({:.2f} GB available); use a smaller "
-                                      "model or batch, or shard the model over more ranks (--tp, --pp, --parallel "
-                                      "zero3): `trident plan` predicts each layout's memory",
-                                      bytes / 1e9, available_bytes() / 1e9),
-                          __FILE__, __LINE__),
-                      bytes);
+  char* p = nullptr;
+  uint64_t tag = kHeapTag;
+  if (bytes >= kMapBytes) {
+    void* base = ::mmap(nullptr, kPage + bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) host_oom(bytes);
+    p = static_cast<char*>(base) + kPage;
+    tag = kMappedTag;
+  } else {
+    try {
+      p = static_cast<char*>(::operator new(kAlignment + bytes, std::align_val_t(kAlignment))) + kAlignment;
+    } catch (const std::bad_alloc&) {
+      host_oom(bytes);
+    }
+    std::memset(p, 0, bytes);
   }
-  std::memset(p, 0, bytes);
+  auto* h = reinterpret_cast<HostBlockHeader*>(p - kAlignment);
+  h->bytes = bytes;
+  h->mapped = tag;
   return p;
 }
-void cpu_free(void* p) {
-  if (p) ::operator delete(p, std::align_val_t(kAlignment));
+void cpu_free(void* ptr) {
+  if (ptr == nullptr) return;
+  char* p = static_cast<char*>(ptr);
+  const auto* h = reinterpret_cast<const HostBlockHeader*>(p - kAlignment);
+  if (h->mapped == kMappedTag) {
+    ::munmap(p - kPage, kPage + h->bytes);
+    return;
+  }
+  TRIDENT_CHECK(h->mapped == kHeapTag, InvalidArgument,
+                "cpu_free: {} was not allocated by the CPU device's alloc (or its header was overwritten)", ptr);
+  ::operator delete(p - kAlignment, std::align_val_t(kAlignment));
 }
 void cpu_copy(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);

@@ -31,7 +31,7 @@ void FlatModel::finalize_params() {
   grad_store_ = kernels::DeviceArray<float>(*ops_, n);
   grads_ = grad_store_.data();
   grad_owner_.reset();
-  if (ops_->device != kernels::Device::kCpu) init_staging_.assign(n, 0.0f);
+  if (ops_->device != kernels::Device::kCpu && initialize_) init_staging_.assign(n, 0.0f);
 }
 
 float* FlatModel::init_target(int idx) {
@@ -40,14 +40,62 @@ float* FlatModel::init_target(int idx) {
 }
 
 void FlatModel::finish_init() {
-  if (ops_->device == kernels::Device::kCpu) return;
+  if (ops_->device == kernels::Device::kCpu || !initialize_) return;
   ops_->to_device(values_.data(), init_staging_.data(), init_staging_.size() * sizeof(float));
   kernels::AlignedFloats().swap(init_staging_);
 }
 
 void FlatModel::init_param(int idx, const ParamDecl& d, const std::vector<std::pair<int64_t, int64_t>>& rows,
                            int64_t col0, int64_t ncols) {
-  init_slice(d, cfg_.seed, rows, col0, ncols, init_target(idx));
+  if (recipes_.size() < params_.size()) recipes_.resize(params_.size());
+  recipes_[static_cast<size_t>(idx)] = {std::make_shared<const ParamDecl>(d), rows, col0, ncols};
+  if (initialize_) init_slice(d, cfg_.seed, rows, col0, ncols, init_target(idx));
+}
+
+void FlatModel::initialize_range(size_t begin, size_t end) {
+  TRIDENT_CHECK(begin <= end && end <= num_params(), InvalidArgument,
+                "initialize_range: [{}, {}) is outside the {} parameters", begin, end, num_params());
+  std::vector<float> host;  // devices other than the CPU: drawn here, then copied up per parameter
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i];
+    const size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    TRIDENT_CHECK(i < recipes_.size() && recipes_[i].decl, Unsupported,
+                  "initialize_range: parameter '{}' has no initialization recipe", p.name);
+    const InitRecipe& r = recipes_[i];
+    // The local tensor is dense [rows, ncols]; [lo, hi) is a partial first row, whole rows, a partial last row.
+    std::vector<int64_t> local_rows;  // the declaration's row of each local row
+    for (const auto& [r0, cnt] : r.rows)
+      for (int64_t k = 0; k < cnt; ++k) local_rows.push_back(r0 + k);
+    const auto nc = static_cast<size_t>(r.ncols);
+    float* dst = param_data() + lo;
+    if (ops_->device != kernels::Device::kCpu) {
+      host.assign(hi - lo, 0.0f);
+      dst = host.data();
+    }
+    float* out = dst;
+    size_t e = lo - p.offset;
+    const size_t stop = hi - p.offset;
+    while (e < stop) {
+      const size_t row = e / nc, col = e % nc;
+      if (col != 0 || stop - e < nc) {  // a part of one row
+        const size_t n = std::min(nc - col, stop - e);
+        init_slice(*r.decl, cfg_.seed, {{local_rows[row], 1}}, r.col0 + static_cast<int64_t>(col),
+                   static_cast<int64_t>(n), out);
+        out += n, e += n;
+        continue;
+      }
+      const size_t whole = (stop - e) / nc;  // whole rows from `row` on, grouped into runs of consecutive rows
+      std::vector<std::pair<int64_t, int64_t>> runs;
+      for (size_t k = row; k < row + whole; ++k) {
+        if (!runs.empty() && runs.back().first + runs.back().second == local_rows[k]) ++runs.back().second;
+        else runs.push_back({local_rows[k], 1});
+      }
+      init_slice(*r.decl, cfg_.seed, runs, r.col0, r.ncols, out);
+      out += whole * nc, e += whole * nc;
+    }
+    if (ops_->device != kernels::Device::kCpu) ops_->to_device(param_data() + lo, host.data(), (hi - lo) * sizeof(float));
+  }
 }
 
 void init_slice(const ParamDecl& d, uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& rows,

@@ -42,8 +42,9 @@ void init_slice(const ParamDecl& d, uint64_t seed, const std::vector<std::pair<i
 class FlatModel : public Model {
  public:
   // Throws kernels::DeviceUnavailable when config.device cannot be used here.
-  explicit FlatModel(ModelConfig config)
-      : cfg_(std::move(config)), ops_(&kernels::device_ops(cfg_.device_kind())) {}
+  // initialize = false: init_param() only records each tensor's recipe; initialize_range() draws on demand.
+  explicit FlatModel(ModelConfig config, bool initialize = true)
+      : cfg_(std::move(config)), ops_(&kernels::device_ops(cfg_.device_kind())), initialize_(initialize) {}
 
   const std::vector<Parameter>& parameters() const override { return params_; }
   float* param_data() override { return values_.data(); }
@@ -57,6 +58,8 @@ class FlatModel : public Model {
   void set_block_hook(BlockHook hook) override { block_hook_ = std::move(hook); }
   void set_zero_grad_releases_pages(bool release) override { release_on_zero_ = release; }
   bool adopt_grad_storage(float* storage, std::shared_ptr<void> owner) override;
+  bool initialized() const override { return initialize_; }
+  void initialize_range(size_t begin, size_t end) override;
 
  protected:
   friend struct LayerEnv;  // the layers (nn/layers.h) read parameters and fire hooks through it
@@ -107,6 +110,15 @@ class FlatModel : public Model {
   GradReadyHook hook_;
   BlockHook block_hook_;
   bool release_on_zero_ = false;
+  // What init_param() was asked for, per parameter (the slice of its declaration this model holds), so that
+  // initialize_range() can draw any part later.
+  struct InitRecipe {
+    std::shared_ptr<const ParamDecl> decl;
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    int64_t col0 = 0, ncols = 0;
+  };
+  std::vector<InitRecipe> recipes_;
+  bool initialize_ = true;
 };
 
 // Page-level memory helpers (used by ZeRO to free and to measure memory honestly).

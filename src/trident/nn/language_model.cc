@@ -6,7 +6,8 @@
 
 namespace trident::nn {
 
-LanguageModel::LanguageModel(ModelConfig c) : FlatModel(std::move(c)), ix_(cfg_.n_layer) {
+LanguageModel::LanguageModel(ModelConfig c, bool initialize)
+    : FlatModel(std::move(c), initialize), ix_(cfg_.n_layer) {
   const int L = cfg_.n_layer;
   const std::vector<ParamDecl> decls = declare_params(cfg_, 0, L, true, true);
   for (const auto& d : decls) ix_.set(d.layer, d.role, add_param(d.name, d.shape));
@@ -69,8 +70,14 @@ std::vector<Model::Block> LanguageModel::blocks() const {
   return b;
 }
 
-std::unique_ptr<Model> make_model(const nlohmann::json& config) {
-  return std::make_unique<LanguageModel>(ModelConfig::from_json(config));
+std::unique_ptr<Model> make_model(const nlohmann::json& config, bool initialize) {
+  return std::make_unique<LanguageModel>(ModelConfig::from_json(config), initialize);
+}
+
+void Model::initialize_range(size_t, size_t) {
+  TRIDENT_THROW(Unsupported, "model kind '{}' cannot initialize a part of its parameters (deferred initialization); "
+                "build it initialized",
+                kind());
 }
 
 }  // namespace trident::nn

@@ -23,7 +23,8 @@ namespace trident::nn {
 
 class LanguageModel final : public FlatModel {
  public:
-  explicit LanguageModel(ModelConfig c);
+  // initialize = false: the parameters stay zero until initialize_range() (model.h: deferred initialization).
+  explicit LanguageModel(ModelConfig c, bool initialize = true);
 
   float forward_backward(const int32_t* inputs, const int32_t* targets, int B, int T, bool backward,
                          float loss_scale) override;

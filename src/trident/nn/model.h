@@ -101,6 +101,16 @@ class Model {
   // parallelism hands it memory its process group reduces in place (ProcessGroup::alloc_shared); zero_grad()
   // and release_pages() free shared pages too (MADV_REMOVE). Returns false when the model cannot.
   virtual bool adopt_grad_storage(float* storage, std::shared_ptr<void> owner) { return false; }
+
+  // ---- deferred initialization (optional) ----
+  // False for a model built without its initial values (make_model(config, false)): its parameters read as
+  // zero until initialize_range() fills what its owner needs. ZeRO-3 initializes only the pieces each rank
+  // owns, so no rank ever holds the whole model: the values equal a fully initialized model's, because
+  // every tensor draws from its own seeded stream (flat_model.h).
+  virtual bool initialized() const { return true; }
+  // Writes the initial values of flat elements [begin, end) into param_data() (padding stays zero); throws
+  // Unsupported when the model cannot.
+  virtual void initialize_range(size_t begin, size_t end);
 };
 
 const char* block_event_name(Model::BlockEvent e);

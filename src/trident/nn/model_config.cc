@@ -126,14 +126,16 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
     nlohmann::json norm = {{"dtype", d.empty() ? j.at("dtype") : nlohmann::json(d)}};
     c.dtype = get_choice(norm, "dtype", c.dtype, {"float32", "bfloat16"});
   }
-  c.tie_embeddings = get_bool(j, "tie_embeddings", c.tie_embeddings);
+  if (j.contains("tie_embeddings")) c.tie_embeddings = get_bool(j, "tie_embeddings", false);
   c.device = get_choice(j, "device", c.device, {"cpu", "cuda"});
-  architecture(c.kind).resolve(c, j);
+  architecture(c.kind).resolve(c);
   return c;
 }
 
-nlohmann::json ModelConfig::to_json() const {
-  return {{"kind", kind},
+ModelConfig ModelConfig::resolved() const { return from_json(to_json(true)); }
+
+nlohmann::json ModelConfig::to_json(bool with_device) const {
+  nlohmann::json j = {{"kind", kind},
           {"n_layer", n_layer},
           {"n_head", n_head},
           {"n_kv_head", n_kv_head},
@@ -150,8 +152,10 @@ nlohmann::json ModelConfig::to_json() const {
           {"gelu", gelu},
           {"activation_checkpointing", activation_checkpointing},
           {"seed", seed},
-          {"dtype", dtype},
-          {"tie_embeddings", tie_embeddings}};
+          {"dtype", dtype}};
+  if (tie_embeddings) j["tie_embeddings"] = *tie_embeddings;
+  if (with_device) j["device"] = device;
+  return j;
 }
 
 kernels::cpu::GeluKind ModelConfig::gelu_kind() const {

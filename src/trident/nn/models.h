@@ -17,6 +17,7 @@
 
 namespace trident::nn {
 
-std::unique_ptr<Model> make_model(const nlohmann::json& config);
+// initialize = false builds the model without drawing its initial values (model.h: deferred initialization).
+std::unique_ptr<Model> make_model(const nlohmann::json& config, bool initialize = true);
 
 }  // namespace trident::nn

@@ -1,6 +1,7 @@
 #include "trident/optim/adamw.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "trident/core/error.h"
 
@@ -8,13 +9,8 @@ namespace trident::optim {
 
 AdamW::AdamW(nn::Model& model, AdamWConfig config)
     : model_(model), config_(config), ops_(&kernels::device_ops(model.device())) {
-  if (on_host()) {
-    exp_avg_.assign(model.num_params(), 0.0f);
-    exp_avg_sq_.assign(model.num_params(), 0.0f);
-  } else {
-    dev_m_ = kernels::DeviceArray<float>(*ops_, model.num_params());
-    dev_v_ = kernels::DeviceArray<float>(*ops_, model.num_params());
-  }
+  // The moments are created (as zeros) by the first step, or filled by load_state(): a trainer whose
+  // data-parallel wrapper keeps its own sharded state never holds a full copy.
   TRIDENT_CHECK(config.beta1 >= 0 && config.beta1 < 1, InvalidArgument, "AdamW: beta1 {} must be in [0, 1)",
                 config.beta1);
   TRIDENT_CHECK(config.beta2 >= 0 && config.beta2 < 1, InvalidArgument, "AdamW: beta2 {} must be in [0, 1)",
@@ -41,14 +37,14 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
   float* m = nullptr;
   float* v = nullptr;
   if (on_host()) {
-    if (exp_avg_.size() != model_.num_params()) {  // after release_state()
+    if (exp_avg_.size() != model_.num_params()) {  // before the first step, or after release_state()
       exp_avg_.assign(model_.num_params(), 0.0f);
       exp_avg_sq_.assign(model_.num_params(), 0.0f);
     }
     m = exp_avg_.data();
     v = exp_avg_sq_.data();
   } else {
-    if (dev_m_.size() != model_.num_params()) {  // after release_state()
+    if (dev_m_.size() != model_.num_params()) {  // before the first step, or after release_state()
       dev_m_ = kernels::DeviceArray<float>(*ops_, model_.num_params());
       dev_v_ = kernels::DeviceArray<float>(*ops_, model_.num_params());
     }
@@ -67,24 +63,29 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
   }
 }
 
-void AdamW::load_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step) {
+void AdamW::load_state(std::vector<float> exp_avg, std::vector<float> exp_avg_sq, int64_t step) {
   TRIDENT_CHECK(exp_avg.size() == model_.num_params() && exp_avg_sq.size() == model_.num_params(), InvalidArgument,
                 "AdamW::load_state: state has {} / {} elements but the model has {}; the checkpoint belongs to a "
                 "different model",
                 exp_avg.size(), exp_avg_sq.size(), model_.num_params());
   TRIDENT_CHECK(step >= 0, InvalidArgument, "AdamW::load_state: negative step count {}", step);
-  exp_avg_ = exp_avg;
-  exp_avg_sq_ = exp_avg_sq;
+  exp_avg_ = std::move(exp_avg);
+  exp_avg_sq_ = std::move(exp_avg_sq);
   step_ = step;
   if (!on_host()) {
-    dev_m_ = kernels::DeviceArray<float>(*ops_, exp_avg.size());
-    dev_v_ = kernels::DeviceArray<float>(*ops_, exp_avg.size());
-    ops_->to_device(dev_m_.data(), exp_avg.data(), exp_avg.size() * sizeof(float));
-    ops_->to_device(dev_v_.data(), exp_avg_sq.data(), exp_avg_sq.size() * sizeof(float));
+    dev_m_ = kernels::DeviceArray<float>(*ops_, exp_avg_.size());
+    dev_v_ = kernels::DeviceArray<float>(*ops_, exp_avg_.size());
+    ops_->to_device(dev_m_.data(), exp_avg_.data(), exp_avg_.size() * sizeof(float));
+    ops_->to_device(dev_v_.data(), exp_avg_sq_.data(), exp_avg_sq_.size() * sizeof(float));
   }
 }
 
 void AdamW::sync_state_to_host() {
+  if (!has_state()) {  // no step yet: the state a fresh optimizer stands for is zeros
+    exp_avg_.assign(model_.num_params(), 0.0f);
+    exp_avg_sq_.assign(model_.num_params(), 0.0f);
+    return;
+  }
   if (on_host()) return;
   exp_avg_.resize(dev_m_.size());
   exp_avg_sq_.resize(dev_v_.size());

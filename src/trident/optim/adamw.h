@@ -1,7 +1,8 @@
 // AdamW with PyTorch / nanoGPT semantics over a Model's flat parameter and gradient buffers.
 //
 // Ownership: AdamW keeps a reference to the Model (which must outlive it) and owns its state: two flat
-// float32 buffers (exp_avg, exp_avg_sq) with the model's flat layout, and the step count.
+// float32 buffers (exp_avg, exp_avg_sq) with the model's flat layout, created as zeros by the first step
+// (or filled by load_state()), and the step count.
 // Parameter groups as nanoGPT's configure_optimizers: weight decay only on parameters with
 // Parameter::weight_decay (tensors with >= 2 dims); biases and LayerNorm weights get none.
 // Update per element (t = step count after increment):
@@ -50,12 +51,14 @@ class AdamW {
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t step) { step_ = step; }
   // Restores the state; throws InvalidArgument when the sizes do not match the model.
-  void load_state(const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq, int64_t step);
+  // Takes the vectors by value: pass them with std::move to hand over large state without a copy.
+  void load_state(std::vector<float> exp_avg, std::vector<float> exp_avg_sq, int64_t step);
   // Frees the moment buffers (for a trainer whose data-parallel wrapper keeps its own, sharded, state):
   // exp_avg()/exp_avg_sq() are then empty until step()/step_range() re-creates them as zeros or
   // load_state() refills them. The step count is kept.
   void release_state();
-  // Copies device moments into exp_avg()/exp_avg_sq() (no-op on the CPU, where they are the state).
+  // Copies device moments into exp_avg()/exp_avg_sq() (no-op on the CPU, where they are the state); before
+  // any step (no state yet) fills both with zeros, a fresh optimizer's state, for a checkpoint.
   void sync_state_to_host();
   bool has_state() const { return !exp_avg_.empty() || dev_m_.size() > 0 || model_.num_params() == 0; }
 

@@ -20,17 +20,20 @@ double grad_norm_squared(const float* grads, size_t n) {
   return kernels::cpu::sum_squares(grads, n);
 }
 
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
 float clip_grad_norm(float* grads, size_t n, float max_norm) {
   return clip_grad_norm(kernels::device_ops(kernels::Device::kCpu), grads, n, max_norm);
 }
 
 float clip_grad_norm(const kernels::DeviceOps& ops, float* grads, size_t n, float max_norm) {
   const double norm = std::sqrt(ops.sum_squares(grads, n));
-  // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
-  const double coef_d = max_norm > 0 ? static_cast<double>(max_norm) / (norm + 1e-6) : 1.0;
-  if (coef_d < 1.0) {
-    ops.scale_inplace(grads, static_cast<float>(coef_d), n);
-  }
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f) ops.scale_inplace(grads, coef, n);
   return static_cast<float>(norm);
 }
 

@@ -5,6 +5,7 @@
 
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/optim/schedule.h"
 
 namespace trident::parallel {
 
@@ -15,6 +16,11 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
   ctx_.n = model_.num_params();
   ctx_.padded = (ctx_.n + ctx_.world - 1) / ctx_.world * ctx_.world;
   const size_t n = ctx_.n;
+  deferred_init_ = !model_.initialized();
+  TRIDENT_CHECK(!deferred_init_ || options_.strategy == Strategy::kZero3, InvalidArgument,
+                "data parallel {}: the model was built without its initial values (deferred initialization), which "
+                "only zero3 fills (each rank its own pieces); build the model initialized for {}",
+                strategy_name(options_.strategy), strategy_name(options_.strategy));
   storage_ = make_storage(options_.storage_dtype, ctx_, options_.adamw);  // refuses other dtypes first
   sharding_ = make_sharding(options_.strategy, ctx_);
   // Bucket caps in float32 elements (bf16 storage too: its buckets cover the same ranges).
@@ -155,6 +161,11 @@ std::vector<std::pair<size_t, size_t>> DataParallel::bucket_ranges() const {
 
 void DataParallel::broadcast_parameters() {
   const size_t n = ctx_.n;
+  if (deferred_init_ && !sharded_) {
+    // Nothing to send: every rank draws the pieces it owns from the same per-tensor streams.
+    ensure_sharded();
+    return;
+  }
   const bool owns_state = zero3() || bf16();
   if (owns_state && sharded_) {
     // Parameters live in the shards (bf16: the master copy): rank 0's full model is gathered first, then
@@ -162,7 +173,7 @@ void DataParallel::broadcast_parameters() {
     gather_full_parameters();
   }
   ctx_.pg->broadcast(model_.param_data(), n, DType::kFloat32, 0);
-  ctx_.account("broadcast", ctx_.rank == 0 ? static_cast<double>(n) * 4 : 0.0);
+  ctx_.account(OpKind::kBroadcast, static_cast<double>(n) * 4);
   if (owns_state) {
     sharded_ = false;  // re-take the shards from the broadcast values
     materialized_ = false;
@@ -199,12 +210,7 @@ void DataParallel::finish_gradient_sync() {
 
 double DataParallel::clip_grad_norm(float max_norm) {
   const double norm = std::sqrt(sharding_->grad_sq_norm(*storage_));
-  float coef = 1.0f;
-  if (max_norm > 0) {
-    const double c = max_norm / (norm + 1e-6);
-    if (c < 1.0) coef = static_cast<float>(c);
-  }
-  storage_->clip(coef);
+  storage_->clip(optim::clip_coefficient(norm, max_norm));
   return norm;
 }
 
@@ -223,6 +229,12 @@ void DataParallel::step(float lr) {
 
 void DataParallel::ensure_sharded() {
   if (sharded_ || (!zero3() && !bf16())) return;
+  if (deferred_init_) {
+    // A model built without its initial values: this rank draws only the pieces it owns (into the model's
+    // buffer, whose pages the release below hands back), so it never holds the whole model.
+    for (const auto& p : sharding_->owned()) model_.initialize_range(p.flat_begin, p.flat_begin + p.count);
+    deferred_init_ = false;
+  }
   storage_->take_params(*sharding_);
   sharded_ = true;
   materialized_ = false;
@@ -393,6 +405,22 @@ nlohmann::json DataParallel::report() const {
 }
 
 // ---- checkpoints ----
+
+bool DataParallel::streams_checkpoints() const { return zero3() && !bf16() && ctx_.on_cpu(); }
+
+int64_t DataParallel::optimizer_step() const { return storage_->step(); }
+
+void DataParallel::read_checkpoint_range(int which, size_t begin, size_t count, float* dst) {
+  TRIDENT_CHECK(streams_checkpoints(), InvalidArgument,
+                "data parallel {}: checkpoints are gathered whole (read_checkpoint_range is zero3's, float32, CPU)",
+                strategy_name(options_.strategy));
+  TRIDENT_CHECK(which >= 0 && which <= 2, InvalidArgument, "read_checkpoint_range: which {} is not 0, 1 or 2", which);
+  ensure_sharded();  // the shards are the parameters' truth (a model never stepped is sharded here first)
+  const float* state = which == 0   ? static_cast<const float*>(storage_->params_shard())
+                       : which == 1 ? storage_->exp_avg()
+                                    : storage_->exp_avg_sq();
+  sharding_->gather_state_range(state, begin, count, dst);
+}
 
 void DataParallel::gather_state_to_host(const float* state, std::vector<float>* out) {
   out->assign(ctx_.n, 0.0f);

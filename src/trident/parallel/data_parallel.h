@@ -68,14 +68,23 @@ class DataParallel {
   DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, DataParallelOptions options);
   ~DataParallel();
 
-  // Rank 0's parameters to every rank (call once after building the model or loading a checkpoint).
+  // Rank 0's parameters to every rank (call once after building the model or loading a checkpoint). For a
+  // model built without its initial values (zero3 only: nn::Model::initialized() false) nothing is sent:
+  // each rank draws the pieces it owns (Model::initialize_range), which are what rank 0 would have sent.
   void broadcast_parameters();
+  // Checkpoints without the whole model (zero3, float32 storage, on the CPU): read_checkpoint_range gathers
+  // flat elements [begin, begin + count) of the parameters (which 0), exp_avg (1) or exp_avg_sq (2) into dst,
+  // a range of one tensor at a time, so a save holds one tensor beyond the shards (collective: every rank
+  // reads the same ranges in the same order). False for the other strategies, which gather the whole state.
+  bool streams_checkpoints() const;
+  void read_checkpoint_range(int which, size_t begin, size_t count, float* dst);
+  int64_t optimizer_step() const;
   void set_require_sync(bool sync) { require_sync_ = sync; }
   bool require_sync() const { return require_sync_; }
   // Waits for every bucket's collective of the last syncing micro-step (issues those not started yet).
   void finish_gradient_sync();
   // Global gradient norm over all parameters (every rank agrees); scales the gradients by
-  // min(1, max_norm / (norm + 1e-6)) like torch.nn.utils.clip_grad_norm_. Returns the pre-clip norm.
+  // optim::clip_coefficient(norm, max_norm), torch.nn.utils.clip_grad_norm_'s rule. Returns the pre-clip norm.
   double clip_grad_norm(float max_norm);
   // One optimizer step with learning rate lr (ZeRO: on this rank's shard; zero1/2 then all-gather the
   // parameters, zero3 leaves them to the next forward's block gathers).
@@ -178,6 +187,7 @@ class DataParallel {
   std::vector<ParamState> param_state_;
   std::vector<std::shared_ptr<Work>> gather_work_;
   bool sharded_ = false, materialized_ = false;
+  bool deferred_init_ = false;  // the model holds no values yet: ensure_sharded() draws this rank's pieces
   bool always_materialized_ = false;  // bf16 without model blocks: the model's buffer stays materialised
   size_t gathered_ = 0, peak_gathered_ = 0;  // elements of units not released
   CommStats last_stats_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "trident/comm/collective.h"
 #include "trident/core/error.h"
 #include "trident/nn/flat_model.h"
 #include "trident/parallel/dp_storage.h"
@@ -34,8 +35,9 @@ double CommStats::total() const {
 
 namespace detail {
 
-void DpContext::account(const std::string& kind, double bytes) {
-  stats.bytes[kind] += bytes;
+void DpContext::account(OpKind op, double size_bytes) {
+  const std::string kind = op_name(op);
+  stats.bytes[kind] += bus_bytes(op, size_bytes, world);
   stats.calls[kind] += 1;
 }
 
@@ -60,6 +62,26 @@ void ShardingStrategy::scatter_state(const float* full, float* state) const {
 std::shared_ptr<Work> ShardingStrategy::gather_param_unit(size_t, StoragePolicy&) {
   TRIDENT_THROW(Unsupported, "data parallel: {} keeps whole parameters; there is no unit to gather",
                 strategy_name(kind()));
+}
+
+void ShardingStrategy::gather_state_range(const float* state, size_t begin, size_t count, float* dst) {
+  const ShardUnit* u = nullptr;
+  for (const auto& x : units_)
+    if (x.begin <= begin && begin < x.end) u = &x;
+  TRIDENT_CHECK(u != nullptr && begin + count <= u->end, InvalidArgument,
+                "data parallel {}: elements [{}, {}) are not inside one unit of the shards", strategy_name(kind()),
+                begin, begin + count);
+  const size_t end = begin + count;
+  std::vector<size_t> counts(static_cast<size_t>(c_.world));
+  for (int r = 0; r < c_.world; ++r) {  // rank r's piece is [u.begin + r piece, + piece), clipped to the unit
+    const size_t lo = std::min(u->end, u->begin + static_cast<size_t>(r) * u->piece);
+    const size_t hi = std::min(u->end, lo + u->piece);
+    counts[static_cast<size_t>(r)] = std::max(lo, begin) < std::min(hi, end) ? std::min(hi, end) - std::max(lo, begin) : 0;
+  }
+  const size_t mine_lo = std::min(u->end, u->begin + static_cast<size_t>(c_.rank) * u->piece);
+  const size_t from = std::max(mine_lo, begin);
+  const float* send = state + u->shard_offset + (from > mine_lo ? from - mine_lo : 0);
+  c_.pg->all_gatherv(send, dst, counts, DType::kFloat32);
 }
 
 void ShardingStrategy::build_units(const std::vector<GradBucket>& buckets) {
@@ -105,7 +127,7 @@ class Ddp : public ShardingStrategy {
     void* src = s.all_reduce_source(b);
     if (c_.world == 1) return nullptr;
     const size_t count = b.end - b.begin;
-    c_.account("all_reduce", 2.0 * (c_.world - 1) / c_.world * count * s.elem());
+    c_.account(OpKind::kAllReduce, static_cast<double>(count * s.elem()));
     return c_.pg->all_reduce_async(src, count, s.dtype(), ReduceOp::kAvg);
   }
 
@@ -156,7 +178,7 @@ class Zero1 : public Ddp {
       c_.pg->all_gather(stage.data(), all.data(), s, st.dtype());
       c_.ops.copy(full, all.data(), n * e);
     }
-    c_.account("all_gather", static_cast<double>(c_.world - 1) / c_.world * c_.padded * e);
+    c_.account(OpKind::kAllGather, static_cast<double>(c_.padded * e));
   }
 
   void gather_state(const float* state, float* full) override {
@@ -189,7 +211,7 @@ class Zero2 : public ShardingStrategy {
   std::shared_ptr<Work> reduce(size_t i, GradBucket&, StoragePolicy& s) override {
     const ShardUnit& u = units_[i];
     void* src = s.reduce_scatter_source(i, u);
-    c_.account("reduce_scatter", static_cast<double>(c_.world - 1) * u.piece * s.elem());
+    c_.account(OpKind::kReduceScatter, static_cast<double>(u.piece * static_cast<size_t>(c_.world) * s.elem()));
     return c_.pg->reduce_scatter_async(src, bytes(s.grad_shard()) + u.shard_offset * s.elem(), u.piece, s.dtype(),
                                        ReduceOp::kAvg);
   }
@@ -214,7 +236,7 @@ class Zero2 : public ShardingStrategy {
     for (size_t i = 0; i < units_.size(); ++i) {
       const auto& u = units_[i];
       works.push_back(c_.pg->all_gatherv_async(mine.data() + u.shard_offset * e, full + u.begin * e, counts_[i], s.dtype()));
-      c_.account("all_gather", static_cast<double>(c_.world - 1) * u.piece * e);
+      c_.account(OpKind::kAllGather, static_cast<double>(u.piece * static_cast<size_t>(c_.world) * e));
     }
     for (auto& w : works) w->wait();
   }
@@ -247,7 +269,7 @@ class Zero3 : public Zero2 {
 
   std::shared_ptr<Work> gather_param_unit(size_t ui, StoragePolicy& s) override {
     const ShardUnit& u = units_[ui];
-    c_.account("all_gather", static_cast<double>(c_.world - 1) * u.piece * s.elem());
+    c_.account(OpKind::kAllGather, static_cast<double>(u.piece * static_cast<size_t>(c_.world) * s.elem()));
     return c_.pg->all_gatherv_async(bytes(s.params_shard()) + u.shard_offset * s.elem(), s.param_gather_dst(u),
                                     counts_[ui], s.dtype());
   }

@@ -35,7 +35,7 @@ const char* strategy_name(Strategy s);
 // what this rank sends on the wire under a bandwidth-optimal algorithm: all-reduce 2(N-1)/N x size,
 // reduce-scatter and all-gather (N-1)/N x size, broadcast size).
 struct CommStats {
-  std::map<std::string, double> bytes;  // kind -> bytes
+  std::map<std::string, double> bytes;  // kind (op_name) -> bytes each rank moved, nccl-tests' bus convention
   std::map<std::string, int> calls;     // kind -> collectives issued
   double total() const;
 };
@@ -70,7 +70,9 @@ struct DpContext {
   CommStats stats;
 
   bool on_cpu() const { return ops.device == kernels::Device::kCpu; }
-  void account(const std::string& kind, double bytes);
+  // Counts one collective of nccl-tests' size `size_bytes` (comm/collective.h: size_bytes) under its name,
+  // at the bytes each rank moves by the bus convention (bus_bytes).
+  void account(OpKind op, double size_bytes);
   // [p, p + count) is no longer needed and must read back as zero: on the CPU its whole pages go back to
   // the OS (nn::release_pages; the partial pages at either end are left as they are), on a device it is
   // zeroed.
@@ -104,6 +106,10 @@ class ShardingStrategy {
   // state (owned pieces, state_numel() float32 elements of the model's device) -> full flat float32
   // `full` (n elements) on every rank. Collective for zero*.
   virtual void gather_state(const float* state, float* full) = 0;
+  // zero2/zero3: flat elements [begin, begin + count) of a state kept in pieces of the units (moments,
+  // zero3's parameter shard), which must lie inside one unit, gathered into dst on every rank: each rank
+  // sends only the part of its piece inside the range (collective; every rank calls with the same range).
+  void gather_state_range(const float* state, size_t begin, size_t count, float* dst);
   // The owned pieces of full (n float32) -> state (zeroed first). Local.
   void scatter_state(const float* full, float* state) const;
   // zero3: starts the all-gather of parameter unit ui from the storage's shard into the model's buffer.

@@ -10,6 +10,7 @@
 
 #include <fmt/ranges.h>
 
+#include "trident/comm/collective.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 #include "trident/nn/arch/architecture.h"
@@ -347,14 +348,14 @@ void ParallelModel::forward_logits(const int32_t* inputs, int B, int T, float* l
 
 void ParallelModel::sync_tied_gradients() {
   // An untied head (the Llama's lm_head) shares nothing with the embedding.
-  if (!cfg_.tie_embeddings || !embedding_group_ || embedding_group_->size() <= 1) return;
+  if (!cfg_.tied() || !embedding_group_ || embedding_group_->size() <= 1) return;
   const int idx = ix_.wte >= 0 ? ix_.wte : ix_.head;
   TRIDENT_CHECK(idx >= 0, InvalidArgument,
                 "sync_tied_gradients: this rank holds neither the embedding nor the tied head; pass a null "
                 "embedding_group on such ranks");
   const size_t n = params_[idx].numel;
-  const int W = embedding_group_->size();
-  ScopedSpan span(SpanKind::kComm, "all_reduce(embedding)", -1, -1, 2.0 * (W - 1) / W * n * sizeof(float));
+  ScopedSpan span(SpanKind::kComm, "all_reduce(embedding)", -1, -1,
+                  bus_bytes(OpKind::kAllReduce, static_cast<double>(n * sizeof(float)), embedding_group_->size()));
   if (n > 0) embedding_group_->all_reduce(G(idx), n, DType::kFloat32, ReduceOp::kSum);
 }
 

@@ -1,5 +1,6 @@
 #include "trident/parallel/tensor_parallel.h"
 
+#include "trident/comm/collective.h"
 #include "trident/core/error.h"
 #include "trident/core/timeline.h"
 
@@ -24,8 +25,8 @@ TpComm::TpComm(std::shared_ptr<ProcessGroup> group, const kernels::DeviceOps& op
 
 void TpComm::all_reduce(float* buf, size_t n, ReduceOp op, int microbatch, int chunk) {
   if (size_ <= 1 || n == 0) return;
-  // Bytes this rank sends under a bandwidth-optimal all-reduce: 2 (T-1)/T x size (DESIGN.md).
-  const double bytes = 2.0 * (size_ - 1) / size_ * static_cast<double>(n) * sizeof(float);
+  // Bytes this rank sends under a bandwidth-optimal all-reduce (the bus convention: comm/collective.h).
+  const double bytes = bus_bytes(OpKind::kAllReduce, static_cast<double>(n * sizeof(float)), size_);
   ScopedSpan span(SpanKind::kComm, "all_reduce(tp)", microbatch, chunk, bytes);
   group_->all_reduce(buf, n, DType::kFloat32, op);
 }
@@ -42,7 +43,8 @@ void TpComm::all_gather(const float* send, float* recv, size_t n, int microbatch
     if (n > 0 && recv != send) ops_->copy(recv, send, n * sizeof(float));
     return;
   }
-  const double bytes = static_cast<double>(size_ - 1) * static_cast<double>(n) * sizeof(float);
+  const double size = static_cast<double>(size_elems(OpKind::kAllGather, n, size_) * sizeof(float));
+  const double bytes = bus_bytes(OpKind::kAllGather, size, size_);
   ScopedSpan span(SpanKind::kComm, "all_gather(tp)", microbatch, chunk, bytes);
   group_->all_gather(send, recv, n, DType::kFloat32);
 }

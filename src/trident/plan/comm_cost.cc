@@ -50,17 +50,4 @@ CommEstimate estimate_collective(OpKind op, double bytes, int world, int per_hos
   return best;
 }
 
-double bytes_per_rank(OpKind op, double bytes, int world) {
-  if (world <= 1) return 0;
-  const double f = double(world - 1) / world;
-  switch (op) {
-    case OpKind::kAllReduce: return 2 * bytes * f;
-    case OpKind::kAllGather:
-    case OpKind::kAllGatherV:
-    case OpKind::kReduceScatter:
-    case OpKind::kAllToAll: return bytes * f;
-    default: return bytes;
-  }
-}
-
 }  // namespace trident::plan

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "trident/comm/collective.h"
 #include "trident/comm/cost/cost.h"
 #include "trident/comm/types.h"
 
@@ -40,7 +41,7 @@ struct CommEstimate {
   double transfer_s = 0;    // bytes over links and local passes
 };
 
-// Time of `op` on `bytes` (as cost_bytes counts a call: the buffer for all_reduce, broadcast and reduce,
+// Time of `op` on `bytes` (as size_bytes (comm/collective.h) counts a call: the buffer for all_reduce, broadcast and reduce,
 // the whole gathered / scattered buffer for all_gather, reduce_scatter and all_to_all) over `world` ranks,
 // `per_host` to a host. `forced` != kAuto: that algorithm where `op` has it and the world allows it,
 // otherwise the cheapest. The native backend's shared-memory window algorithms (shm, cma) are CPU-process
@@ -48,8 +49,7 @@ struct CommEstimate {
 CommEstimate estimate_collective(OpKind op, double bytes, int world, int per_host, const GroupLinks& links,
                                  Algo forced = Algo::kAuto);
 
-// Bytes each rank sends in `op` on a buffer of `bytes` over `world` ranks, nccl-tests' bus convention:
-// all_reduce 2 (p-1)/p, all_gather, reduce_scatter and all_to_all (p-1)/p, broadcast and reduce 1.
-double bytes_per_rank(OpKind op, double bytes, int world);
+// Bytes each rank sends in `op` on a buffer of `bytes` over `world` ranks (nccl-tests' bus convention) are
+// the collective's record's: bus_bytes() in comm/collective.h.
 
 }  // namespace trident::plan

@@ -56,22 +56,36 @@ HardwareCatalog HardwareCatalog::builtin() {
       {"h100-sxm", 80 * kGiB, 989 * kT, 989 * kT, 495 * kT, 67 * kT, 3350 * kG, 0.7, "nvswitch-h100"},
       {"h200", 141 * kG, 989 * kT, 989 * kT, 495 * kT, 67 * kT, 4800 * kG, 0.7, "nvswitch-h100"},
   };
-  // Links: bandwidth per direction; alpha is a per-step latency including the software stack.
-  c.links_ = {
-      {{"nvlink3", 300 * kG, 2e-6}, 600 * kG, "nvlink"},          // A100: 12 links x 25 GB/s
-      {{"nvlink4", 450 * kG, 2e-6}, 900 * kG, "nvlink"},          // H100: 18 links x 25 GB/s
-      {{"nvswitch-a100", 300 * kG, 3e-6}, 600 * kG, "nvswitch"},  // 8-GPU NVSwitch domain, NVLink3 per GPU
-      {{"nvswitch-h100", 450 * kG, 3e-6}, 900 * kG, "nvswitch"},  // 8-GPU NVSwitch domain, NVLink4 per GPU
-      {{"pcie4-x16", 32 * kG, 3e-6}, 64 * kG, "pcie"},
-      {{"pcie5-x16", 64 * kG, 3e-6}, 128 * kG, "pcie"},
-      {{"ib-hdr", 25 * kG, 5e-6}, 50 * kG, "infiniband"},  // 200 Gb/s
-      {{"ib-ndr", 50 * kG, 5e-6}, 100 * kG, "infiniband"},  // 400 Gb/s
-      {{"eth-100g", 12.5 * kG, 30e-6}, 25 * kG, "ethernet"},
-      {{"eth-400g", 50 * kG, 10e-6}, 100 * kG, "ethernet"},
-      // This machine's ranks talk through shared memory: two copies at ~45 GB/s per core.
-      {{"shm", 22.5 * kG, 5e-6}, 45 * kG, "shm"},
-      {{"tcp-loopback", 4 * kG, 20e-6}, 8 * kG, "ethernet"},
+  // Links: bandwidth per direction; alpha is a per-step latency including the software stack. Rows of
+  // plain values, each made into an entry: a braced list of the entries themselves (a std::string inside a
+  // struct inside a struct) makes GCC 12 at -O2 and above warn that its strings may be used uninitialized.
+  struct LinkRow {
+    const char* name;
+    double Bps, latency_s, bidirectional_Bps;
+    const char* kind;
   };
+  static const LinkRow kLinks[] = {
+      {"nvlink3", 300 * kG, 2e-6, 600 * kG, "nvlink"},          // A100: 12 links x 25 GB/s
+      {"nvlink4", 450 * kG, 2e-6, 900 * kG, "nvlink"},          // H100: 18 links x 25 GB/s
+      {"nvswitch-a100", 300 * kG, 3e-6, 600 * kG, "nvswitch"},  // 8-GPU NVSwitch domain, NVLink3 per GPU
+      {"nvswitch-h100", 450 * kG, 3e-6, 900 * kG, "nvswitch"},  // 8-GPU NVSwitch domain, NVLink4 per GPU
+      {"pcie4-x16", 32 * kG, 3e-6, 64 * kG, "pcie"},
+      {"pcie5-x16", 64 * kG, 3e-6, 128 * kG, "pcie"},
+      {"ib-hdr", 25 * kG, 5e-6, 50 * kG, "infiniband"},  // 200 Gb/s
+      {"ib-ndr", 50 * kG, 5e-6, 100 * kG, "infiniband"},  // 400 Gb/s
+      {"eth-100g", 12.5 * kG, 30e-6, 25 * kG, "ethernet"},
+      {"eth-400g", 50 * kG, 10e-6, 100 * kG, "ethernet"},
+      // This machine's ranks talk through shared memory: two copies at ~45 GB/s per core.
+      {"shm", 22.5 * kG, 5e-6, 45 * kG, "shm"},
+      {"tcp-loopback", 4 * kG, 20e-6, 8 * kG, "ethernet"},
+  };
+  for (const LinkRow& r : kLinks) {
+    LinkCatalogEntry l;
+    l.spec = {r.name, r.Bps, r.latency_s};
+    l.bidirectional_Bps = r.bidirectional_Bps;
+    l.kind = r.kind;
+    c.links_.push_back(std::move(l));
+  }
   c.nodes_ = {
       {"dgx-a100", "a100-80gb", 8, 8, "nvswitch-a100", "ib-hdr"},
       {"dgx-h100", "h100-sxm", 8, 8, "nvswitch-h100", "ib-ndr"},

@@ -187,7 +187,7 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
     const CommEstimate one = estimate_collective(op, bytes, l.tp, g, links(g));
     t_tp = n * one.seconds;
     CommItem ci{"tp_all_reduce", l.tp <= c.gpus_per_node ? c.intra.name : c.nic.name, algo_name(one.algo),
-                n * mbs * bytes_per_rank(op, bytes, l.tp), t_tp * mbs, t_tp * mbs};
+                n * mbs * bus_bytes(op, bytes, l.tp), t_tp * mbs, t_tp * mbs};
     e.comm.push_back(ci);
     if (l.tp > c.gpus_per_node) e.warnings.push_back("TP crosses nodes: its all-reduces run over the NICs");
   }
@@ -224,15 +224,15 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
       const double t = cost(OpKind::kAllReduce, grad_bytes);
       dp_exposed = overlapped(t);
       e.comm.push_back({"dp_all_reduce", link, algo(OpKind::kAllReduce, grad_bytes),
-                        bytes_per_rank(OpKind::kAllReduce, grad_bytes, l.dp), t, dp_exposed});
+                        bus_bytes(OpKind::kAllReduce, grad_bytes, l.dp), t, dp_exposed});
     } else if (l.zero <= 2) {
       const double trs = cost(OpKind::kReduceScatter, grad_bytes);
       const double tag = cost(OpKind::kAllGather, psi_rank * wb);
       dp_exposed = overlapped(trs) + tag;
       e.comm.push_back({"zero_reduce_scatter", link, algo(OpKind::kReduceScatter, grad_bytes),
-                        bytes_per_rank(OpKind::kReduceScatter, grad_bytes, l.dp), trs, overlapped(trs)});
+                        bus_bytes(OpKind::kReduceScatter, grad_bytes, l.dp), trs, overlapped(trs)});
       e.comm.push_back({"zero_all_gather", link, algo(OpKind::kAllGather, psi_rank * wb),
-                        bytes_per_rank(OpKind::kAllGather, psi_rank * wb, l.dp), tag, tag});
+                        bus_bytes(OpKind::kAllGather, psi_rank * wb, l.dp), tag, tag});
     } else {
       // ZeRO-3: every microbatch gathers the parameters for forward and again for backward, and
       // reduce-scatters the gradients; prefetch hides them behind compute when compute is longer.
@@ -241,10 +241,10 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
       const double exposed_micro = std::max(0.0, tag - t_f) + std::max(0.0, tag + trs - t_b);
       dp_exposed = mbs * exposed_micro;
       e.comm.push_back({"zero3_all_gather", link, algo(OpKind::kAllGather, psi_rank * wb),
-                        2.0 * mbs * bytes_per_rank(OpKind::kAllGather, psi_rank * wb, l.dp), 2 * mbs * tag,
+                        2.0 * mbs * bus_bytes(OpKind::kAllGather, psi_rank * wb, l.dp), 2 * mbs * tag,
                         mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
       e.comm.push_back({"zero3_reduce_scatter", link, algo(OpKind::kReduceScatter, grad_bytes),
-                        mbs * bytes_per_rank(OpKind::kReduceScatter, grad_bytes, l.dp), mbs * trs,
+                        mbs * bus_bytes(OpKind::kReduceScatter, grad_bytes, l.dp), mbs * trs,
                         dp_exposed - mbs * (std::max(0.0, tag - t_f) + std::max(0.0, tag - t_b))});
     }
   }

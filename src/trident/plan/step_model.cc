@@ -101,11 +101,11 @@ Prediction predict(const PredictionInput& in) {
   // forward and another before backward.
   if (N > 1) {
     if (sharded_grads) {
-      p.comm_bytes["reduce_scatter"] = bytes_per_rank(OpKind::kReduceScatter, padded * e, N);
+      p.comm_bytes["reduce_scatter"] = bus_bytes(OpKind::kReduceScatter, padded * e, N);
     } else {
-      p.comm_bytes["all_reduce"] = bytes_per_rank(OpKind::kAllReduce, n * e, N);
+      p.comm_bytes["all_reduce"] = bus_bytes(OpKind::kAllReduce, n * e, N);
     }
-    if (zero) p.comm_bytes["all_gather"] = (sharded_params ? 2.0 : 1.0) * bytes_per_rank(OpKind::kAllGather, padded * e, N);
+    if (zero) p.comm_bytes["all_gather"] = (sharded_params ? 2.0 : 1.0) * bus_bytes(OpKind::kAllGather, padded * e, N);
   }
 
   // Time.
@@ -488,7 +488,7 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
   const int T = std::max(1, in.tp);
   if (T > 1) {
     // 4 all-reduces per block per microbatch (2 forward, 2 backward) of B/m x T x C floats.
-    p.comm_bytes["tp_all_reduce"] = 4.0 * in.local_layers * m * in.accum * bytes_per_rank(OpKind::kAllReduce, act_bytes, T);
+    p.comm_bytes["tp_all_reduce"] = 4.0 * in.local_layers * m * in.accum * bus_bytes(OpKind::kAllReduce, act_bytes, T);
   }
   if (P > 1) {
     int sends = 0;
@@ -499,8 +499,8 @@ MpPrediction predict_model_parallel(const MpPredictionInput& in) {
     p.comm_bytes["pp_send_recv"] = sends * act_bytes * in.accum;
   }
   if (D > 1) {
-    p.comm_bytes["all_reduce"] = bytes_per_rank(OpKind::kAllReduce, n * 4, D);
-    if (in.zero_stage > 0) p.comm_bytes["all_gather"] = bytes_per_rank(OpKind::kAllGather, padded * 4, D);
+    p.comm_bytes["all_reduce"] = bus_bytes(OpKind::kAllReduce, n * 4, D);
+    if (in.zero_stage > 0) p.comm_bytes["all_gather"] = bus_bytes(OpKind::kAllGather, padded * 4, D);
   }
 
   // Time after the pipeline: tied-embedding sum (an all-reduce of 2 ranks at the p2p rate), the DP

@@ -119,7 +119,17 @@ uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>
       [&](io::FileWriter& w) {
         w.write(len, 8);
         w.write(h);
-        for (const auto& t : tensors) w.write(t.data, static_cast<size_t>(numel(t.shape)) * 4);
+        std::vector<float> scratch;  // one tensor at a time, for those written from a fill
+        for (const auto& t : tensors) {
+          const auto n = static_cast<size_t>(numel(t.shape));
+          if (t.data != nullptr || n == 0) {
+            w.write(t.data, n * 4);
+            continue;
+          }
+          scratch.resize(n);
+          t.fill(scratch.data());
+          w.write(scratch.data(), n * 4);
+        }
       },
       previous_note, 8 + n + data);
 }
@@ -266,10 +276,80 @@ void remove_abandoned_writes(const fs::path& out_dir) {
 }
 }  // namespace
 
-std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapshot& snap, int keep) {
+namespace {
+
+// The tensors of a checkpoint's two files, in file order: the model's parameters (and, for the GPT, the tied
+// head written as lm_head.weight), then exp_avg and exp_avg_sq of every parameter. From the snapshot's
+// buffers, or, for a streamed snapshot, as fills that read each tensor (and check it is finite) when the
+// writer reaches it.
+struct CheckpointFiles {
+  std::vector<TensorRef> model, optim;
+  std::map<std::string, std::string> md, omd;
+  bool with_optimizer = false;
+};
+
+CheckpointFiles checkpoint_files(const CheckpointSnapshot& snap) {
+  CheckpointFiles cf;
+  const bool streamed = static_cast<bool>(snap.read);
+  cf.with_optimizer = streamed ? snap.read_moments : !snap.exp_avg.empty();
+  const int64_t step = snap.meta.step;
+  auto ref = [&](std::string name, const nn::Parameter& p, int which, const std::vector<float>& host) {
+    TensorRef t{std::move(name), p.shape, streamed ? nullptr : host.data() + p.offset, {}};
+    if (streamed) {
+      t.fill = [&snap, offset = p.offset, n = p.numel, which, step, pname = p.name](float* dst) {
+        snap.read(which, offset, n, dst);
+        static const char* const kWhat[] = {"value", "AdamW exp_avg", "AdamW exp_avg_sq"};
+        if (const int64_t bad = first_nonfinite(dst, n); bad >= 0)
+          TRIDENT_THROW(InvalidArgument,
+                        "refusing to save the checkpoint of step {}: the {} of parameter '{}' is not finite ({} at "
+                        "element {}); the run diverged (lower learning_rate or set grad_clip)",
+                        step, kWhat[which], pname, dst[bad], bad);
+      };
+    }
+    return t;
+  };
+  const auto& params = snap.parameters;
+  bool has_head = false;
+  for (const auto& p : params) {
+    cf.model.push_back(ref(p.name, p, 0, snap.values));
+    has_head = has_head || p.name == "lm_head.weight";
+  }
+  cf.md = {{"format", "pt"}, {"producer", "trident"}, {"step", std::to_string(step)}};
+  if (!has_head) {
+    for (const auto& p : params) {
+      if (p.name == "transformer.wte.weight" && snap.model_kind == "gpt") {
+        cf.model.push_back(ref("lm_head.weight", p, 0, snap.values));
+        cf.md["tied"] = "lm_head.weight=transformer.wte.weight";
+      }
+    }
+  }
+  cf.omd = {{"format", "pt"}, {"optimizer", "adamw"}};
+  if (cf.with_optimizer) {
+    for (const auto& p : params) cf.optim.push_back(ref("exp_avg." + p.name, p, 1, snap.exp_avg));
+    for (const auto& p : params) cf.optim.push_back(ref("exp_avg_sq." + p.name, p, 2, snap.exp_avg_sq));
+  }
+  return cf;
+}
+
+// Runs the fills of the tensors from the first-th on (in file order), into a scratch buffer.
+void run_fills(const CheckpointFiles& cf, size_t first) {
+  std::vector<float> scratch;
+  size_t i = 0;
+  for (const auto* list : {&cf.model, &cf.optim}) {
+    for (const auto& t : *list) {
+      const auto n = static_cast<size_t>(numel(t.shape));
+      if (!t.fill || n == 0) continue;
+      if (i++ < first) continue;
+      scratch.resize(n);
+      t.fill(scratch.data());
+    }
+  }
+}
+
+std::string write_checkpoint_files(const std::string& out_dir, const CheckpointSnapshot& snap, CheckpointFiles cf,
+                                   int keep) {
   const CheckpointMeta& meta = snap.meta;
-  const float* values = snap.values.data();
-  const bool with_optimizer = !snap.exp_avg.empty();
+  const bool with_optimizer = cf.with_optimizer;
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) TRIDENT_THROW(IoError, "cannot create out_dir '{}': {}", out_dir, ec.message());
@@ -286,29 +366,10 @@ std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapsho
   fs::path tmp_dir = fs::path(out_dir) / fmt::format(".{}.tmp.{}", name, ::getpid());
 
   // What goes into the files, and how many bytes each will have.
-  const auto& params = snap.parameters;
-  std::vector<TensorRef> tensors;
-  bool has_head = false;
-  for (const auto& p : params) {
-    tensors.push_back({p.name, p.shape, values + p.offset});
-    has_head = has_head || p.name == "lm_head.weight";
-  }
-  std::map<std::string, std::string> md{{"format", "pt"}, {"producer", "trident"},
-                                        {"step", std::to_string(meta.step)}};
-  if (!has_head) {
-    for (const auto& p : params) {
-      if (p.name == "transformer.wte.weight" && snap.model_kind == "gpt") {
-        tensors.push_back({"lm_head.weight", p.shape, values + p.offset});
-        md["tied"] = "lm_head.weight=transformer.wte.weight";
-      }
-    }
-  }
-  std::vector<TensorRef> ot;
-  const std::map<std::string, std::string> omd{{"format", "pt"}, {"optimizer", "adamw"}};
-  if (with_optimizer) {
-    for (const auto& p : params) ot.push_back({"exp_avg." + p.name, p.shape, snap.exp_avg.data() + p.offset});
-    for (const auto& p : params) ot.push_back({"exp_avg_sq." + p.name, p.shape, snap.exp_avg_sq.data() + p.offset});
-  }
+  const std::vector<TensorRef>& tensors = cf.model;
+  const std::vector<TensorRef>& ot = cf.optim;
+  const auto& md = cf.md;
+  const auto& omd = cf.omd;
   nlohmann::json files = nlohmann::json::object();
   files[kModelFile] = {{"bytes", safetensors_bytes(tensors, md)}, {"fnv1a64", io::hex64(0)}};
   if (with_optimizer) files[kOptimFile] = {{"bytes", safetensors_bytes(ot, omd)}, {"fnv1a64", io::hex64(0)}};
@@ -392,6 +453,50 @@ std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapsho
   int excess = static_cast<int>(others.size()) - (std::max(keep, 1) - 1);
   for (int i = 0; i < excess; ++i) fs::remove_all(others[static_cast<size_t>(i)].second, ec);
   return final_dir.string();
+}
+
+}  // namespace
+
+std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapshot& snap, int keep) {
+  CheckpointFiles cf = checkpoint_files(snap);
+  if (!snap.read) return write_checkpoint_files(out_dir, snap, std::move(cf), keep);
+  // Streamed: the other ranks run the same reads (drain_checkpoint). Count the fills that ran; when the write
+  // fails between them (a full disk, a folder that cannot be made), run the rest before throwing. A fill
+  // that fails (a collective, a non-finite value) fails on every rank alike: nothing is left to run then.
+  size_t done = 0;
+  bool fill_failed = false;
+  CheckpointFiles counted = cf;
+  for (auto* list : {&counted.model, &counted.optim}) {
+    for (auto& t : *list) {
+      if (!t.fill || numel(t.shape) == 0) continue;
+      t.fill = [f = t.fill, &done, &fill_failed](float* dst) {
+        try {
+          f(dst);
+        } catch (...) {
+          fill_failed = true;
+          throw;
+        }
+        ++done;
+      };
+    }
+  }
+  try {
+    return write_checkpoint_files(out_dir, snap, std::move(counted), keep);
+  } catch (...) {
+    if (!fill_failed) {
+      try {
+        run_fills(cf, done);
+      } catch (const std::exception& e) {
+        log_error("checkpoint: after the write failed, reading the rest for the other ranks failed too: {}",
+                  e.what());
+      }
+    }
+    throw;
+  }
+}
+
+void drain_checkpoint(const CheckpointSnapshot& snap) {
+  if (snap.read) run_fills(checkpoint_files(snap), 0);
 }
 
 std::string save_checkpoint(const std::string& out_dir, nn::Model& model, const CheckpointMeta& meta,

@@ -22,6 +22,8 @@
 // Asynchronous writes: snapshot_checkpoint copies what a checkpoint holds (weights, moments, metadata) into
 // memory, and AsyncCheckpointWriter writes that snapshot on a thread while training goes on. Memory: one
 // more host copy of the parameters and (with optimizer state) of both AdamW moments while a write runs.
+// Streamed writes (CheckpointSnapshot::read): a sharded model (ZeRO-3) is written one tensor at a time, read
+// from the shards when the writer reaches it, synchronously; the files are the same.
 //
 // Ownership: functions copy what they need; AsyncCheckpointWriter owns its thread and the snapshot being
 // written. Blocking: synchronous file I/O, except AsyncCheckpointWriter::submit, which waits only for the
@@ -31,6 +33,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -47,6 +50,9 @@ struct TensorRef {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
+  // When data is null: writes the tensor's values (numel floats) into dst, once, when the writer reaches
+  // the tensor (a sharded model gathers one tensor at a time).
+  std::function<void(float* dst)> fill = nullptr;
 };
 struct Tensor32 {
   std::vector<int64_t> shape;
@@ -97,12 +103,24 @@ struct CheckpointSnapshot {
   std::string model_kind;                  // Model::kind() ("gpt": a tied head is written as lm_head.weight)
   std::vector<float> values;               // the model's flat parameters, on the host
   std::vector<float> exp_avg, exp_avg_sq;  // AdamW moments, model layout; empty: no optimizer state
+  // A sharded model's checkpoint, read one tensor at a time instead of held: when set, values and the
+  // moments above are empty, and the writer calls read(which, offset, count, dst) for each tensor in file
+  // order (which: 0 values, 1 exp_avg, 2 exp_avg_sq; offset and count in the flat layout of `parameters`),
+  // the moments only when read_moments. The reads may be collective: every other rank of the group runs
+  // the same reads in the same order through drain_checkpoint, and a write that fails part-way runs the
+  // reads it has not run yet before it throws, so no rank is left waiting. A non-finite value read fails
+  // the save on every rank alike (InvalidArgument, as snapshot_checkpoint's check).
+  std::function<void(int which, size_t offset, size_t count, float* dst)> read;
+  bool read_moments = false;
 };
 // Copies the model (from its device) and the moments; InvalidArgument when a value or moment is not finite
 // or the moments do not match the model.
 CheckpointSnapshot snapshot_checkpoint(nn::Model& model, const CheckpointMeta& meta, const OptimizerState& opt);
 // Writes a snapshot as ckpt-<meta.step> in out_dir (as save_checkpoint); returns the folder.
 std::string write_checkpoint(const std::string& out_dir, const CheckpointSnapshot& snapshot, int keep = 1);
+// On a rank that does not write: runs a streamed snapshot's reads (CheckpointSnapshot::read) in the order
+// write_checkpoint runs them on the writer, discarding the values.
+void drain_checkpoint(const CheckpointSnapshot& snapshot);
 // The folder the checkpoint of `step` has in out_dir.
 std::string checkpoint_dir(const std::string& out_dir, int64_t step);
 

@@ -18,8 +18,27 @@
 namespace trident::train {
 namespace {
 
-using Member = std::variant<int TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
-                            std::string TrainConfig::*, Resume TrainConfig::*>;
+using nn::ModelConfig;
+// A key is a member of TrainConfig, or of the model config it holds (TrainConfig::model).
+using Member = std::variant<int TrainConfig::*, double TrainConfig::*, bool TrainConfig::*, std::string TrainConfig::*,
+                            Resume TrainConfig::*, int ModelConfig::*, double ModelConfig::*, bool ModelConfig::*,
+                            std::string ModelConfig::*, uint64_t ModelConfig::*, std::optional<bool> ModelConfig::*,
+                            nlohmann::json ModelConfig::*>;
+
+template <class P>
+struct MemberOf;
+template <class C, class T>
+struct MemberOf<T C::*> {
+  using Class = C;
+  using Type = T;
+};
+
+// The field a key names, in the config or in its model.
+template <class Config, class P>
+auto& field(Config& cfg, P member) {
+  if constexpr (std::is_same_v<typename MemberOf<P>::Class, ModelConfig>) return cfg.model.*member;
+  else return cfg.*member;
+}
 
 struct Key {
   const char* name;
@@ -71,28 +90,28 @@ const std::vector<Key>& keys() {
       {"init_from", &TrainConfig::init_from, "",
        "checkpoint (folder or out_dir) whose weights start this run, e.g. an imported GPT-2 (not with resume)"},
       {"json", &TrainConfig::json, "", "stream metrics records (JSON lines) to stdout"},
-      {"model", &TrainConfig::model, model_choices().c_str(),
+      {"model", &ModelConfig::kind, model_choices().c_str(),
        "architecture (gpt, llama, mlp) or a named shape of the catalog (sets the architecture and its shapes; "
        "later shape keys override them)"},
-      {"n_layer", &TrainConfig::n_layer, ">=1", "transformer blocks (mlp: hidden layers)"},
-      {"n_head", &TrainConfig::n_head, ">=1", "attention heads"},
-      {"n_kv_head", &TrainConfig::n_kv_head, ">=0",
+      {"n_layer", &ModelConfig::n_layer, ">=1", "transformer blocks (mlp: hidden layers)"},
+      {"n_head", &ModelConfig::n_head, ">=1", "attention heads"},
+      {"n_kv_head", &ModelConfig::n_kv_head, ">=0",
        "llama: key/value heads of grouped-query attention, dividing n_head (0: n_head; 1: multi-query)"},
-      {"n_embd", &TrainConfig::n_embd, ">=1", "embedding width"},
-      {"intermediate_size", &TrainConfig::intermediate_size, ">=0",
+      {"n_embd", &ModelConfig::n_embd, ">=1", "embedding width"},
+      {"intermediate_size", &ModelConfig::intermediate_size, ">=0",
        "llama: SwiGLU width (0: 8/3 n_embd rounded up to a multiple of 32)"},
-      {"rope_theta", &TrainConfig::rope_theta, ">0", "llama: base of the rotary embeddings' frequencies"},
-      {"norm_eps", &TrainConfig::norm_eps, ">0", "epsilon of the LayerNorms (gpt, mlp) or RMSNorms (llama)"},
-      {"rope_scaling", &TrainConfig::rope_scaling, "",
+      {"rope_theta", &ModelConfig::rope_theta, ">0", "llama: base of the rotary embeddings' frequencies"},
+      {"norm_eps", &ModelConfig::norm_eps, ">0", "epsilon of the LayerNorms (gpt, mlp) or RMSNorms (llama)"},
+      {"rope_scaling", &ModelConfig::rope_scaling, "",
        "llama: Llama 3.1's rotary scaling as JSON, e.g. {\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
        "\"high_freq_factor\":4,\"original_max_position_embeddings\":8192} (empty: none)"},
-      {"tie_embeddings", &TrainConfig::tie_embeddings, "auto|true|false",
+      {"tie_embeddings", &ModelConfig::tie_embeddings, "auto|true|false",
        "the LM head is the token embedding (auto: the architecture's: gpt and mlp tie it, llama does not)"},
-      {"block_size", &TrainConfig::block_size, ">=1", "context length T"},
-      {"dropout", &TrainConfig::dropout, ">=0", "dropout probability"},
-      {"bias", &TrainConfig::bias, "", "biases in Linear and LayerNorm layers"},
-      {"gelu", &TrainConfig::gelu, "exact|tanh", "GELU form (exact = nn.GELU)"},
-      {"activation_checkpointing", &TrainConfig::activation_checkpointing, "", "recompute blocks in backward"},
+      {"block_size", &ModelConfig::block_size, ">=1", "context length T"},
+      {"dropout", &ModelConfig::dropout, ">=0", "dropout probability"},
+      {"bias", &ModelConfig::bias, "", "biases in Linear and LayerNorm layers"},
+      {"gelu", &ModelConfig::gelu, "exact|tanh", "GELU form (exact = nn.GELU)"},
+      {"activation_checkpointing", &ModelConfig::activation_checkpointing, "", "recompute blocks in backward"},
       {"batch_size", &TrainConfig::batch_size, ">=1", "sequences per micro-step, per rank"},
       {"gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps, ">=1", "micro-steps per step"},
       {"max_iters", &TrainConfig::max_iters, ">=0", "optimizer steps"},
@@ -107,10 +126,10 @@ const std::vector<Key>& keys() {
       {"warmup_iters", &TrainConfig::warmup_iters, ">=0", "linear warmup steps"},
       {"lr_decay_iters", &TrainConfig::lr_decay_iters, ">=1", "step where the cosine reaches min_lr"},
       {"min_lr", &TrainConfig::min_lr, ">=0", "final learning rate"},
-      {"seed", &TrainConfig::seed, ">=0", "seed of initialization and data sampling"},
+      {"seed", &ModelConfig::seed, ">=0", "seed of initialization and data sampling"},
       {"threads", &TrainConfig::threads, ">=0", "compute threads (0: what the process is given)"},
-      {"dtype", &TrainConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
-      {"device", &TrainConfig::device, "cpu|cuda",
+      {"dtype", &ModelConfig::dtype, "float32|bfloat16", "compute precision (weights stay float32)"},
+      {"device", &ModelConfig::device, "cpu|cuda",
        "where the model, its gradients and the optimizer state live (cuda: the GPU LOCAL_RANK modulo the visible GPUs; ranks may share one)"},
       {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
        "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
@@ -169,14 +188,17 @@ const Key& find_key(const std::string& raw, const std::string& origin) {
 }
 
 const char* type_name(const Member& m) {
-  switch (m.index()) {
-    case 0:
-    case 1: return "int";
-    case 2: return "float";
-    case 3: return "bool";
-    case 5: return "bool|auto";
-    default: return "string";
-  }
+  return std::visit(
+      [](auto member) -> const char* {
+        using T = typename MemberOf<decltype(member)>::Type;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, uint64_t>) return "int";
+        else if constexpr (std::is_same_v<T, double>) return "float";
+        else if constexpr (std::is_same_v<T, bool>) return "bool";
+        else if constexpr (std::is_same_v<T, Resume> || std::is_same_v<T, std::optional<bool>>) return "bool|auto";
+        else if constexpr (std::is_same_v<T, nlohmann::json>) return "json";
+        else return "string";
+      },
+      m);
 }
 
 [[noreturn]] void bad_value(const Key& k, const std::string& text, const std::string& origin, const std::string& want) {
@@ -190,6 +212,7 @@ std::string want_text(const Key& k) {
   if (t == "string") return allowed.empty() ? "a string" : "one of " + allowed;
   if (t == "bool") return "a boolean (true/false, 1/0, yes/no, on/off)";
   if (t == "bool|auto") return "a boolean (true/false, 1/0, yes/no, on/off) or auto";
+  if (t == "json") return "a JSON object, or empty for none";
   std::string what = t == "int" ? "an integer" : "a number";
   return allowed.empty() ? what : what + " " + allowed;
 }
@@ -217,28 +240,28 @@ bool parse_bool(const std::string& s, bool& out) {
 // rotary settings and tying; the GPT-2 family also its biases, tanh GELU and tokenizer. Vocabularies are
 // padded to a multiple of 128 (llm.c: GPT-2's 50257 -> 50304).
 void apply_preset(TrainConfig& cfg, const plan::ModelSpec& m) {
-  cfg.model = m.arch;
-  cfg.n_layer = m.layers;
-  cfg.n_head = m.heads;
-  cfg.n_kv_head = m.kv_heads;
-  cfg.n_embd = m.hidden;
-  cfg.intermediate_size = m.ffn_hidden;  // 0: the architecture's (the GPT: 4 n_embd, also when n_embd is overridden)
-  cfg.block_size = m.seq;
-  cfg.bias = m.bias;
-  cfg.rope_theta = m.rope_theta;
-  cfg.norm_eps = m.norm_eps;
-  cfg.tie_embeddings = m.tied_embeddings ? "true" : "false";
-  cfg.rope_scaling = m.rope_factor > 0 ? nlohmann::json{{"rope_type", "llama3"},
-                                                        {"factor", m.rope_factor},
-                                                        {"low_freq_factor", m.rope_low_freq_factor},
-                                                        {"high_freq_factor", m.rope_high_freq_factor},
-                                                        {"original_max_position_embeddings",
-                                                         m.rope_original_max_positions}}
-                                                         .dump()
-                                       : "";
+  ModelConfig& mc = cfg.model;
+  mc.kind = m.arch;
+  mc.n_layer = m.layers;
+  mc.n_head = m.heads;
+  mc.n_kv_head = m.kv_heads;
+  mc.n_embd = m.hidden;
+  mc.intermediate_size = m.ffn_hidden;  // 0: the architecture's (the GPT: 4 n_embd, also when n_embd is overridden)
+  mc.block_size = m.seq;
+  mc.bias = m.bias;
+  mc.rope_theta = m.rope_theta;
+  mc.norm_eps = m.norm_eps;
+  mc.tie_embeddings = m.tied_embeddings;
+  mc.rope_scaling = m.rope_factor > 0 ? nlohmann::json{{"rope_type", "llama3"},
+                                                       {"factor", m.rope_factor},
+                                                       {"low_freq_factor", m.rope_low_freq_factor},
+                                                       {"high_freq_factor", m.rope_high_freq_factor},
+                                                       {"original_max_position_embeddings",
+                                                        m.rope_original_max_positions}}
+                                      : nlohmann::json();
   cfg.vocab_multiple = 128;
   if (!m.learned_positions) return;
-  cfg.gelu = "tanh";
+  mc.gelu = "tanh";
   cfg.tokenizer = m.tokenizer;
 }
 
@@ -247,16 +270,35 @@ const plan::ModelSpec* find_preset(const std::string& name) { return plan::find_
 void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, const std::string& origin) {
   std::visit(
       [&](auto member) {
-        using T = std::remove_reference_t<decltype(cfg.*member)>;
+        using T = typename MemberOf<decltype(member)>::Type;
+        T& out = field(cfg, member);
         if constexpr (std::is_same_v<T, bool>) {
           bool b;
           if (!parse_bool(text, b)) bad_value(k, text, origin, want_text(k));
-          cfg.*member = b;
+          out = b;
         } else if constexpr (std::is_same_v<T, Resume>) {
           bool b;
-          if (text == "auto") cfg.*member = Resume::kAuto;
-          else if (parse_bool(text, b)) cfg.*member = b ? Resume::kYes : Resume::kNo;
+          if (text == "auto") out = Resume::kAuto;
+          else if (parse_bool(text, b)) out = b ? Resume::kYes : Resume::kNo;
           else bad_value(k, text, origin, want_text(k));
+        } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+          bool b;
+          if (text == "auto") out.reset();
+          else if (parse_bool(text, b)) out = b;
+          else bad_value(k, text, origin, want_text(k));
+        } else if constexpr (std::is_same_v<T, nlohmann::json>) {
+          if (text.empty() || text == "null") {
+            out = nullptr;
+            return;
+          }
+          nlohmann::json v;
+          try {
+            v = nlohmann::json::parse(text);
+          } catch (const nlohmann::json::exception&) {
+            bad_value(k, text, origin, want_text(k));
+          }
+          if (!v.is_object() && !v.is_null()) bad_value(k, text, origin, want_text(k));
+          out = std::move(v);
         } else if constexpr (std::is_same_v<T, std::string>) {
           std::string allowed = k.allowed;
           if (!allowed.empty()) {
@@ -270,15 +312,15 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
             }
             if (!ok) bad_value(k, text, origin, want_text(k));
           }
-          cfg.*member = text;
+          out = text;
           if (std::string(k.name) == "model" && find_preset(text) != nullptr)
-            cfg.model = find_preset(text)->arch;  // shapes: apply_preset
+            out = find_preset(text)->arch;  // shapes: apply_preset
         } else if constexpr (std::is_same_v<T, double>) {
           char* end = nullptr;
           double v = std::strtod(text.c_str(), &end);
           if (text.empty() || end != text.c_str() + text.size()) bad_value(k, text, origin, want_text(k));
           check_range(k, v, text, origin);
-          cfg.*member = v;
+          out = v;
         } else {
           T v{};
           auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -286,7 +328,7 @@ void set_from_text(TrainConfig& cfg, const Key& k, const std::string& text, cons
             bad_value(k, text, origin, want_text(k));
           }
           check_range(k, static_cast<double>(v), text, origin);
-          cfg.*member = v;
+          out = v;
         }
       },
       k.member);
@@ -304,15 +346,15 @@ std::string divisors(int n, int limit) {
 void validate_model_parallel(const TrainConfig& c) {
   // The model's own rules and how tensor parallelism can split it are its architecture's (nn/arch/); the
   // vocabulary is not known yet, and is padded to a multiple of tp anyway.
-  nn::ModelConfig model = nn::ModelConfig::from_json(model_config_json(c, 1));
+  ModelConfig model = model_config(c, 1);
   model.vocab_size = 0;  // checked once the tokenizer is read (and padded to a multiple of tp)
   if (c.tp > 1) nn::architecture(model.kind).check_tp(model, c.tp);
   const int chunks = c.pp * c.virtual_stages;
-  if (chunks > 1 && c.n_layer < chunks) {
+  if (chunks > 1 && model.n_layer < chunks) {
     TRIDENT_THROW(InvalidArgument,
                   "pp={} x virtual_stages={} = {} model chunks but n_layer={}: every chunk needs at least one layer; "
                   "use pp x virtual_stages <= {}",
-                  c.pp, c.virtual_stages, chunks, c.n_layer, c.n_layer);
+                  c.pp, c.virtual_stages, chunks, model.n_layer, model.n_layer);
   }
   if (c.virtual_stages > 1 && c.schedule != "interleaved") {
     TRIDENT_THROW(InvalidArgument, "virtual_stages={} needs schedule=interleaved (schedule is '{}')", c.virtual_stages,
@@ -364,11 +406,14 @@ nlohmann::json TrainConfig::to_json() const {
   for (const auto& k : keys()) {
     std::visit(
         [&](auto member) {
-          if constexpr (std::is_same_v<std::remove_reference_t<decltype(this->*member)>, const Resume>) {
-            const Resume r = this->*member;
-            j[k.name] = r == Resume::kAuto ? nlohmann::json("auto") : nlohmann::json(r == Resume::kYes);
+          using T = typename MemberOf<decltype(member)>::Type;
+          const T& v = field(*this, member);
+          if constexpr (std::is_same_v<T, Resume>) {
+            j[k.name] = v == Resume::kAuto ? nlohmann::json("auto") : nlohmann::json(v == Resume::kYes);
+          } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+            j[k.name] = v ? nlohmann::json(*v) : nlohmann::json("auto");
           } else {
-            j[k.name] = this->*member;
+            j[k.name] = v;
           }
         },
         k.member);
@@ -381,13 +426,12 @@ void TrainConfig::validate() const {
   if (decay_lr && warmup_iters > lr_decay_iters) {
     TRIDENT_THROW(InvalidArgument, "warmup_iters ({}) must not exceed lr_decay_iters ({})", warmup_iters, lr_decay_iters);
   }
-  if (dropout >= 1.0) TRIDENT_THROW(InvalidArgument, "dropout ({}) must be below 1", dropout);
-  if (device != "cpu" && param_dtype != "float32") {
+  if (model.device != "cpu" && param_dtype != "float32") {
     TRIDENT_THROW(Unsupported,
                   "device={} keeps parameters and gradients in float32 for now, but param_dtype={} was asked for: "
                   "bfloat16 parameter storage runs on the CPU only; use --param_dtype float32 (bf16 compute on "
                   "the GPU is --dtype bfloat16), or --device cpu",
-                  device, param_dtype);
+                  model.device, param_dtype);
   }
   if (param_dtype != "float32" && tp * pp > 1) {
     TRIDENT_THROW(InvalidArgument,
@@ -435,9 +479,12 @@ void apply_config_json(TrainConfig& cfg, const nlohmann::json& j, const std::str
       if (type == "bool|auto" && v == "auto") text = "auto";
       else if (!v.is_boolean()) bad_value(k, v.dump(), origin, want_text(k));
       else text = v.get<bool>() ? "true" : "false";
+    } else if (type == "json") {
+      if (v.is_object() || v.is_null()) text = v.is_null() ? "" : v.dump();
+      else if (v.is_string()) text = v.get<std::string>();
+      else bad_value(k, v.dump(), origin, want_text(k));
     } else if (type == "string") {
-      if (std::string(k.name) == "rope_scaling" && (v.is_object() || v.is_null())) text = v.is_null() ? "" : v.dump();
-      else if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
+      if (!v.is_string()) bad_value(k, v.dump(), origin, want_text(k));
       else text = v.get<std::string>();
     } else if (type == "int") {
       if (v.is_number_integer()) text = v.dump();
@@ -562,26 +609,24 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::set<std::string>& given
   TRIDENT_CHECK(meta.is_object() && meta.contains("model") && meta["model"].is_object(), InvalidArgument,
                 "--init_from: '{}' has no \"model\" object (the model configuration); is it a trident checkpoint?",
                 meta_path);
-  // The checkpoint's model as the factory resolves it (every key present, defaults applied).
-  const nlohmann::json m = nn::ModelConfig::from_json(meta["model"]).to_json();
+  // The checkpoint's model as the factory resolves it (every key present, defaults applied). What it does not
+  // fix stays this run's: where and how it computes (device, dtype, activation checkpointing) and its seed.
+  const ModelConfig ck = ModelConfig::from_json(meta["model"]);
   TrainConfig from = cfg;
-  from.model = m["kind"].get<std::string>();
-  from.n_layer = m["n_layer"];
-  from.n_head = m["n_head"];
-  from.n_kv_head = m["n_kv_head"];
-  from.n_embd = m["n_embd"];
-  from.intermediate_size = m["intermediate_size"];
-  from.rope_theta = m["rope_theta"];
-  from.norm_eps = m["norm_eps"];
-  from.rope_scaling = m["rope_scaling"].is_null() ? "" : m["rope_scaling"].dump();
-  from.tie_embeddings = m["tie_embeddings"].get<bool>() ? "true" : "false";
-  from.bias = m["bias"];
-  from.gelu = m["gelu"];
+  ModelConfig& m = from.model;
+  const ModelConfig& run = cfg.model;
+  m = ck;
+  m.vocab_size = m.valid_vocab_size = 0;  // the tokenizer's, set when the model is built
+  m.device = run.device;
+  m.dtype = run.dtype;
+  m.activation_checkpointing = run.activation_checkpointing;
+  m.seed = run.seed;
+  m.dropout = run.dropout;
   // The model's context; training windows may be shorter (--block_size).
-  if (!given.count("block_size")) from.block_size = m["block_size"];
-  TRIDENT_CHECK(from.block_size <= m["block_size"].get<int>(), InvalidArgument,
-                "--block_size {} exceeds the context of the model in '{}' ({}); use --block_size <= {}",
-                from.block_size, dir, m["block_size"].get<int>(), m["block_size"].get<int>());
+  if (given.count("block_size")) m.block_size = run.block_size;
+  TRIDENT_CHECK(m.block_size <= ck.block_size, InvalidArgument,
+                "--block_size {} exceeds the context of the model in '{}' ({}); use --block_size <= {}", m.block_size,
+                dir, ck.block_size, ck.block_size);
   // A key given on the command line or in a config file must agree with the checkpoint's model.
   const nlohmann::json want = from.to_json(), have = cfg.to_json();
   for (const char* key : {"model", "n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "rope_theta",
@@ -600,44 +645,22 @@ int padded_vocab(const TrainConfig& cfg, int vocab_size) {
   return (vocab_size + m - 1) / m * m;
 }
 
+ModelConfig model_config(const TrainConfig& cfg, int vocab_size) {
+  ModelConfig m = cfg.model;
+  m.vocab_size = padded_vocab(cfg, vocab_size);
+  m.valid_vocab_size = vocab_size;
+  return m.resolved();
+}
+
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size) {
-  nlohmann::json j{{"kind", cfg.model},
-                        {"n_layer", cfg.n_layer},
-                        {"n_head", cfg.n_head},
-                        {"n_kv_head", cfg.n_kv_head},
-                        {"n_embd", cfg.n_embd},
-                        {"intermediate_size", cfg.intermediate_size},
-                        {"rope_theta", cfg.rope_theta},
-                        {"norm_eps", cfg.norm_eps},
-                        {"block_size", cfg.block_size},
-                        {"vocab_size", padded_vocab(cfg, vocab_size)},
-                        {"valid_vocab_size", vocab_size},
-                        {"bias", cfg.bias},
-                        {"dropout", cfg.dropout},
-                        {"gelu", cfg.gelu},
-                        {"activation_checkpointing", cfg.activation_checkpointing},
-                        {"seed", cfg.seed},
-                        {"dtype", cfg.dtype},
-                        {"device", cfg.device}};
-  if (cfg.tie_embeddings != "auto") j["tie_embeddings"] = cfg.tie_embeddings == "true";
-  if (!cfg.rope_scaling.empty()) {
-    try {
-      j["rope_scaling"] = nlohmann::json::parse(cfg.rope_scaling);
-    } catch (const nlohmann::json::exception& e) {
-      TRIDENT_THROW(InvalidArgument, "rope_scaling is not valid JSON ({}): '{}'; give an object such as "
-                    "{{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
-                    "\"original_max_position_embeddings\":8192}}",
-                    e.what(), cfg.rope_scaling);
-    }
-  }
-  return j;
+  return model_config(cfg, vocab_size).to_json(true);
 }
 
 plan::ModelSpec plan_model_spec(const TrainConfig& cfg, int vocab_size) {
-  const nn::ModelConfig mc = nn::ModelConfig::from_json(model_config_json(cfg, vocab_size));
+  const ModelConfig mc = model_config(cfg, vocab_size);
   const nn::Architecture& arch = nn::architecture(mc.kind);
   plan::ModelSpec m;
-  m.name = cfg.model;
+  m.name = mc.kind;
   m.arch = mc.kind;
   m.transformer = arch.head_dim(mc) > 0;
   m.layers = mc.n_layer;
@@ -648,7 +671,7 @@ plan::ModelSpec plan_model_spec(const TrainConfig& cfg, int vocab_size) {
   m.gated_mlp = arch.gated_mlp();
   m.vocab = mc.vocab_size;
   m.seq = mc.block_size;
-  m.tied_embeddings = mc.tie_embeddings;
+  m.tied_embeddings = mc.tied();
   m.learned_positions = arch.learned_positions();
   m.bias = mc.bias;
   m.rope_theta = mc.rope_theta;

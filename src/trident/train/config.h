@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trident/nn/model_config.h"
 #include "trident/plan/model.h"
 
 namespace trident::train {
@@ -47,22 +48,11 @@ struct TrainConfig {
   Resume resume = Resume::kNo;         // continue from the latest checkpoint in out_dir (false|true|auto)
   std::string init_from;               // start from this checkpoint's weights (fresh optimizer and data position)
   bool json = false;                   // stream metrics records to stdout instead of the progress line
-  // model
-  std::string model = "gpt";           // gpt | llama | mlp, or a named shape of the catalog (plan/model.h)
-  int n_layer = 4;
-  int n_head = 4;
-  int n_kv_head = 0;                   // llama: key/value heads (0 = n_head)
-  int n_embd = 128;
-  int intermediate_size = 0;           // llama: SwiGLU width (0 = ~8/3 n_embd, rounded up to 32)
-  double rope_theta = 10000.0;         // llama: rotary base
-  double norm_eps = 1e-5;              // LayerNorm / RMSNorm epsilon
-  std::string rope_scaling;            // llama: Llama 3.1's rope_scaling as JSON ("" = none)
-  std::string tie_embeddings = "auto"; // auto | true | false: the head is the embedding (auto: the architecture's)
-  int block_size = 64;
-  double dropout = 0.0;
-  bool bias = false;
-  std::string gelu = "exact";          // exact | tanh
-  bool activation_checkpointing = false;
+  // The model (nn/model_config.h: its keys, defaults and rules). Its kind is the `model` key (an architecture,
+  // or a named shape of the catalog, which sets the shape keys); dtype, device, seed and activation
+  // checkpointing are its keys too. vocab_size is the tokenizer's, set when the model is built
+  // (model_config()).
+  nn::ModelConfig model;
   // optimizer and schedule
   int batch_size = 12;                 // per rank
   int gradient_accumulation_steps = 1;
@@ -78,10 +68,7 @@ struct TrainConfig {
   int lr_decay_iters = 2000;
   double min_lr = 1e-4;
   // system
-  int64_t seed = 1337;
   int threads = 0;                     // 0 = what the process is given
-  std::string dtype = "float32";       // float32 | bfloat16
-  std::string device = "cpu";          // cpu | cuda (one GPU, single process; kernels/device.h)
   std::string param_dtype = "float32"; // float32 | bfloat16: data-parallel storage of parameters and gradients
   // model parallelism (train_distributed): the device mesh tp x pp x dp = world size
   int tp = 1;                          // tensor-parallel ranks (Megatron: heads and MLP columns split)
@@ -141,9 +128,11 @@ TrainConfig parse_train_args(const std::vector<std::string>& args, const TrainCo
 // disagrees with the checkpoint throws InvalidArgument naming it. parse_train_args calls it.
 void adopt_checkpoint_model(TrainConfig& cfg, const std::set<std::string>& given);
 
-// The model config handed to nn::make_model. vocab_size is the tokenizer's rounded up to a multiple of
-// vocab_multiple (0: of tp, so that the vocabulary-parallel embedding splits evenly; Megatron's
-// make-vocab-size-divisible-by); the padding rows are never targets.
+// The resolved model config this run builds with a tokenizer of vocab_size ids: cfg.model with vocab_size
+// the tokenizer's rounded up to a multiple of vocab_multiple (0: of tp, so that the vocabulary-parallel
+// embedding splits evenly; Megatron's make-vocab-size-divisible-by); the padding rows are never targets.
+nn::ModelConfig model_config(const TrainConfig& cfg, int vocab_size);
+// The same as the JSON nn::make_model reads (device included).
 nlohmann::json model_config_json(const TrainConfig& cfg, int vocab_size);
 int padded_vocab(const TrainConfig& cfg, int vocab_size);
 // The planner's description (plan/model.h) of the model this config trains with a tokenizer of vocab_size

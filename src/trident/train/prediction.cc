@@ -48,7 +48,7 @@ double allreduce_bus_Bps(ProcessGroup& group, float* grads, size_t n) {
     best = std::min(best, since(t0));
   }
   group.all_reduce(&best, 1, DType::kFloat64, ReduceOp::kMax);
-  return plan::bytes_per_rank(OpKind::kAllReduce, static_cast<double>(n) * 4, group.size()) / best;
+  return bus_bytes(OpKind::kAllReduce, static_cast<double>(n) * 4, group.size()) / best;
 }
 }  // namespace
 

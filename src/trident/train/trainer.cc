@@ -21,6 +21,7 @@
 #include "trident/nn/models.h"
 #include "trident/optim/schedule.h"
 #include "trident/train/generate.h"
+#include "trident/train/prediction.h"
 
 namespace trident::train {
 namespace fs = std::filesystem;
@@ -87,8 +88,9 @@ std::unique_ptr<nn::Model> model_from_checkpoint(
 Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
   cfg_.validate();
   // Fails at once (before any data is read) when the device cannot be used: DeviceUnavailable says why.
-  kernels::device_ops(kernels::parse_device(cfg_.device));
-  if (!hooks_.make_model) hooks_.make_model = [](const nlohmann::json& j) { return nn::make_model(j); };
+  kernels::device_ops(kernels::parse_device(cfg_.model.device));
+  const bool default_model = !hooks_.make_model;
+  if (default_model) hooks_.make_model = [](const nlohmann::json& j) { return nn::make_model(j); };
   if (!hooks_.average) hooks_.average = [](double v) { return v; };
   if (hooks_.out == nullptr) hooks_.out = stdout;
   tty_ = !cfg_.json && ::isatty(::fileno(hooks_.out)) != 0;
@@ -145,7 +147,8 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
                 predicted);
   // The initializing model's context (learned positions are that long); training windows may be shorter.
   if (init && init->meta.model_config.contains("block_size")) mcfg["block_size"] = init->meta.model_config["block_size"];
-  model_ = hooks_.make_model(mcfg);
+  const bool defer = hooks_.defer_initialization && default_model && !ckpt && !init;
+  model_ = defer ? nn::make_model(mcfg, false) : hooks_.make_model(mcfg);
   optim::AdamWConfig ac;
   ac.lr = static_cast<float>(cfg_.learning_rate);
   ac.beta1 = static_cast<float>(cfg_.beta1);
@@ -155,13 +158,13 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
 
   const int global_batch = cfg_.batch_size * hooks_.world;
   sampler_ = std::make_unique<data::TrainSampler>(data::parse_sampler_kind(cfg_.sampler),
-                                                   dataset_->span(data::Split::kTrain), cfg_.block_size,
-                                                   static_cast<uint64_t>(cfg_.seed),
+                                                   dataset_->span(data::Split::kTrain), cfg_.model.block_size,
+                                                   cfg_.model.seed,
                                                    cfg_.gradient_accumulation_steps, global_batch);
-  eval_train_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kTrain), cfg_.block_size,
-                                                            static_cast<uint64_t>(cfg_.seed), data::kStreamEvalTrain);
-  eval_val_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kVal), cfg_.block_size,
-                                                          static_cast<uint64_t>(cfg_.seed), data::kStreamEvalVal);
+  eval_train_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kTrain), cfg_.model.block_size,
+                                                            cfg_.model.seed, data::kStreamEvalTrain);
+  eval_val_ = std::make_unique<data::RandomWindowSampler>(dataset_->span(data::Split::kVal), cfg_.model.block_size,
+                                                          cfg_.model.seed, data::kStreamEvalVal);
 
   if (init) {
     if (hooks_.load_checkpoint) hooks_.load_checkpoint(*model_, *opt_, *init);
@@ -219,7 +222,7 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
       const nn::ModelConfig mc = nn::ModelConfig::from_json(model_->config());
       const int head_dim = nn::architecture(mc.kind).head_dim(mc);
       const std::string kernels =
-          ops.kernel_summary(head_dim, cfg_.dtype == "bfloat16" ? kernels::cpu::Precision::kBFloat16
+          ops.kernel_summary(head_dim, cfg_.model.dtype == "bfloat16" ? kernels::cpu::Precision::kBFloat16
                                                                 : kernels::cpu::Precision::kFloat32);
       const std::string device = ops.describe();
       log_info("{} kernels on {}: {}", kernels::device_name(model_->device()), device, kernels);
@@ -230,7 +233,7 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
       // bfloat16 pays on the CPU only where a unit multiplies bf16 faster than float32 (AMX tiles, or a
       // vdpbf16ps that outruns the FMAs); elsewhere it rounds the operands, then runs float32's FMAs.
       const kernels::cpu::Isa isa = kernels::cpu::active_isa();
-      if (cfg_.dtype == "bfloat16" && (isa < kernels::cpu::Isa::kAvx512Bf16 ||
+      if (cfg_.model.dtype == "bfloat16" && (isa < kernels::cpu::Isa::kAvx512Bf16 ||
                                        (isa == kernels::cpu::Isa::kAvx512Bf16 && !kernels::cpu::bf16_dot_in_use())))
         log_info("--dtype bfloat16 runs here on float32 FMAs over rounded operands (no faster bfloat16 unit at ISA "
                  "level {}, see the kernels line): --dtype float32 trains faster on this CPU",
@@ -299,7 +302,7 @@ void Trainer::progress(int64_t step, double loss, double lr, double tps, double 
 }
 
 double Trainer::estimate_loss(data::Split split, int64_t step) {
-  const int B = cfg_.batch_size, T = cfg_.block_size;
+  const int B = cfg_.batch_size, T = cfg_.model.block_size;
   const int global_batch = B * hooks_.world;
   auto& s = split == data::Split::kTrain ? *eval_train_ : *eval_val_;
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
@@ -315,7 +318,7 @@ std::string Trainer::save(int64_t step) {
   if (hooks_.before_save) hooks_.before_save();  // every rank (sharded state is gathered collectively)
   TrainerHooks::SaveView view;
   if (hooks_.checkpoint_view) view = hooks_.checkpoint_view();  // every rank (gathers to the writer)
-  if (!writer()) return {};
+  if (!writer() && !view.read) return {};
   if (view.model == nullptr) {
     view.model = model_.get();
     opt_->sync_state_to_host();  // device moments to exp_avg()/exp_avg_sq() (no-op on the CPU)
@@ -329,7 +332,7 @@ std::string Trainer::save(int64_t step) {
   meta.tokenizer = dataset_->tokenizer().to_json();
   meta.train_config = cfg_.to_json();
   meta.sampler = sampler_->state(step);
-  meta.rng = {{"data", data::Rng(static_cast<uint64_t>(cfg_.seed), data::kStreamTrain).state()},
+  meta.rng = {{"data", data::Rng(cfg_.model.seed, data::kStreamTrain).state()},
               {"note", "batches are counter-based: (seed, step, micro) determine them"}};
   meta.optimizer_step = view.optimizer_step;
   meta.has_optimizer = true;
@@ -338,6 +341,21 @@ std::string Trainer::save(int64_t step) {
                   {"train_seconds", elapsed_before_ + run_seconds_},
                   {"train_tokens", tokens_before_ + run_tokens_},
                   {"source_checksum", io::hex64(dataset_->source_checksum())}};
+  if (view.read) {
+    // Streamed from the shards: every rank runs the reads, in the writer's order; synchronous.
+    CheckpointSnapshot snap;
+    snap.meta = std::move(meta);
+    snap.parameters = view.model->parameters();
+    snap.model_kind = view.model->kind();
+    snap.read = view.read;
+    snap.read_moments = true;
+    if (!writer()) {
+      drain_checkpoint(snap);
+      return {};
+    }
+    writer_.wait();  // an earlier asynchronous write completes first (checkpoints are written in order)
+    return write_checkpoint(cfg_.out_dir, snap, cfg_.keep_checkpoints);
+  }
   OptimizerState os{view.exp_avg, view.exp_avg_sq};
   if (!cfg_.async_checkpoint) return save_checkpoint(cfg_.out_dir, *view.model, meta, os, cfg_.keep_checkpoints);
   // The snapshot is taken now (training goes on and changes the model); the files are written meanwhile.
@@ -348,7 +366,7 @@ void Trainer::wait_for_checkpoint() { writer_.wait(); }
 
 TrainResult Trainer::run() {
   TrainResult res;
-  const int B = cfg_.batch_size, T = cfg_.block_size, accum = cfg_.gradient_accumulation_steps;
+  const int B = cfg_.batch_size, T = cfg_.model.block_size, accum = cfg_.gradient_accumulation_steps;
   const double tokens_per_step = static_cast<double>(B) * T * accum * hooks_.world;
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   int64_t it = start_step_;
@@ -432,7 +450,8 @@ TrainResult Trainer::run() {
                           {"loss", loss},
                           {"lr", lr},
                           {"tokens_per_s", tokens_per_step / dt},
-                          {"elapsed", seconds_since(t_start)}};
+                          {"elapsed", seconds_since(t_start)},
+                          {"peak_rss_bytes", peak_rss_bytes()}};  // this process's high-water mark (VmHWM)
     if (std::isfinite(grad_norm)) rec["grad_norm"] = grad_norm;
     if (!finite) rec["skipped"] = true;
     if (res.nonfinite_skips > 0) rec["nonfinite_skips"] = res.nonfinite_skips;
@@ -458,7 +477,7 @@ TrainResult Trainer::run() {
     std::fprintf(hooks_.out, "sample: skipped (this layout has no full model to sample from)\n");
     std::fflush(hooks_.out);
   }
-  if (cfg_.sample_tokens > 0 && writer() && sample_from != nullptr) {
+  if (cfg_.sample_tokens > 0 && sample_from != nullptr && (writer() || hooks_.sample_on_every_rank)) {
     const auto& tok = dataset_->tokenizer();
     std::vector<int32_t> ctx;
     try {
@@ -470,8 +489,8 @@ TrainResult Trainer::run() {
     g.max_new_tokens = cfg_.sample_tokens;
     g.temperature = cfg_.temperature;
     g.top_k = cfg_.top_k;
-    g.seed = static_cast<uint64_t>(cfg_.seed);
-    auto out = generate_tokens(*sample_from, cfg_.block_size, tok.vocab_size(), ctx, g);
+    g.seed = cfg_.model.seed;
+    auto out = generate_tokens(*sample_from, cfg_.model.block_size, tok.vocab_size(), ctx, g);
     res.sample = tok.decode(out.data() + ctx.size(), out.size() - ctx.size());
   }
   if (hooks_.on_finished) hooks_.on_finished(res);

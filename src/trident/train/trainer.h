@@ -77,6 +77,10 @@ struct TrainerHooks {
   int world = 1;
   // Builds the model from its config (default nn::make_model); tests may inject another.
   std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)> make_model;
+  // A fresh run (no checkpoint loaded, no make_model given) builds its model without drawing the initial
+  // values (nn::Model: deferred initialization): on_ready's ZeRO-3 wrapper initializes only the pieces each
+  // rank owns, so no rank ever holds the whole model.
+  bool defer_initialization = false;
   // After the model is built (and a checkpoint loaded), before training: data parallelism broadcasts
   // rank 0's parameters and installs its gradient hooks here.
   std::function<void(nn::Model&)> on_ready;
@@ -118,12 +122,20 @@ struct TrainerHooks {
     const std::vector<float>* exp_avg = nullptr;
     const std::vector<float>* exp_avg_sq = nullptr;
     int64_t optimizer_step = 0;
+    // A sharded model's checkpoint read one tensor at a time (CheckpointSnapshot::read; ZeRO-3): `model`
+    // gives the names, shapes and config, every rank returns the view and runs the same reads (the writer
+    // writes, the others drain), and the write is synchronous (the reads are collectives).
+    std::function<void(int which, size_t offset, size_t count, float* dst)> read;
   };
   std::function<SaveView()> checkpoint_view;
   // The sample at the end: called on EVERY rank (may communicate); returns the model whose forward_logits
   // gives the full logits on the writer, or null to skip sampling (with a printed note). Default: the
   // trainer's model.
   std::function<nn::Model*()> sample_model;
+  // The model sample_model returns gathers its parameters block by block as it runs (ZeRO-3): every rank
+  // generates, in step (the same seed and the same logits give the same tokens, and a sample is a fixed
+  // number of forward passes), and the writer prints it.
+  bool sample_on_every_rank = false;
   // Where progress lines and JSON records go (default stdout). For tests.
   std::FILE* out = nullptr;
 };

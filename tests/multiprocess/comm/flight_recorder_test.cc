@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <string>
 #include <filesystem>
 
 #include "harness/multiproc.h"
@@ -70,6 +72,51 @@ TEST(FlightRecorderJob, SkippedCollectiveIsNamedAfterTheDeadline) {
   EXPECT_EQ(f.text.rfind("rank 2 never entered all_reduce #6 of group 'world' (ranks 0-2); ranks 0,1 waited ", 0), 0u)
       << rep.text();
   EXPECT_NE(f.text.find("TimeoutError"), std::string::npos) << rep.text();
+}
+
+// SIGTERM ends a rank whatever it is blocked in, also in a program with a SIGTERM handler of its own that
+// does not end it (installed before the group): trident's handler runs the program's, aborts the group (the
+// blocked receive returns with an error) and, when the program carries on, runs the default action after
+// its grace period (5 s). With and without recording.
+TEST(FlightRecorderJob, SigtermEndsARankWhoseOwnHandlerDoesNot) {
+  for (const char* size : {"2048", "0"}) {
+    testing::RunOptions opts;
+    opts.deadline_s = 40;
+    opts.env = {{"TRIDENT_FLIGHT_RECORDER_SIZE", size}};
+    auto res = testing::run_processes(2, [](int rank, int n, std::shared_ptr<Store> store) {
+      static std::atomic<int> handled{0};
+      struct sigaction sa {};
+      sa.sa_handler = [](int) { handled.fetch_add(1); };
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(SIGTERM, &sa, nullptr);
+      GroupOptions o;
+      o.timeout = Seconds(60);
+      auto pg = new_process_group(store, rank, n, o);
+      if (rank == 1) {
+        store->wait({"blocked"}, Seconds(30));
+        ::usleep(300 * 1000);  // rank 0 is in its receive
+        ::kill(static_cast<pid_t>(std::stoi(store->get_string("blocked", Seconds(1)))), SIGTERM);
+        // Rank 0's receive returned (the group was aborted) well before the grace period ended.
+        store->wait({"returned"}, Seconds(3));
+        ::sleep(6);  // alive until rank 0 is gone: its receive failed of SIGTERM, not of this rank's exit
+        return;
+      }
+      std::vector<float> v(3);
+      store->set_string("blocked", std::to_string(::getpid()));
+      try {
+        pg->recv(v.data(), v.size(), DType::kFloat32, 1, 0);
+        testing::rank_fail("a receive with no sender completed");
+      } catch (const NetworkError&) {
+        // the group was aborted on SIGTERM; this program carries on regardless
+      }
+      store->set_string("returned", "1");
+      TRIDENT_RANK_CHECK(handled.load() == 1, "the program's own handler ran {} times", handled.load());
+      ::sleep(30);
+      testing::rank_fail("rank 0 survived SIGTERM");
+    }, opts);
+    EXPECT_TRUE(res[1].ok) << size << ": " << testing::failures(res);
+    EXPECT_EQ(res[0].signal, SIGTERM) << size << ": " << testing::failures(res);
+  }
 }
 
 TEST(FlightRecorderJob, SizeZeroRecordsNothing) {

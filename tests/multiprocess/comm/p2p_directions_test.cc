@@ -132,6 +132,73 @@ TEST_P(P2PDirections, RingOfSimultaneousSendsAndReceives) {
   EXPECT_EQ(testing::failures(res), "");
 }
 
+// Receives from any source (kAnySource): each matches the first message with its tag from any rank and
+// its Work names the sender; one that names the peer and one from any source compete in posting order
+// (either way round); a message that arrived before its receive was posted is taken at once.
+TEST_P(P2PDirections, ReceiveFromAnySourceMatchesByTagInPostingOrder) {
+  auto [world, transport] = GetParam();
+  auto res = run_processes(world, [transport = transport](int rank, int size, std::shared_ptr<Store> store) {
+    auto pg = make_pg(store, rank, size, transport);
+    const size_t n = 7;
+    if (rank == 0) {
+      // One message with tag 5 from every other rank, received in whatever order they come.
+      std::vector<std::vector<float>> in(size - 1, std::vector<float>(n));
+      std::vector<std::shared_ptr<Work>> w;
+      for (auto& b : in) w.push_back(pg->recv_async(b.data(), n, DType::kFloat32, kAnySource, 5));
+      std::vector<bool> seen(size, false);
+      for (int i = 0; i + 1 < size; ++i) {
+        w[i]->wait();
+        const int src = w[i]->source_rank();
+        TRIDENT_RANK_CHECK(src > 0 && src < size && !seen[src], "any-source receive {} names rank {}", i, src);
+        seen[src] = true;
+        check_payload(in[i], src, 0, 5, "any source, tag 5");
+      }
+      // Rank 1 sends tag 7 twice and tag 8 twice once these receives are posted (the barrier): a named receive
+      // posted first takes the first message, the any-source one after it the second; and the other way round.
+      std::vector<float> a(n), b(n), c(n), d(n);
+      auto wa = pg->recv_async(a.data(), n, DType::kFloat32, 1, 7);
+      auto wb = pg->recv_async(b.data(), n, DType::kFloat32, kAnySource, 7);
+      auto wc = pg->recv_async(c.data(), n, DType::kFloat32, kAnySource, 8);
+      auto wd = pg->recv_async(d.data(), n, DType::kFloat32, 1, 8);
+      pg->barrier();
+      for (auto* w2 : {&wa, &wb, &wc, &wd}) (*w2)->wait();
+      check_payload(a, 1, 0, 70, "named, posted first");
+      check_payload(b, 1, 0, 71, "any source, posted second");
+      check_payload(c, 1, 0, 80, "any source, posted first");
+      check_payload(d, 1, 0, 81, "named, posted second");
+      TRIDENT_RANK_CHECK(wb->source_rank() == 1 && wc->source_rank() == 1, "sources {} {}", wb->source_rank(),
+                         wc->source_rank());
+      pg->barrier();  // the tag-9 message from the last rank was sent before it
+      std::vector<float> e(n);
+      auto we = pg->recv_async(e.data(), n, DType::kFloat32, kAnySource, 9);
+      we->wait();
+      TRIDENT_RANK_CHECK(we->source_rank() == size - 1, "early message: source {}", we->source_rank());
+      check_payload(e, size - 1, 0, 9, "early message");
+    } else {
+      std::vector<std::shared_ptr<Work>> w;
+      std::vector<std::vector<float>> out;
+      out.reserve(8);
+      auto send = [&](int round, uint32_t tag) {
+        out.push_back(payload(rank, 0, n, round));
+        w.push_back(pg->send_async(out.back().data(), n, DType::kFloat32, 0, tag));
+      };
+      send(5, 5);
+      pg->barrier();  // rank 0 posted its tag-7 and tag-8 receives
+      if (rank == 1) {
+        send(70, 7);
+        send(71, 7);
+        send(80, 8);
+        send(81, 8);
+      }
+      if (rank == size - 1) send(9, 9);
+      for (auto& x : w) x->wait();
+      pg->barrier();
+    }
+    pg->barrier();
+  });
+  EXPECT_EQ(testing::failures(res), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, P2PDirections,
                          ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Values("shm", "tcp")));
 

@@ -53,12 +53,14 @@ std::shared_ptr<ProcessGroup> tcp_group(std::shared_ptr<Store> st, int r, int n)
 void all_reduce_case(ProcessGroup& pg, size_t count, Algo algo) {
   const int n = pg.size(), r = pg.rank();
   const std::string what = fmt::format("all_reduce {} x {} ranks [{}]", count, n, algo_name(algo));
+  CallOptions forced;
+  forced.algo = algo;
   {  // float32 sum, out of place
     auto in = input<float>(r, count);
     std::vector<float> out(count, -7.0f), want(count, 0.0f);
     for (int k = 0; k < n; ++k)
       for (size_t i = 0; i < count; ++i) want[i] += static_cast<float>(value(k, i));
-    pg.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum, {.algo = algo});
+    pg.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum, forced);
     expect_same(out, want, what + " float32 sum");
   }
   {  // float64 max, in place (8-byte elements split by the odd caps)
@@ -66,7 +68,7 @@ void all_reduce_case(ProcessGroup& pg, size_t count, Algo algo) {
     std::vector<double> want(count, -1e300);
     for (int k = 0; k < n; ++k)
       for (size_t i = 0; i < count; ++i) want[i] = std::max(want[i], value(k, i));
-    pg.all_reduce(buf.data(), count, DType::kFloat64, ReduceOp::kMax, {.algo = algo});
+    pg.all_reduce(buf.data(), count, DType::kFloat64, ReduceOp::kMax, forced);
     expect_same(buf, want, what + " float64 max");
   }
 }

@@ -40,15 +40,15 @@ std::string make_corpus(const fs::path& dir) { return trident::testing::write_wo
 
 TrainConfig tiny(const std::string& data, const std::string& out, int batch, const std::string& kind = "gpt") {
   TrainConfig c;
-  c.model = kind;
-  if (kind == "llama") c.n_kv_head = 2;  // grouped-query: 2 query heads per key/value head
+  c.model.kind = kind;
+  if (kind == "llama") c.model.n_kv_head = 2;  // grouped-query: 2 query heads per key/value head
   c.data = data;
   c.out_dir = out;
   c.cache_dir = out + "-cache";
-  c.n_layer = 8;  // PP 4 x v 2 needs 8 chunks of at least one layer
-  c.n_head = 4;
-  c.n_embd = 16;
-  c.block_size = 8;
+  c.model.n_layer = 8;  // PP 4 x v 2 needs 8 chunks of at least one layer
+  c.model.n_head = 4;
+  c.model.n_embd = 16;
+  c.model.block_size = 8;
   c.batch_size = batch;
   c.max_iters = kSteps;
   c.warmup_iters = 2;
@@ -190,7 +190,7 @@ struct Layout {
 void run_layout(const Layout& l, const std::string& data, const std::string& dir, const Outcome& ref4,
                 const Outcome& ref8, const std::string& kind) {
   TrainConfig c = tiny(data, dir, 4, kind);
-  if (kind == "llama") c.n_kv_head = l.kv_heads;
+  if (kind == "llama") c.model.n_kv_head = l.kv_heads;
   c.tp = l.tp;
   c.pp = l.pp;
   c.dp = l.dp;
@@ -232,7 +232,7 @@ TEST_P(ModelParallel, TensorParallel2And4) {
   Layout mq{2, 1, 1, 1, "1f1b"};
   mq.kv_heads = 1;
   TrainConfig c = tiny(data_, out("ref4-mq"), 4, kind_);
-  c.n_kv_head = 1;
+  c.model.n_kv_head = 1;
   const Outcome ref_mq = single(c, out("ref4-mq.json"));
   run_layout(mq, data_, out("tp2-mq"), ref_mq, ref_mq, kind_);
 }

@@ -8,12 +8,17 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include <unistd.h>
 
 #include "harness/multiproc.h"
 #include "harness/synthetic_data.h"
 #include "harness/temp_dir.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/nn/flat_model.h"
 #include "trident/nn/models.h"
 #include "trident/optim/adamw.h"
 #include "trident/optim/schedule.h"
@@ -72,6 +77,20 @@ Ref single_process(const std::string& ckpt_dir) {
   return out;
 }
 
+// One data-parallel step of global step s on rows [first_row, first_row + rows) (clipping at 1, lr 1e-2);
+// returns the loss averaged over the ranks.
+double dp_step(nn::Model& model, parallel::DataParallel& dp, ProcessGroup& pg, int s, int first_row, int rows,
+               std::vector<int32_t>* x, std::vector<int32_t>* y) {
+  model.zero_grad();
+  batch_rows(s, first_row, rows, x, y);
+  double loss = model.forward_backward(x->data(), y->data(), rows, kT, true);
+  dp.finish_gradient_sync();
+  dp.clip_grad_norm(1.0f);
+  dp.step(1e-2f);
+  pg.all_reduce(&loss, 1, DType::kFloat64, ReduceOp::kAvg);
+  return loss;
+}
+
 // Largest difference relative to each tensor's RMS (so near-zero elements are judged by their tensor).
 double max_rel_diff(const nn::Model& model, const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
@@ -118,13 +137,7 @@ void run_ranks(const std::string& strategy, int world, const std::string& ckpt, 
         const int per = kRows / size;
         std::vector<int32_t> x, y;
         for (int s = first; s < last; ++s) {
-          model->zero_grad();
-          batch_rows(s, rank * per, per, &x, &y);
-          double loss = model->forward_backward(x.data(), y.data(), per, kT, true);
-          dp.finish_gradient_sync();
-          dp.clip_grad_norm(1.0f);
-          dp.step(1e-2f);
-          pg->all_reduce(&loss, 1, DType::kFloat64, ReduceOp::kAvg);
+          const double loss = dp_step(*model, dp, *pg, s, rank * per, per, &x, &y);
           const double want = ref.losses[s];
           TRIDENT_RANK_CHECK(std::abs(loss - want) <= 1e-4 * std::abs(want), "{} N={} step {}: loss {} want {}",
                              strategy, size, s, loss, want);
@@ -151,13 +164,7 @@ void run_ranks(const std::string& strategy, int world, const std::string& ckpt, 
         // Training goes on after a save, as in the trainer: zero3 starts from materialised parameters (the
         // forward gathers nothing, the backward goes back to shards) and must stay on the reference run.
         for (int s = last; s < continue_to; ++s) {
-          model->zero_grad();
-          batch_rows(s, rank * per, per, &x, &y);
-          double loss = model->forward_backward(x.data(), y.data(), per, kT, true);
-          dp.finish_gradient_sync();
-          dp.clip_grad_norm(1.0f);
-          dp.step(1e-2f);
-          pg->all_reduce(&loss, 1, DType::kFloat64, ReduceOp::kAvg);
+          const double loss = dp_step(*model, dp, *pg, s, rank * per, per, &x, &y);
           TRIDENT_RANK_CHECK(std::abs(loss - ref.losses[s]) <= 1e-4 * std::abs(ref.losses[s]),
                              "{} N={} step {} after the save: loss {} want {}", strategy, size, s, loss, ref.losses[s]);
         }
@@ -198,6 +205,90 @@ TEST(ZeroCheckpoint, Zero3SavesAndLoadsAtOtherWorldSizesStagesAndInOneProcess) {
   run_ranks("zero2", 4, dir, kSave, kSteps, "", ref);
   run_ranks("zero3", 3, dir, kSave, kSteps, "", ref);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
+}
+
+// ZeRO-3 writes checkpoints from its shards, one tensor gathered at a time (DataParallel::read_checkpoint_range
+// as the trainer's streamed save): the files equal, byte for byte, those written from the whole gathered
+// state; the model's buffer is not materialised for it; and a write that fails part-way (out_dir is a file)
+// still runs every read, so the other ranks finish their drain instead of waiting on a collective.
+TEST(ZeroCheckpoint, Zero3StreamedSaveEqualsTheGatheredOneAndNeverWaitsOnAFailedWriter) {
+  testing::TempDir tmp("zero-stream");
+  for (int world : {2, 3}) {
+    const std::string streamed = (tmp.path / fmt::format("streamed{}", world)).string();
+    const std::string gathered = (tmp.path / fmt::format("gathered{}", world)).string();
+    const std::string blocked = (tmp.path / fmt::format("blocked{}", world)).string();
+    std::ofstream(blocked) << "a file where out_dir should be a folder\n";
+    auto res = testing::run_processes(
+        world,
+        [&](int rank, int size, std::shared_ptr<Store> store) {
+          GroupOptions go;
+          go.timeout = Seconds(120);
+          auto pg = new_process_group(store, rank, size, go);
+          auto model = nn::make_model(gpt(), false);
+          parallel::DataParallelOptions o;
+          o.strategy = parallel::Strategy::kZero3;
+          o.bucket_bytes = 2048;
+          o.adamw = adamw_config();
+          parallel::DataParallel dp(*model, pg, o);
+          dp.broadcast_parameters();
+          TRIDENT_RANK_CHECK(dp.streams_checkpoints(), "zero3 float32 on the CPU does not stream checkpoints");
+          const int per = kRows / size;
+          std::vector<int32_t> x, y;
+          for (int s = 0; s < 3; ++s) dp_step(*model, dp, *pg, s, rank * per, per, &x, &y);
+          train::CheckpointSnapshot snap;
+          snap.meta.step = 3;
+          snap.meta.model_config = model->config();
+          snap.meta.optimizer_step = dp.optimizer_step();
+          snap.meta.has_optimizer = true;
+          snap.parameters = model->parameters();
+          snap.model_kind = model->kind();
+          snap.read_moments = true;
+          snap.read = [&](int which, size_t offset, size_t count, float* dst) {
+            dp.read_checkpoint_range(which, offset, count, dst);
+          };
+          const size_t n = model->num_params();
+          const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+          const double before = static_cast<double>(nn::resident_bytes(model->param_data(), n * 4));
+          if (rank == 0) train::write_checkpoint(streamed, snap);
+          else train::drain_checkpoint(snap);
+          const double after = static_cast<double>(nn::resident_bytes(model->param_data(), n * 4));
+          TRIDENT_RANK_CHECK(after <= before + 2 * page, "the streamed save made {} bytes of the model resident",
+                             after - before);
+          // A writer that cannot write: it throws, after running the reads, and every rank gets through.
+          if (rank == 0) {
+            bool threw = false;
+            try {
+              train::write_checkpoint(blocked, snap);
+            } catch (const IoError&) {
+              threw = true;
+            }
+            TRIDENT_RANK_CHECK(threw, "a save into a file instead of a folder did not fail");
+          } else {
+            train::drain_checkpoint(snap);
+          }
+          // The same state gathered whole and written as before.
+          std::vector<float> m, v;
+          int64_t step = 0;
+          dp.gather_optimizer_state(&m, &v, &step);
+          if (rank == 0) train::save_checkpoint(gathered, *model, snap.meta, train::OptimizerState{&m, &v});
+          pg->barrier();
+        },
+        {.deadline_s = 240, .env = {}});
+    ASSERT_EQ(testing::failures(res), "") << "world " << world;
+    const std::string a = train::find_checkpoint(streamed), b = train::find_checkpoint(gathered);
+    ASSERT_FALSE(a.empty());
+    ASSERT_FALSE(b.empty());
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+      auto read = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      };
+      const std::string sa = read(a + "/" + f), sb = read(b + "/" + f);
+      EXPECT_GT(sa.size(), 1000u) << f;
+      EXPECT_TRUE(sa == sb) << f << " differs between the streamed and the gathered save at world " << world;
+    }
+    EXPECT_EQ(train::load_checkpoint(a, true).meta.optimizer_step, 3);
+  }
 }
 
 }  // namespace

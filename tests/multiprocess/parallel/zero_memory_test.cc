@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "harness/multiproc.h"
 #include "harness/synthetic_data.h"
@@ -52,6 +53,23 @@ std::vector<double> reference_losses(int world) {
   return out;
 }
 
+// kSteps data-parallel steps on this rank's rows of the global batch; the averaged loss of each must be the
+// one-process reference's.
+void train_steps(nn::Model& model, parallel::DataParallel& dp, ProcessGroup& pg, int rank,
+                 const std::vector<double>& ref) {
+  std::vector<int32_t> x, y;
+  for (int s = 0; s < kSteps; ++s) {
+    model.zero_grad();
+    batch_rows(s, rank * kB, kB, &x, &y);
+    double loss = model.forward_backward(x.data(), y.data(), kB, kT, true);
+    dp.finish_gradient_sync();
+    dp.clip_grad_norm(1.0f);
+    dp.step(1e-3f);
+    pg.all_reduce(&loss, 1, DType::kFloat64, ReduceOp::kAvg);
+    TRIDENT_RANK_CHECK(std::abs(loss - ref[s]) <= 1e-4 * std::abs(ref[s]), "step {} loss {} want {}", s, loss, ref[s]);
+  }
+}
+
 // Textbook bytes per rank, float32.
 double formula(const std::string& s, double psi, double n) {
   if (s == "ddp") return 16 * psi;
@@ -78,18 +96,8 @@ TEST_P(ZeroMemory, MeasuredPersistentBytesMatchTheTextbook) {
         o.adamw = adamw_config();
         parallel::DataParallel dp(*model, pg, o);
         dp.broadcast_parameters();
+        train_steps(*model, dp, *pg, rank, ref);
         std::vector<int32_t> x, y;
-        for (int s = 0; s < kSteps; ++s) {
-          model->zero_grad();
-          batch_rows(s, rank * kB, kB, &x, &y);
-          double loss = model->forward_backward(x.data(), y.data(), kB, kT, true);
-          dp.finish_gradient_sync();
-          dp.clip_grad_norm(1.0f);
-          dp.step(1e-3f);
-          pg->all_reduce(&loss, 1, DType::kFloat64, ReduceOp::kAvg);
-          TRIDENT_RANK_CHECK(std::abs(loss - ref[s]) <= 1e-4 * std::abs(ref[s]), "step {} loss {} want {}", s, loss,
-                             ref[s]);
-        }
         if (strategy == "zero3") {
           // The working set of the block schedule, from the parameter names: the tied embedding block
           // (wte, wpe: read again by the head) + the current and the prefetched layer + ln_f; never the model.
@@ -139,6 +147,65 @@ TEST_P(ZeroMemory, MeasuredPersistentBytesMatchTheTextbook) {
                            "gradients {} want {}", m.bytes.at("gradients"), g_want);
       },
       {.deadline_s = 240, .env = {}});
+  ASSERT_EQ(testing::failures(res), "");
+}
+
+// ZeRO-3 over a model built without its initial values (nn::Model: deferred initialization): each rank draws
+// only the pieces it owns, so the model's flat buffer never becomes resident as a whole (measured with
+// mincore right after the shards are taken), the shards hold exactly what a fully initialized model holds
+// there (gathered and compared bit for bit), and training matches one process on the same global batch.
+TEST(ZeroDeferredInit, RanksDrawOnlyTheirPiecesAndTrainAsOneProcess) {
+  for (int world : {2, 3}) {
+    const std::vector<double> ref = reference_losses(world);
+    auto res = testing::run_processes(
+        world,
+        [&](int rank, int size, std::shared_ptr<Store> store) {
+          GroupOptions go;
+          go.timeout = Seconds(120);
+          auto pg = new_process_group(store, rank, size, go);
+          auto model = nn::make_model(mid_gpt(), false);
+          TRIDENT_RANK_CHECK(!model->initialized(), "a model built with initialize=false says it is initialized");
+          const size_t n = model->num_params();
+          const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+          parallel::DataParallelOptions o;
+          o.strategy = parallel::Strategy::kZero3;
+          o.bucket_bytes = 1 << 20;
+          o.adamw = adamw_config();
+          parallel::DataParallel dp(*model, pg, o);
+          dp.broadcast_parameters();  // nothing to send: every rank draws its own pieces
+          const double units = static_cast<double>(dp.num_param_units());
+          const double held = static_cast<double>(nn::resident_bytes(model->param_data(), n * 4));
+          TRIDENT_RANK_CHECK(held <= page * 2 * (units + 1), "{} bytes of the model's buffer resident after init ({} units)",
+                             held, units);
+          const auto mem = dp.resident_memory();
+          TRIDENT_RANK_CHECK(mem.bytes.at("parameters") <= 4.0 * n / size * 1.05 + page * 2 * (units + 1),
+                             "parameters resident after init: {} bytes, shard {}", mem.bytes.at("parameters"),
+                             4.0 * n / size);
+          // The shards are the fully initialized model's values.
+          auto full = nn::make_model(mid_gpt());
+          dp.gather_full_parameters();
+          TRIDENT_RANK_CHECK(std::memcmp(model->param_data(), full->param_data(), n * 4) == 0,
+                             "gathered deferred-initialized parameters differ from the initialized model's");
+          full.reset();
+          train_steps(*model, dp, *pg, rank, ref);
+        },
+        {.deadline_s = 240, .env = {}});
+    ASSERT_EQ(testing::failures(res), "") << "world " << world;
+  }
+  // Every other strategy needs the whole model on every rank: a deferred model is refused by name.
+  auto res = testing::run_processes(1, [&](int rank, int size, std::shared_ptr<Store> store) {
+    auto pg = new_process_group(store, rank, size, GroupOptions{});
+    auto model = nn::make_model(mid_gpt(), false);
+    parallel::DataParallelOptions o;
+    o.strategy = parallel::Strategy::kZero2;
+    try {
+      parallel::DataParallel dp(*model, pg, o);
+    } catch (const InvalidArgument& e) {
+      TRIDENT_RANK_CHECK(std::string(e.what()).find("only zero3") != std::string::npos, "{}", e.what());
+      return;
+    }
+    TRIDENT_RANK_CHECK(false, "zero2 accepted a model without initial values");
+  });
   ASSERT_EQ(testing::failures(res), "");
 }
 

@@ -571,20 +571,20 @@ TEST(AlgorithmRegistry, PowerOfTwoOnlyAlgorithmsSayWhereTheyApply) {
   }
 }
 
-TEST(AlgorithmRegistry, CostBytesFollowNcclTests) {
+TEST(AlgorithmRegistry, SizeBytesFollowNcclTests) {
   CollArgs a;
   a.count = 10;
   a.dtype = DType::kFloat32;
   a.op = OpKind::kAllReduce;
-  EXPECT_EQ(cost_bytes(a, 4), 40u);
+  EXPECT_EQ(size_bytes(a, 4), 40u);
   a.op = OpKind::kAllGather;
-  EXPECT_EQ(cost_bytes(a, 4), 160u);
+  EXPECT_EQ(size_bytes(a, 4), 160u);
   std::vector<size_t> counts = {1, 2, 3};
   a.op = OpKind::kAllGatherV;
   a.counts = &counts;
-  EXPECT_EQ(cost_bytes(a, 3), 24u);
+  EXPECT_EQ(size_bytes(a, 3), 24u);
   a.op = OpKind::kBarrier;
-  EXPECT_EQ(cost_bytes(a, 3), 0u);
+  EXPECT_EQ(size_bytes(a, 3), 0u);
 }
 
 }  // namespace

@@ -232,18 +232,6 @@ TEST(BenchCommLib, ParseOps) {
   EXPECT_TRUE(all);
 }
 
-TEST(BenchCommLib, BusbwFactorsAreNcclTests) {
-  using trident::OpKind;
-  for (int n : {1, 2, 3, 8}) {
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kAllReduce, n), 2.0 * (n - 1) / n);
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kAllGather, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kReduceScatter, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kAllToAll, n), (n - 1.0) / n);
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kBroadcast, n), 1.0);
-    EXPECT_DOUBLE_EQ(trident::bench::busbw_factor(OpKind::kReduce, n), 1.0);
-  }
-}
-
 // The reference a rank computes alone equals the reduction of what the other ranks fill, element by element,
 // in every dtype and reduce op, and a single changed element or an unwritten (poisoned) one is counted.
 TEST(BenchCommLib, VerifiableInputsReduceExactly) {

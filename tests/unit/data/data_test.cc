@@ -104,7 +104,7 @@ TEST(Tokenizer, Errors) {
 TEST(Dataset, SplitIsNanoGptNinetyTen) {
   TempDir d;
   std::string text = corpus(1001);
-  auto ds = TokenDataset::open({d.file("in.txt", text), TokenizerKind::kChar, {}, ""});
+  auto ds = TokenDataset::open({d.file("in.txt", text), TokenizerKind::kChar, {}, "", ""});
   ASSERT_EQ(ds.size(), 1001u);
   EXPECT_EQ(ds.train_size(), 900u);  // int(1001 * 0.9) = 900
   auto tr = ds.span(Split::kTrain), va = ds.span(Split::kVal);
@@ -121,11 +121,11 @@ TEST(Dataset, CacheIsReusedAndRebuiltWhenTheSourceChanges) {
   TempDir d;
   std::string src = d.file("in.txt", corpus(5000));
   std::string cache = (d.path / "cache").string();
-  auto a = TokenDataset::open({src, TokenizerKind::kChar, {}, cache});
+  auto a = TokenDataset::open({src, TokenizerKind::kChar, {}, cache, ""});
   EXPECT_FALSE(a.cache_hit());
   ASSERT_TRUE(fs::exists(a.cache_path()));
   EXPECT_EQ(fs::file_size(a.cache_path()) % 2, 0u);  // uint16 tokens
-  auto b = TokenDataset::open({src, TokenizerKind::kChar, {}, cache});
+  auto b = TokenDataset::open({src, TokenizerKind::kChar, {}, cache, ""});
   EXPECT_TRUE(b.cache_hit());
   EXPECT_EQ(b.cache_path(), a.cache_path());
   std::vector<int32_t> xa(5000), xb(5000);
@@ -138,13 +138,13 @@ TEST(Dataset, CacheIsReusedAndRebuiltWhenTheSourceChanges) {
   std::string text = corpus(5000);
   text[10] = 'Z';
   d.file("in.txt", text);
-  auto c = TokenDataset::open({src, TokenizerKind::kChar, {}, cache});
+  auto c = TokenDataset::open({src, TokenizerKind::kChar, {}, cache, ""});
   EXPECT_FALSE(c.cache_hit());
   EXPECT_EQ(c.tokenizer().decode(std::vector<int32_t>{c.at(10)}), "Z");
-  EXPECT_TRUE(TokenDataset::open({src, TokenizerKind::kChar, {}, cache}).cache_hit());
+  EXPECT_TRUE(TokenDataset::open({src, TokenizerKind::kChar, {}, cache, ""}).cache_hit());
 
   // Another tokenizer uses its own cache file; a corrupt cache file is rebuilt.
-  auto by = TokenDataset::open({src, TokenizerKind::kByte, {}, cache});
+  auto by = TokenDataset::open({src, TokenizerKind::kByte, {}, cache, ""});
   EXPECT_NE(by.cache_path(), c.cache_path());
   EXPECT_EQ(by.at(10), 'Z');
   {
@@ -152,7 +152,7 @@ TEST(Dataset, CacheIsReusedAndRebuiltWhenTheSourceChanges) {
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
-  auto e = TokenDataset::open({src, TokenizerKind::kChar, {}, cache});
+  auto e = TokenDataset::open({src, TokenizerKind::kChar, {}, cache, ""});
   EXPECT_FALSE(e.cache_hit());
   std::vector<int32_t> xe(5000);
   e.copy(0, 5000, xe.data());
@@ -163,15 +163,15 @@ TEST(Dataset, TokenizerOverrideEncodesWithThatVocabulary) {
   TempDir d;
   std::string src = d.file("in.txt", "bca");
   Tokenizer t = Tokenizer::char_level("abcdef");
-  auto ds = TokenDataset::open({src, TokenizerKind::kChar, t, (d.path / "c").string()});
+  auto ds = TokenDataset::open({src, TokenizerKind::kChar, t, (d.path / "c").string(), ""});
   EXPECT_EQ(ds.tokenizer().vocab_size(), 6);
   EXPECT_EQ(ds.at(0), 1);
   // A cached file built with the corpus vocabulary is not reused for another vocabulary.
-  auto own = TokenDataset::open({src, TokenizerKind::kChar, {}, (d.path / "c").string()});
+  auto own = TokenDataset::open({src, TokenizerKind::kChar, {}, (d.path / "c").string(), ""});
   EXPECT_FALSE(own.cache_hit());
   EXPECT_EQ(own.at(0), 1);  // 'b' in {a, b, c}
   EXPECT_EQ(own.tokenizer().vocab_size(), 3);
-  EXPECT_THROW(TokenDataset::open({src, TokenizerKind::kChar, Tokenizer::char_level("xyz"), ""}), InvalidArgument);
+  EXPECT_THROW(TokenDataset::open({src, TokenizerKind::kChar, Tokenizer::char_level("xyz"), "", ""}), InvalidArgument);
 }
 
 TEST(Dataset, FolderSkipsBinariesSymlinksAndPrefersU8Twins) {
@@ -187,7 +187,7 @@ TEST(Dataset, FolderSkipsBinariesSymlinksAndPrefersU8Twins) {
   std::vector<std::string> rel;
   for (auto& f : files) rel.push_back(fs::relative(f, d.path).string());
   EXPECT_EQ(rel, (std::vector<std::string>{"a", "b/two", "c.u8"}));
-  auto ds = TokenDataset::open({d.path.string(), TokenizerKind::kByte, {}, ""});
+  auto ds = TokenDataset::open({d.path.string(), TokenizerKind::kByte, {}, "", ""});
   std::vector<int32_t> all(ds.size());
   ds.copy(0, all.size(), all.data());
   EXPECT_EQ(ds.tokenizer().decode(all), "AAA\nBBB\nutf8 c\n");
@@ -207,7 +207,7 @@ TEST(Dataset, DebianFortunesFolder) {
 
 TEST(Sampler, RandomWindowsAreNanoGptShapedAndDeterministic) {
   TempDir d;
-  auto ds = TokenDataset::open({d.file("in.txt", corpus(3000)), TokenizerKind::kByte, {}, ""});
+  auto ds = TokenDataset::open({d.file("in.txt", corpus(3000)), TokenizerKind::kByte, {}, "", ""});
   auto tr = ds.span(Split::kTrain);
   const int T = 16, B = 8;
   RandomWindowSampler s(tr, T, 1337), s2(tr, T, 1337), other(tr, T, 1338);
@@ -239,7 +239,7 @@ TEST(Sampler, RandomWindowsAreNanoGptShapedAndDeterministic) {
 
 TEST(Sampler, RankShardsUnionToTheOneRankBatch) {
   TempDir d;
-  auto ds = TokenDataset::open({d.file("in.txt", corpus(4000)), TokenizerKind::kByte, {}, ""});
+  auto ds = TokenDataset::open({d.file("in.txt", corpus(4000)), TokenizerKind::kByte, {}, "", ""});
   const int T = 8, per_rank = 3;
   for (int world : {1, 2, 3, 4}) {
     const int G = per_rank * world;
@@ -267,7 +267,7 @@ TEST(Sampler, RankShardsUnionToTheOneRankBatch) {
 
 TEST(Sampler, EpochVisitsEveryWindowOncePerEpoch) {
   TempDir d;
-  auto ds = TokenDataset::open({d.file("in.txt", corpus(1000)), TokenizerKind::kByte, {}, ""});
+  auto ds = TokenDataset::open({d.file("in.txt", corpus(1000)), TokenizerKind::kByte, {}, "", ""});
   auto tr = ds.span(Split::kTrain);  // 900 tokens
   const int T = 10;
   EpochSampler s(tr, T, 3);

@@ -33,7 +33,6 @@ using namespace trident::data;
 namespace {
 const std::string kScript = std::string(TRIDENT_SOURCE_DIR) + "/tests/unit/data/llama3_reference.js";
 
-
 std::string expect_invalid(const std::function<void()>& f) {
   try {
     f();
@@ -136,7 +135,6 @@ nlohmann::json tiny_tokenizer_json(const std::vector<std::string>& extra, const 
                        {{"id", n + 1}, {"content", "<|end_of_text|>"}, {"special", true}}};
   return j;
 }
-}  // namespace
 
 TEST_F(Llama3Reference, BothFilesLoadTheSameVocabulary) {
   for (const Tokenizer* t : {from_model_, from_json_}) {
@@ -303,3 +301,5 @@ TEST(Llama3Bpe, RefusesFilesThatAreNotLlama3sWithTheReason) {
   write("tokenizer.json", j.dump());
   EXPECT_EQ(Tokenizer::llama3(d.path.string()).vocab_size(), 258);
 }
+
+}  // namespace

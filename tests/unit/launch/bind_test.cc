@@ -92,7 +92,9 @@ TEST(BindMapping, AutoGivesDisjointSharesOrRoundRobinWhenOversubscribed) {
         EXPECT_LE(static_cast<int>(got.size()), n / ranks + 1);
         for (int c : got) covered.push_back(c);
       }
-      if (ranks <= n && ranks > 1) EXPECT_EQ(covered, allowed) << ranks << " ranks: shares tile the allowed set";
+      if (ranks <= n && ranks > 1) {
+        EXPECT_EQ(covered, allowed) << ranks << " ranks: shares tile the allowed set";
+      }
       if (ranks == n) {  // one CPU each: the same as core
         for (int r = 0; r < ranks; ++r)
           EXPECT_EQ(rank_cpus(Bind::kAuto, allowed, r, ranks), rank_cpus(Bind::kCore, allowed, r, ranks));

@@ -3,12 +3,18 @@
 // each refusal naming the key, what was found and what would work.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
 
+#include "harness/temp_dir.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/isa.h"
 #include "trident/nn/arch/architecture.h"
+#include "trident/nn/flat_model.h"
 #include "trident/nn/models.h"
 
 namespace trident::nn {
@@ -28,8 +34,6 @@ std::string error_of(const nlohmann::json& j) {
   return "accepted";
 }
 
-#define EXPECT_CONTAINS(s, sub) EXPECT_NE(std::string(s).find(sub), std::string::npos) << (s)
-
 TEST(Architecture, TableNamesEveryKindAndRefusesOthersByName) {
   EXPECT_EQ(architecture_kinds(), (std::vector<std::string>{"gpt", "llama", "mlp"}));
   for (const auto& k : architecture_kinds()) EXPECT_EQ(architecture(k).kind(), k);
@@ -46,7 +50,7 @@ TEST(Architecture, TableNamesEveryKindAndRefusesOthersByName) {
 TEST(Architecture, LlamaDeclaresHuggingFaceNamesInForwardOrder) {
   const ModelConfig c = ModelConfig::from_json(llama_cfg());
   EXPECT_FALSE(c.bias);
-  EXPECT_FALSE(c.tie_embeddings);  // the Llama's default
+  EXPECT_EQ(c.tie_embeddings, std::optional<bool>(false));  // the Llama's default
   const auto d = declare_params(c, 0, 2, true, true);
   std::vector<std::string> names;
   for (const auto& p : d) names.push_back(p.name);
@@ -211,6 +215,51 @@ TEST(Architecture, PaddedVocabularyTakesNoProbability) {
     }
   }
   kc::set_isa(was);
+}
+
+
+// Deferred initialization: a model built without its initial values holds none (its buffer's pages are not
+// even resident), and initialize_range() draws any part of it exactly as the fully initialized model holds
+// it, whatever the order and the cut points (partial rows, parts of one tensor, runs across tensors).
+TEST(Architecture, DeferredInitializationDrawsAnyRangeAsTheFullModel) {
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  for (const char* kind : {"gpt", "llama"}) {
+    SCOPED_TRACE(kind);
+    nlohmann::json cfg = {{"kind", kind}, {"n_layer", 3},     {"n_head", 4},         {"n_embd", 128},
+                          {"block_size", 32}, {"vocab_size", 515}, {"seed", 7}};
+    if (std::string(kind) == "llama") cfg["n_kv_head"] = 2;
+    auto full = make_model(cfg);
+    auto lazy = make_model(cfg, false);
+    EXPECT_TRUE(full->initialized());
+    EXPECT_FALSE(lazy->initialized());
+    const size_t n = lazy->num_params();
+    ASSERT_EQ(n, full->num_params());
+    ASSERT_GT(n * 4, size_t{1} << 21);  // large enough to be mapped memory (kernels/device.cc)
+    EXPECT_LE(static_cast<double>(resident_bytes(lazy->param_data(), n * 4)), 2 * page);  // nothing drawn yet
+    // One range in the middle: only it is written (and resident), and it equals the full model there.
+    const size_t a = n / 3 + 17, b = n / 2 + 1001;
+    lazy->initialize_range(a, b);
+    // (Measured before anything reads the rest: a read maps the zero page, which mincore counts.)
+    EXPECT_LE(static_cast<double>(resident_bytes(lazy->param_data(), n * 4)), (b - a) * 4.0 + 4 * page);
+    const float* got = lazy->param_data();
+    const float* want = full->param_data();
+    EXPECT_EQ(std::memcmp(got + a, want + a, (b - a) * 4), 0);
+    EXPECT_TRUE(std::all_of(got, got + a, [](float v) { return v == 0.0f; }));
+    EXPECT_TRUE(std::all_of(got + b, got + n, [](float v) { return v == 0.0f; }));
+    // The rest in scrambled pieces with odd cut points: the whole model, bit for bit.
+    std::vector<size_t> cuts = {0, 1, 63, 127, 129, a, b, b + 3, n - 5, n};
+    for (size_t k = 1; k < 40; ++k) cuts.push_back((k * 7919 * 131) % n);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t k = cuts.size() - 1; k-- > 0;) {
+      if (cuts[k] >= a && cuts[k + 1] <= b) continue;
+      lazy->initialize_range(cuts[k], cuts[k + 1]);
+    }
+    EXPECT_EQ(std::memcmp(got, want, n * 4), 0);
+  }
+  auto m = make_model({{"kind", "gpt"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"block_size", 4},
+                       {"vocab_size", 11}}, false);
+  EXPECT_THROW(m->initialize_range(0, m->num_params() + 1), InvalidArgument);
 }
 
 }  // namespace

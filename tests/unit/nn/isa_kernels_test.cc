@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 
+#include "harness/skip.h"
 #include "kernel_test_util.h"
 #include "reference.h"
 #include "trident/core/error.h"
@@ -63,6 +65,13 @@ std::vector<Path> paths() {
   return out;
 }
 
+// Bounds of a bfloat16 GPT step's gradients against float32's (GptStepInBfloat16EveryLevelTracksFloat32):
+// measured on its model, rounding to nearest even gives a relative L2 error of 3.6e-3 and a norm ratio of
+// 0.9997 at every level (AMD EPYC, avx512bf16, dot on and off); truncating the operands gives 9.7e-3 and
+// 0.9930.
+constexpr double kBf16GradRelErr = 6e-3;
+constexpr double kBf16GradNormShift = 2.5e-3;
+
 std::vector<float> bf16_rounded(const std::vector<float>& x) {
   std::vector<uint16_t> h(x.size());
   std::vector<float> r(x.size());
@@ -72,6 +81,48 @@ std::vector<float> bf16_rounded(const std::vector<float>& x) {
 }
 
 }  // namespace
+
+// Every ISA level, whether this CPU runs it or not: a level it lacks is a skipped sub-test naming the level
+// (scripts/test.sh lists these at the end of a run); a level it has must be selectable and compute a GEMM
+// in float32 and bfloat16 against float64.
+class IsaLevel : public ::testing::TestWithParam<kc::Isa> {};
+
+namespace trident::kernels::cpu {
+// gtest prints a level by its name (in ctest's test list and the skip report), not as raw bytes.
+void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
+}  // namespace trident::kernels::cpu
+
+
+TEST_P(IsaLevel, RunsOnThisCpu) {
+  const kc::Isa l = GetParam();
+  if (static_cast<int>(l) > static_cast<int>(kc::machine_isa()))
+    TRIDENT_SKIP_MACHINE(std::string("ISA level ") + kc::isa_name(l) + " not run on this CPU (it runs up to " +
+                         kc::isa_name(kc::machine_isa()) + "; features: " + kc::cpu_features() +
+                         "): the IsaKernels tests did not check its kernels");
+  IsaScope scope(l);
+  EXPECT_EQ(kc::active_isa(), l);
+  const int M = 13, N = 7, K = 67;
+  const std::vector<float> a = ref::to_float(ref::random_vec(static_cast<size_t>(M) * K, 41));
+  const std::vector<float> b = ref::to_float(ref::random_vec(static_cast<size_t>(N) * K, 42));
+  for (int bf = 0; bf < 2; ++bf) {
+    const std::vector<float> ar = bf ? bf16_rounded(a) : a, br = bf ? bf16_rounded(b) : b;
+    Vec want(static_cast<size_t>(M) * N, 0.0);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j)
+        for (int k = 0; k < K; ++k)
+          want[static_cast<size_t>(i) * N + j] +=
+              static_cast<double>(ar[static_cast<size_t>(i) * K + k]) * br[static_cast<size_t>(j) * K + k];
+    std::vector<float> c(static_cast<size_t>(M) * N, -1.0f);
+    kc::gemm(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N,
+             bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32);
+    EXPECT_LT(rel_err(c, want), 1e-5) << kc::isa_name(l) << (bf ? " bfloat16" : " float32");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, IsaLevel,
+                         ::testing::Values(kc::Isa::kPortable, kc::Isa::kAvx2, kc::Isa::kAvx512, kc::Isa::kAvx512Bf16,
+                                           kc::Isa::kAmx),
+                         [](const ::testing::TestParamInfo<kc::Isa>& info) { return std::string(kc::isa_name(info.param)); });
 
 TEST(IsaKernels, LevelsNamesAndForcingAboveTheMachine) {
   EXPECT_EQ(kc::machine_isa(), kc::parse_isa(kc::isa_name(kc::machine_isa())));
@@ -373,6 +424,11 @@ TEST(IsaKernels, AttentionEveryLevelAgainstFloat64) {
   }
 }
 
+// bfloat16 operands rounded to nearest even are unbiased: a GPT step's gradients stay within a few 1e-3 of
+// float32's, in direction and in size. Truncating the operands instead (every product shrunk toward zero,
+// 2^-8 per operand at worst) biases them: the gradient norm comes out smaller and the error about twice as
+// large, and both bounds below fail (checked by planting truncation in the rounding of every path that
+// rounds in software: tests/mutants/mutants.tsv, bf16_truncates_instead_of_rounding).
 TEST(IsaKernels, GptStepInBfloat16EveryLevelTracksFloat32) {
   const nlohmann::json base = {{"kind", "gpt"},    {"n_layer", 2},     {"n_head", 2},  {"n_embd", 32},
                                {"block_size", 13}, {"vocab_size", 37}, {"bias", true}, {"seed", 5}};
@@ -380,12 +436,18 @@ TEST(IsaKernels, GptStepInBfloat16EveryLevelTracksFloat32) {
   std::vector<int32_t> x(B * T), y(B * T);
   for (int i = 0; i < B * T; ++i) x[i] = (i * 7 + 3) % 37, y[i] = (i * 5 + 1) % 37;
   double f32_loss = 0;
+  std::vector<float> g32;
   {
     IsaScope scope(kc::machine_isa());
     auto m = trident::nn::make_model(base);
     m->zero_grad();
     f32_loss = m->forward_backward(x.data(), y.data(), B, T, true);
+    g32.assign(m->grad_data(), m->grad_data() + m->num_params());
   }
+  double n32 = 0;
+  for (float g : g32) n32 += static_cast<double>(g) * g;
+  n32 = std::sqrt(n32);
+  ASSERT_GT(n32, 0);
   nlohmann::json cfg = base;
   cfg["dtype"] = "bfloat16";
   for (const Path& path : paths()) {
@@ -393,9 +455,18 @@ TEST(IsaKernels, GptStepInBfloat16EveryLevelTracksFloat32) {
     auto m = trident::nn::make_model(cfg);
     m->zero_grad();
     const double loss = m->forward_backward(x.data(), y.data(), B, T, true);
-    EXPECT_NEAR(loss, f32_loss, 2e-2 * f32_loss) << path.name();
-    double g2 = 0;
-    for (size_t i = 0; i < m->num_params(); ++i) g2 += static_cast<double>(m->grad_data()[i]) * m->grad_data()[i];
-    EXPECT_TRUE(std::isfinite(g2) && g2 > 0) << path.name();
+    EXPECT_NEAR(loss, f32_loss, 2e-3 * f32_loss) << path.name();
+    ASSERT_EQ(m->num_params(), g32.size());
+    double diff = 0, nbf = 0;
+    for (size_t i = 0; i < g32.size(); ++i) {
+      const double g = m->grad_data()[i];
+      diff += (g - g32[i]) * (g - g32[i]);
+      nbf += g * g;
+    }
+    const double rel = std::sqrt(diff) / n32, ratio = std::sqrt(nbf) / n32;
+    std::printf("%-22s loss %.6f (float32 %.6f)  gradient: relative error %.2e, norm ratio %.5f\n",
+                path.name().c_str(), loss, f32_loss, rel, ratio);
+    EXPECT_LT(rel, kBf16GradRelErr) << path.name();
+    EXPECT_NEAR(ratio, 1.0, kBf16GradNormShift) << path.name();
   }
 }

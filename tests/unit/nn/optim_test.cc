@@ -111,3 +111,24 @@ TEST(Clip, GlobalNormClippingAsTorch) {
   EXPECT_FLOAT_EQ(trident::optim::clip_grad_norm(h.data(), h.size(), 0.0f), 10.0f);
   EXPECT_EQ(h[0], 6.0f);
 }
+
+// The one clipping rule every site scales by: min(1, max_norm / (norm + 1e-6)), 1 when clipping is off.
+TEST(Clip, CoefficientIsTorchsClampedRatio) {
+  using trident::optim::clip_coefficient;
+  EXPECT_EQ(clip_coefficient(5.0, 10.0), 1.0f);  // below the limit: no scaling
+  EXPECT_EQ(clip_coefficient(0.0, 1.0), 1.0f);   // zero gradients: no division by zero
+  EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);   // max_norm 0 turns clipping off
+  EXPECT_EQ(clip_coefficient(5.0, -1.0), 1.0f);
+  // Above the limit: the ratio, with torch's 1e-6 in the denominator (so a norm equal to the limit still
+  // scales by slightly less than 1, as torch does).
+  EXPECT_EQ(clip_coefficient(5.0, 1.0), static_cast<float>(1.0 / (5.0 + 1e-6)));
+  EXPECT_EQ(clip_coefficient(400.0, 1.0), static_cast<float>(1.0 / (400.0 + 1e-6)));
+  EXPECT_LT(clip_coefficient(1.0, 1.0), 1.0f);
+  EXPECT_GT(clip_coefficient(1.0, 1.0), 0.999998f);
+  // clip_grad_norm scales by exactly this factor.
+  std::vector<float> g = {30.0f, 40.0f};
+  const float coef = clip_coefficient(50.0, 2.0);
+  trident::optim::clip_grad_norm(g.data(), g.size(), 2.0f);
+  EXPECT_EQ(g[0], 30.0f * coef);
+  EXPECT_EQ(g[1], 40.0f * coef);
+}

@@ -135,10 +135,10 @@ TEST(CommCost, BytesPerRankFollowNcclTests) {
   const double size = 1e9;
   for (int n : {2, 3, 5, 8}) {
     const double f = double(n - 1) / n;
-    EXPECT_DOUBLE_EQ(bytes_per_rank(OpKind::kAllReduce, size, n), 2 * size * f);
-    EXPECT_DOUBLE_EQ(bytes_per_rank(OpKind::kAllGather, size, n), size * f);
-    EXPECT_DOUBLE_EQ(bytes_per_rank(OpKind::kReduceScatter, size, n), size * f);
-    EXPECT_DOUBLE_EQ(bytes_per_rank(OpKind::kBroadcast, size, n), size);
+    EXPECT_DOUBLE_EQ(bus_bytes(OpKind::kAllReduce, size, n), 2 * size * f);
+    EXPECT_DOUBLE_EQ(bus_bytes(OpKind::kAllGather, size, n), size * f);
+    EXPECT_DOUBLE_EQ(bus_bytes(OpKind::kReduceScatter, size, n), size * f);
+    EXPECT_DOUBLE_EQ(bus_bytes(OpKind::kBroadcast, size, n), size);
   }
-  EXPECT_EQ(bytes_per_rank(OpKind::kAllReduce, size, 1), 0);
+  EXPECT_EQ(bus_bytes(OpKind::kAllReduce, size, 1), 0);
 }

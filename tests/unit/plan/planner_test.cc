@@ -85,7 +85,7 @@ TEST(Planner, TensorParallelTrafficExample) {
   EXPECT_NEAR(bytes / 1e9, 51.5, 0.1);
   EXPECT_NEAR(bytes / 450e9, 0.1145, 0.001);
   // The ring all-reduce at TP 8 actually moves 2 (t-1)/t times the payload per GPU.
-  EXPECT_NEAR(bytes_per_rank(OpKind::kAllReduce, bytes, 8) / bytes, 1.75, 1e-12);
+  EXPECT_NEAR(bus_bytes(OpKind::kAllReduce, bytes, 8) / bytes, 1.75, 1e-12);
 }
 
 TrainSpec llama65() {

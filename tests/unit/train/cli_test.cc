@@ -71,7 +71,6 @@ class Cli : public ::testing::Test {
   static inline fs::path dir_;
   static inline std::string train_stdout_;
 };
-}  // namespace
 
 TEST_F(Cli, TrainJsonStreamsRecordsAndEndsWithAFinalOne) {
   std::istringstream in(train_stdout_);
@@ -269,6 +268,25 @@ TEST_F(Cli, ResumeOnAnotherNumberOfRanksKeepsTheRun) {
   for (auto [step, loss] : resumed) EXPECT_NEAR(loss, ref.at(step), 1e-4 * std::abs(ref.at(step))) << step;
 }
 
+// ZeRO-3 samples at the end as it trains, one block gathered at a time on every rank in step (never the
+// whole model): the same seed gives the same text as DDP, which samples from the whole model on rank 0.
+TEST_F(Cli, Zero3SamplesWhatDdpSamples) {
+  auto sample = [](const std::string& parallel) {
+    Result r = run("train " + tiny_args() + " --nproc 2 --parallel " + parallel + " --json --out_dir " +
+                   (dir_ / ("sample-" + parallel)).string());
+    EXPECT_EQ(r.rc, 0) << r.err;
+    std::istringstream in(r.out);
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty() && line[0] == '{' && nlohmann::json::parse(line).value("type", "") == "final")
+        return nlohmann::json::parse(line).value("sample", std::string());
+    return std::string("(no final record)");
+  };
+  const std::string ddp = sample("ddp"), zero3 = sample("zero3");
+  EXPECT_EQ(ddp.size(), 20u) << ddp;  // 20 characters of the char tokenizer
+  EXPECT_EQ(zero3, ddp);
+}
+
 // --device cuda where no GPU can be used fails at once with an error naming what was looked for.
 // CUDA_VISIBLE_DEVICES="" hides every GPU, so this runs the same on a machine with one.
 TEST_F(Cli, DeviceCudaWithoutAGpuFailsAtOnce) {
@@ -301,3 +319,5 @@ TEST_F(Cli, DeviceCudaWithoutAGpuFailsAtOnce) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_CONTAINS(r.out, "val loss");
 }
+
+}  // namespace

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "trident/core/error.h"
 #include "trident/train/config.h"
@@ -32,10 +33,10 @@ std::string write_tmp(const std::string& name, const std::string& text) {
 
 TEST(Config, DefaultsAreNanoGptShakespeareCharCpu) {
   TrainConfig c = parse_train_args({});
-  EXPECT_EQ(c.n_layer, 4);
-  EXPECT_EQ(c.n_head, 4);
-  EXPECT_EQ(c.n_embd, 128);
-  EXPECT_EQ(c.block_size, 64);
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.n_head, 4);
+  EXPECT_EQ(c.model.n_embd, 128);
+  EXPECT_EQ(c.model.block_size, 64);
   EXPECT_EQ(c.batch_size, 12);
   EXPECT_EQ(c.max_iters, 2000);
   EXPECT_EQ(c.lr_decay_iters, 2000);
@@ -43,10 +44,10 @@ TEST(Config, DefaultsAreNanoGptShakespeareCharCpu) {
   EXPECT_DOUBLE_EQ(c.min_lr, 1e-4);
   EXPECT_EQ(c.warmup_iters, 100);
   EXPECT_DOUBLE_EQ(c.beta2, 0.99);
-  EXPECT_DOUBLE_EQ(c.dropout, 0.0);
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.0);
   EXPECT_EQ(c.data, "/usr/share/games/fortunes");
   EXPECT_EQ(c.tokenizer, "char");
-  EXPECT_EQ(c.seed, 1337);
+  EXPECT_EQ(c.model.seed, 1337);
   // Every key appears in to_json and in the help.
   auto j = c.to_json();
   std::string help = config_help();
@@ -56,15 +57,46 @@ TEST(Config, DefaultsAreNanoGptShakespeareCharCpu) {
   }
 }
 
+// The training config holds the model config: its defaults are nn::ModelConfig's, and the model built and the
+// planner's description come from the same resolved config.
+TEST(Config, HoldsTheOneModelConfig) {
+  const TrainConfig c = parse_train_args({});
+  EXPECT_EQ(c.model.to_json(true), nn::ModelConfig{}.to_json(true));
+  EXPECT_FALSE(c.model.tie_embeddings.has_value());  // auto: the architecture's
+  const nn::ModelConfig built = model_config(c, 65);
+  EXPECT_EQ(built.to_json(), nn::ModelConfig::from_json(model_config_json(c, 65)).to_json());
+  EXPECT_EQ(built.tie_embeddings, std::optional<bool>(true));  // the GPT ties its head
+  const TrainConfig l = parse_train_args({"--model", "llama", "--n_kv_head", "2", "--tie_embeddings", "auto"});
+  const nn::ModelConfig lb = model_config(l, 65);
+  EXPECT_EQ(lb.tie_embeddings, std::optional<bool>(false));
+  EXPECT_EQ(lb.n_kv_head, 2);
+  EXPECT_EQ(lb.intermediate_size, 352);  // 8/3 x 128 rounded up to 32: the architecture's default
+  const plan::ModelSpec spec = plan_model_spec(l, 65);
+  EXPECT_EQ(spec.kv_heads, 2);
+  EXPECT_EQ(spec.ffn_hidden, 352);
+  EXPECT_FALSE(spec.tied_embeddings);
+  // rope_scaling is a JSON object on the command line and in files; to_json gives it back as one.
+  const std::string rs = R"({"rope_type":"llama3","factor":8,"low_freq_factor":1,"high_freq_factor":4,)"
+                         R"("original_max_position_embeddings":64})";
+  const TrainConfig r = parse_train_args({"--model", "llama", "--rope_scaling", rs});
+  EXPECT_EQ(r.to_json()["rope_scaling"]["factor"], 8);
+  EXPECT_EQ(model_config(r, 65).rope_scaling["rope_type"], "llama3");
+  EXPECT_CONTAINS(error_of({"--model", "llama", "--rope_scaling", "{oops"}), "a JSON object");
+  EXPECT_CONTAINS(error_of({"--model", "llama", "--rope_scaling", R"({"rope_type":"yarn"})"}), "'yarn'");
+  // The model's own rules are checked once, by the model config, for train as for every other command.
+  EXPECT_CONTAINS(error_of({"--dropout", "0.1"}), "dropout");
+  EXPECT_CONTAINS(error_of({"--model", "llama", "--n_kv_head", "3"}), "n_kv_head 3");
+}
+
 TEST(Config, FlagFormsDashesAndUnderscores) {
   TrainConfig c = parse_train_args({"--n-layer", "3", "--n_head=2", "--n-embd=64", "--learning-rate", "3e-4",
                                     "--bias", "--always-save-checkpoint", "false", "--out_dir=/tmp/x", "--data",
                                     "--weird=name", "--tokenizer", "byte"});
-  EXPECT_EQ(c.n_layer, 3);
-  EXPECT_EQ(c.n_head, 2);
-  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.n_head, 2);
+  EXPECT_EQ(c.model.n_embd, 64);
   EXPECT_DOUBLE_EQ(c.learning_rate, 3e-4);
-  EXPECT_TRUE(c.bias);
+  EXPECT_TRUE(c.model.bias);
   EXPECT_FALSE(c.always_save_checkpoint);
   EXPECT_EQ(c.out_dir, "/tmp/x");
   EXPECT_EQ(c.data, "--weird=name");  // a value after a non-boolean key is taken as is
@@ -100,7 +132,7 @@ TEST(Config, FlagFormsDashesAndUnderscores) {
   EXPECT_EQ(parse_train_args({"--max-iters", "3"}, base).resume, Resume::kAuto);
   EXPECT_EQ(parse_train_args({"--resume", "false"}, base).resume, Resume::kNo);
   c = parse_train_args({"--bias=0", "--decay-lr", "off"});
-  EXPECT_FALSE(c.bias);
+  EXPECT_FALSE(c.model.bias);
   EXPECT_FALSE(c.decay_lr);
 }
 
@@ -142,10 +174,10 @@ TEST(Config, JsonFileThenFlagsOverride) {
                                           "bias": true, "tokenizer": "byte", "max_iters": 5000.0})");
   // --config given after the flag still loses to it: files first, then flags.
   TrainConfig c = parse_train_args({"--n_layer", "2", "--config", f});
-  EXPECT_EQ(c.n_layer, 2);
-  EXPECT_EQ(c.n_head, 6);
-  EXPECT_EQ(c.n_embd, 384);
-  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.model.n_head, 6);
+  EXPECT_EQ(c.model.n_embd, 384);
+  EXPECT_TRUE(c.model.bias);
   EXPECT_EQ(c.tokenizer, "byte");
   EXPECT_EQ(c.max_iters, 5000);
   fs::remove(f);
@@ -177,10 +209,34 @@ TEST(Config, JsonFileThenFlagsOverride) {
   EXPECT_THROW(parse_train_args({"--config", "/nonexistent/cfg.json"}), IoError);
 }
 
+// The configs the README and scripts/main.sh name, each parsed to the values it is there for; a config in
+// configs/ that this list does not name fails too, so a new one gets its expectations written here.
 TEST(Config, ShippedExampleConfigsParse) {
-  for (const auto& e : fs::directory_iterator(fs::path(TRIDENT_SOURCE_DIR) / "configs")) {
+  const fs::path dir = fs::path(TRIDENT_SOURCE_DIR) / "configs";
+  struct Expected {
+    const char* file;
+    const char* out_dir;
+    const char* data;
+  };
+  const Expected expected[] = {
+      {"fortunes_char.json", "out/fortunes-char", "/usr/share/games/fortunes"},  // scripts/main.sh
+      {"shakespeare_char.json", "out/shakespeare-char", "data/tinyshakespeare/input.txt"},  // README
+  };
+  std::set<std::string> named;
+  for (const Expected& e : expected) {
+    named.insert(e.file);
+    ASSERT_TRUE(fs::exists(dir / e.file)) << "configs/" << e.file << " is missing";
+    const TrainConfig c = parse_train_args({"--config", (dir / e.file).string()});
+    EXPECT_EQ(c.out_dir, e.out_dir) << e.file;
+    EXPECT_EQ(c.data, e.data) << e.file;
+    EXPECT_EQ(c.tokenizer, "char") << e.file;  // both are nanoGPT's character-level runs
+    EXPECT_EQ(c.max_iters, 2000) << e.file;
+    EXPECT_EQ(c.model.n_layer, 4) << e.file;
+    EXPECT_EQ(c.model.n_embd, 128) << e.file;
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".json") continue;
-    EXPECT_NO_THROW(parse_train_args({"--config", e.path().string()})) << e.path();
+    EXPECT_TRUE(named.count(e.path().filename().string())) << e.path() << " is not among the expected configs";
   }
 }
 
@@ -195,12 +251,12 @@ TEST(Config, ModelConfigCarriesTheModelKeys) {
 }
 
 TEST(Config, DeviceFromFlagAndJsonAndItsLimits) {
-  EXPECT_EQ(parse_train_args({}).device, "cpu");
-  EXPECT_EQ(parse_train_args({"--device", "cuda"}).device, "cuda");
-  EXPECT_EQ(parse_train_args({"--device=cuda"}).device, "cuda");
+  EXPECT_EQ(parse_train_args({}).model.device, "cpu");
+  EXPECT_EQ(parse_train_args({"--device", "cuda"}).model.device, "cuda");
+  EXPECT_EQ(parse_train_args({"--device=cuda"}).model.device, "cuda");
   std::string f = write_tmp("device.json", R"({"device": "cuda"})");
-  EXPECT_EQ(parse_train_args({"--config", f}).device, "cuda");
-  EXPECT_EQ(parse_train_args({"--config", f, "--device", "cpu"}).device, "cpu");  // flags win over files
+  EXPECT_EQ(parse_train_args({"--config", f}).model.device, "cuda");
+  EXPECT_EQ(parse_train_args({"--config", f, "--device", "cpu"}).model.device, "cpu");  // flags win over files
   fs::remove(f);
   EXPECT_CONTAINS(error_of({"--device", "gpu"}), "one of cpu|cuda");
   // The model config carries it to nn::make_model.
@@ -219,17 +275,17 @@ TEST(Config, DeviceFromFlagAndJsonAndItsLimits) {
 
 TEST(Config, Gpt2PresetsSetShapesThatOtherKeysOverride) {
   TrainConfig c = parse_train_args({"--n_embd", "64", "--model", "gpt2-medium"});
-  EXPECT_EQ(c.model, "gpt");
-  EXPECT_EQ(c.n_layer, 24);
-  EXPECT_EQ(c.n_head, 16);
-  EXPECT_EQ(c.n_embd, 64);  // given explicitly: wins over the preset wherever it appears
-  EXPECT_EQ(c.block_size, 1024);
-  EXPECT_TRUE(c.bias);
-  EXPECT_EQ(c.gelu, "tanh");
+  EXPECT_EQ(c.model.kind, "gpt");
+  EXPECT_EQ(c.model.n_layer, 24);
+  EXPECT_EQ(c.model.n_head, 16);
+  EXPECT_EQ(c.model.n_embd, 64);  // given explicitly: wins over the preset wherever it appears
+  EXPECT_EQ(c.model.block_size, 1024);
+  EXPECT_TRUE(c.model.bias);
+  EXPECT_EQ(c.model.gelu, "tanh");
   EXPECT_EQ(c.tokenizer, "gpt2");
   EXPECT_EQ(padded_vocab(c, 50257), 50304);
   TrainConfig xl = parse_train_args({"--model=gpt2-xl"});
-  EXPECT_EQ(xl.n_layer, 48);
-  EXPECT_EQ(xl.n_head, 25);
-  EXPECT_EQ(xl.n_embd, 1600);
+  EXPECT_EQ(xl.model.n_layer, 48);
+  EXPECT_EQ(xl.model.n_head, 25);
+  EXPECT_EQ(xl.model.n_embd, 1600);
 }

@@ -115,13 +115,13 @@ TEST(Gpt2, ShapedModelTrainsFromShardsResumesMidEpochAndExports) {
 
   TrainConfig cfg;
   set_config_value(cfg, "model", "gpt2");
-  EXPECT_EQ(cfg.n_layer, 12);
-  EXPECT_EQ(cfg.n_embd, 768);
+  EXPECT_EQ(cfg.model.n_layer, 12);
+  EXPECT_EQ(cfg.model.n_embd, 768);
   EXPECT_EQ(cfg.tokenizer, "gpt2");
-  cfg.n_layer = 2;
-  cfg.n_head = 2;
-  cfg.n_embd = 32;
-  cfg.block_size = 16;
+  cfg.model.n_layer = 2;
+  cfg.model.n_head = 2;
+  cfg.model.n_embd = 32;
+  cfg.model.block_size = 16;
   cfg.tokenizer_dir = bpe_dir();
   cfg.data = to.out_dir;
   cfg.out_dir = (d.path / "full").string();

@@ -238,8 +238,6 @@ class Hf : public ::testing::Test {
   }
 };
 
-}  // namespace
-
 TEST_F(Hf, LlamaImportMapsConfigPadsVocabularyAndKeepsValues) {
   const json c = llama_config();
   const Folder f = llama_tensors(c);
@@ -616,7 +614,6 @@ TEST_F(Hf, ImportedLlamaLoadsIntoTheModelFactory) {
 // float64) evaluates the original folder (sharded, F16/BF16) and trident's export of the imported checkpoint
 // to the loss trident computes on it. The vocabulary is padded (300 -> 384 rows): the padding ids take no
 // probability, so the loss is the unpadded model's.
-namespace {
 // The reference Llama's mean loss on a folder over the consecutive windows of T + 1 ids in `tokens`.
 double reference_loss(const fs::path& folder, const fs::path& tokens, int T) {
   const std::string cmd = "/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) + "/tests/unit/nn/llama_torch.py --hf " +
@@ -629,7 +626,6 @@ double reference_loss(const fs::path& folder, const fs::path& tokens, int T) {
   EXPECT_EQ(std::sscanf(std::string(buf, n).c_str(), "loss %lf", &v), 1) << buf;
   return v;
 }
-}  // namespace
 
 TEST_F(Hf, ImportedAndExportedLlamaMatchThePyTorchReference) {
   if (!trident::testing::have_torch())
@@ -672,7 +668,6 @@ TEST_F(Hf, ImportedAndExportedLlamaMatchThePyTorchReference) {
 }
 
 // ---- through the binary ----
-namespace {
 struct CliRun {
   int rc;
   std::string out, err;
@@ -687,7 +682,6 @@ CliRun run_cli(const fs::path& tmp, const std::string& args) {
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, io::read_file(err_file)};
 }
-}  // namespace
 
 TEST_F(Hf, CliImportEvalExportAndErrors) {
   const json c = llama_config();
@@ -797,3 +791,5 @@ TEST_F(Hf, CliImportTrainAtTp2ExportMatchesThePyTorchReference) {
   // Training changed the model: the original folder evaluates differently.
   EXPECT_GT(std::abs(reference_loss(in, tmp.path / "tokens.txt", T) - ref), 1e-3);
 }
+
+}  // namespace

@@ -33,10 +33,10 @@ TrainConfig tiny(const std::string& data, const std::string& out) {
   TrainConfig c;
   c.data = data;
   c.out_dir = out;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.block_size = 16;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 16;
+  c.model.block_size = 16;
   c.batch_size = 4;
   c.max_iters = 30;
   c.warmup_iters = 5;
@@ -72,7 +72,7 @@ TEST(Trainer, SameSeedIsBitIdenticalAndTheLossFalls) {
   EXPECT_LT(a.losses.back(), a.losses.front() - 0.3);
   EXPECT_NEAR(a.losses.front(), std::log(14.0), 0.3);  // ~uniform over the 14-character vocabulary at init
   TrainConfig c = tiny(data, (d.path / "c").string());
-  c.seed = 7;
+  c.model.seed = 7;
   TrainResult other = Trainer(c, quiet()).run();
   EXPECT_NE(other.losses[1], a.losses[1]);
 
@@ -276,7 +276,7 @@ TEST(Trainer, ResumeErrors) {
   c.max_iters = 3;
   Trainer(c, quiet()).run();
   c.resume = train::Resume::kYes;
-  c.n_embd = 32;
+  c.model.n_embd = 32;
   try {
     Trainer t(c, quiet());
     FAIL();
@@ -337,7 +337,7 @@ TEST(Trainer, EvaluateWindowsMatchesAnIndependentCrossEntropy) {
   Trainer t(c, quiet());
   t.run();
   auto span = t.dataset().span(data::Split::kVal);
-  const int T = c.block_size, K = 11;  // K not a multiple of the internal batch of 8
+  const int T = c.model.block_size, K = 11;  // K not a multiple of the internal batch of 8
   double got = evaluate_windows(t.model(), span, T, K);
   // Reference: logits of each window alone, log-softmax in double, mean over K*T positions.
   const int V = t.dataset().tokenizer().vocab_size();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "trident/comm/collective.h"
 #include "trident/comm/cost/cost.h"
 #include "trident/comm/types.h"
 
@@ -80,31 +81,6 @@ class AlgoContext {
 // The hosts of the context's group, from AlgoContext::host_of.
 HostLayout host_layout(const AlgoContext& ctx);
 
-// The `bytes` argument of cost() for a call, as nccl-tests counts a collective's size: count * element
-// size for broadcast, reduce and all_reduce; the whole gathered/scattered buffer (count * world * element
-// size, or sum(counts) for all_gatherv) for gather, scatter, all_gather(v), reduce_scatter and all_to_all.
-inline size_t cost_bytes(const CollArgs& a, int world) {
-  const size_t es = a.op == OpKind::kBarrier ? 0 : dtype_size(a.dtype);
-  switch (a.op) {
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAllToAll:
-      return a.count * static_cast<size_t>(world) * es;
-    case OpKind::kAllGatherV: {
-      size_t total = 0;
-      if (a.counts != nullptr)
-        for (size_t c : *a.counts) total += c;
-      return total * es;
-    }
-    case OpKind::kBarrier:
-      return 0;
-    default:
-      return a.count * es;
-  }
-}
-
 // Block partition of `count` elements over `parts`: the first count % parts blocks get one more.
 inline size_t block_count(size_t count, int parts, int i) {
   return count / parts + (static_cast<size_t>(i) < count % parts ? 1 : 0);
@@ -122,11 +98,11 @@ struct AlgorithmInfo {
   bool (*applicable)(const CollArgs& args, int world) = nullptr;
   // The (op, algo) row of cost_table(); algorithm_table() fills it and fails on a missing row.
   const AlgoCost* model = nullptr;
-  // Flat cost for `bytes` (as cost_bytes counts them) at `world` ranks.
+  // Flat cost for `bytes` (as size_bytes in comm/collective.h counts them) at `world` ranks.
   Cost cost(size_t bytes, int world) const { return model->cost(bytes, world); }
 };
 
-// Predicted seconds of `info` for `bytes` (as cost_bytes counts them) on `layout` (cost.h).
+// Predicted seconds of `info` for `bytes` (as size_bytes in comm/collective.h counts them) on `layout` (cost.h).
 inline double predict_seconds(const AlgorithmInfo& info, size_t bytes, const HostLayout& layout,
                               const LinkCost& intra, const LinkCost& inter) {
   return predict_seconds(*info.model, bytes, layout, intra, inter);

@@ -41,6 +41,7 @@ std::shared_ptr<ProcessGroup> new_mpi_process_group(int, int, const GroupOptions
 #include <set>
 #include <thread>
 
+#include "trident/comm/collective.h"
 #include "trident/comm/reduce.h"
 #include "trident/core/env.h"
 #include "trident/core/log.h"
@@ -359,7 +360,7 @@ class MpiProcessGroup final : public ProcessGroup {
     prepare(*op);  // argument checks that throw InvalidArgument to the caller before anything is posted
     auto work = op->work;
     std::unique_lock<std::mutex> lock(mu_);
-    const bool collective = args.op != OpKind::kSend && args.op != OpKind::kRecv;
+    const bool collective = !collective_info(args.op).point_to_point;
     op->seq = collective ? next_seq_++ : 0;
     if (failed_) {
       auto e = failed_;
@@ -500,36 +501,26 @@ class MpiProcessGroup final : public ProcessGroup {
   void prepare(Op& op) {
     const CollArgs& a = op.args;
     const int sz = size();
-    switch (a.op) {
-      case OpKind::kGather:
-      case OpKind::kScatter:
-      case OpKind::kAllGather:
-      case OpKind::kReduceScatter:
-      case OpKind::kAllToAll:
-        if (a.count > 0 && a.count > static_cast<size_t>(INT_MAX) / static_cast<size_t>(sz))
-          to_int(a.count * static_cast<size_t>(sz), a, "count x size");
-        op.n = to_int(a.count, a, "count");
-        break;
-      case OpKind::kAllGatherV: {
-        size_t total = 0;
-        for (size_t c : op.counts) {
-          op.icounts.push_back(to_int(c, a, "a rank's count"));
-          op.displs.push_back(to_int(total, a, "a displacement"));
-          total += c;
-        }
-        to_int(total, a, "the total count");
-        op.n = op.icounts[rank()];
-        break;
+    const CollectiveInfo& info = collective_info(a.op);
+    if (a.op == OpKind::kAllGatherV) {  // MPI's per-rank counts and displacements
+      size_t total = 0;
+      for (size_t c : op.counts) {
+        op.icounts.push_back(to_int(c, a, "a rank's count"));
+        op.displs.push_back(to_int(total, a, "a displacement"));
+        total += c;
       }
-      case OpKind::kSend:
-      case OpKind::kRecv:
-        if (a.tag > static_cast<uint32_t>(rt_.tag_ub))
-          TRIDENT_THROW(InvalidArgument, "backend mpi: {}: tag {} is above this MPI's largest tag (MPI_TAG_UB = {})",
-                        describe(a), a.tag, rt_.tag_ub);
-        op.n = to_int(a.count, a, "count");
-        break;
-      default: op.n = to_int(a.count, a, "count");
+      to_int(total, a, "the total count");
+      op.n = op.icounts[rank()];
+      return;
     }
+    // A buffer of one block per rank must fit MPI's int count too.
+    if (info.size == Extent::kCountTimesWorld && a.count > 0 &&
+        a.count > static_cast<size_t>(INT_MAX) / static_cast<size_t>(sz))
+      to_int(a.count * static_cast<size_t>(sz), a, "count x size");
+    if (info.point_to_point && a.tag > static_cast<uint32_t>(rt_.tag_ub))
+      TRIDENT_THROW(InvalidArgument, "backend mpi: {}: tag {} is above this MPI's largest tag (MPI_TAG_UB = {})",
+                    describe(a), a.tag, rt_.tag_ub);
+    op.n = to_int(a.count, a, "count");
   }
 
   // Posts the non-blocking MPI call. Called under mu_.
@@ -629,8 +620,9 @@ class MpiProcessGroup final : public ProcessGroup {
       std::memmove(a.recv, static_cast<const uint8_t*>(a.send) + static_cast<size_t>(rank()) * a.count * es,
                    a.count * es);
     if (a.redop == ReduceOp::kAvg && size() > 1 && a.count > 0) {
-      if (a.op == OpKind::kAllReduce || a.op == OpKind::kReduceScatter) scale_divide(a.recv, a.count, a.dtype, size());
-      else if (a.op == OpKind::kReduce && rank() == a.root) scale_divide(a.recv, a.count, a.dtype, size());
+      // Every rank that receives a reduction's result (a reduce's root only) divides it.
+      if (collective_info(a.op).reduces && buffer_bytes(a, rank(), size()).recv > 0)
+        scale_divide(a.recv, a.count, a.dtype, size());
     }
   }
 
@@ -701,7 +693,7 @@ class MpiProcessGroup final : public ProcessGroup {
           std::lock_guard<std::mutex> lock(mu_);
           bool earlier_collective = false;  // an earlier collective is still running
           for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-            const bool p2p = (*it)->args.op == OpKind::kSend || (*it)->args.op == OpKind::kRecv;
+            const bool p2p = collective_info((*it)->args.op).point_to_point;
             if ((*it)->mpi_done && (p2p || !earlier_collective)) {
               head = std::move(*it);
               pending_.erase(it);
@@ -734,7 +726,7 @@ class MpiProcessGroup final : public ProcessGroup {
       for (Op* op : ops) {
         if (op->mpi_done || now < op->deadline) continue;
         const CollArgs& a = op->args;
-        std::string peer = a.op == OpKind::kSend || a.op == OpKind::kRecv
+        std::string peer = collective_info(a.op).point_to_point
                                ? fmt::format(" (peer {})", a.peer)
                                : std::string();
         auto e = std::make_exception_ptr(TimeoutError(

@@ -30,6 +30,7 @@ std::shared_ptr<ProcessGroup> new_nccl_process_group(std::shared_ptr<Store>, int
 #include <thread>
 #include <vector>
 
+#include "trident/comm/collective.h"
 #include "trident/comm/store/store.h"
 #include "trident/core/env.h"
 #include "trident/core/log.h"
@@ -182,9 +183,9 @@ class NcclProcessGroup : public ProcessGroup {
     p.deadline = deadline_after(p.timeout);
     p.what = fmt::format("{} #{} in group '{}' (rank {} of {})", describe(a), seq, name(), rank(), size());
     // Buffers a rank does not use (recv of reduce/gather and send of scatter off the root) are not checked.
-    const bool off_root = rank() != a.root;
-    if (!(a.op == OpKind::kScatter && off_root)) check_device_buffer(a.send, a, "send");
-    if (!((a.op == OpKind::kReduce || a.op == OpKind::kGather) && off_root)) check_device_buffer(a.recv, a, "recv");
+    const BufferBytes used = buffer_bytes(a, rank(), size());
+    if (used.send > 0) check_device_buffer(a.send, a, "send");
+    if (used.recv > 0) check_device_buffer(a.recv, a, "recv");
     TRIDENT_NCCL_CUDA(cudaSetDevice(device_), p.what);
     enqueue(a, p);
     TRIDENT_NCCL_CUDA(cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming), p.what);

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "trident/comm/collective.h"
+
 namespace trident {
 
 // ---- HostLayout ----
@@ -72,16 +74,17 @@ double d(size_t bytes) { return static_cast<double>(bytes); }
 
 // ---- message-based patterns (flat: one link class) ----
 
-// Reduce-scatter then all-gather around the ring.
+// Reduce-scatter then all-gather around the ring: bandwidth-optimal, so each rank sends the bus bytes
+// (nccl-tests' factor is defined by this pattern).
 Cost all_reduce_ring(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {2.0 * (n - 1), 2.0 * (n - 1) / n * d(bytes)};
+  return {2.0 * (n - 1), bus_bytes(OpKind::kAllReduce, d(bytes), n)};
 }
 // Two phases of n-1 concurrent messages of bytes/n each. The engine issues a phase's messages back to
 // back, so each extra message costs about half a latency rather than a full one (one host).
 Cost all_reduce_direct(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {2.0 + (n - 2), 2.0 * (n - 1) / n * d(bytes)};
+  return {2.0 + (n - 2), bus_bytes(OpKind::kAllReduce, d(bytes), n)};
 }
 // Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather over the largest power of
 // two p <= n; the fold of the other n - p ranks adds two full-buffer steps.
@@ -133,20 +136,21 @@ Cost reduce_tree(size_t bytes, int n) { return broadcast_tree(bytes, n); }
 // The root receives n-1 full buffers.
 Cost reduce_direct(size_t bytes, int n) { return broadcast_direct(bytes, n); }
 
-// The patterns that move (n-1)/n of the whole buffer per rank: in n-1 steps (ring, pairwise), log2 n
+// The patterns that move (n-1)/n of the whole buffer per rank (all_gather's bus bytes, whichever op runs
+// them): in n-1 steps (ring, pairwise), log2 n
 // steps (recursive doubling / halving, trees of gather and scatter), or one burst of n-1 messages issued
 // back to back (direct: about half a latency each beyond the first).
 Cost spread_steps(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {static_cast<double>(n - 1), (n - 1.0) / n * d(bytes)};
+  return {static_cast<double>(n - 1), bus_bytes(OpKind::kAllGather, d(bytes), n)};
 }
 Cost spread_log(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {static_cast<double>(ceil_log2(n)), (n - 1.0) / n * d(bytes)};
+  return {static_cast<double>(ceil_log2(n)), bus_bytes(OpKind::kAllGather, d(bytes), n)};
 }
 Cost spread_direct(size_t bytes, int n) {
   if (n <= 1) return {};
-  return {1.0 + 0.5 * (n - 2), (n - 1.0) / n * d(bytes)};
+  return {1.0 + 0.5 * (n - 2), bus_bytes(OpKind::kAllGather, d(bytes), n)};
 }
 
 Cost barrier_dissemination(size_t, int n) {

@@ -8,7 +8,7 @@
 // time = alpha_terms x alpha + beta_bytes x beta + local_bytes x gamma on one link class; an algorithm
 // whose steps cross hosts differently (hierarchical, single-host windows) splits its cost into the part on
 // links inside a host and the part across hosts (TopoCost). `bytes` is the size of a call as nccl-tests
-// counts it (cost_bytes in algorithms/algorithm.h): the buffer for broadcast, reduce and all_reduce, the
+// counts it (size_bytes in comm/collective.h): the buffer for broadcast, reduce and all_reduce, the
 // whole gathered or scattered buffer for gather, scatter, all_gather(v), reduce_scatter and all_to_all.
 #pragma once
 

@@ -66,10 +66,13 @@ struct Engine::Req {
   ReduceOp op = ReduceOp::kSum;
   uint64_t posted_ns = 0;     // coarse clock when a timed receive was posted without its message (0: not waiting)
   uint64_t empty_mark = 0;    // the peer's empty_reads when it was posted
+  uint64_t order = 0;         // point-to-point receives: posting order (a named and an any-source one compete)
+  bool any_source = false;    // a point-to-point receive from any rank: `peer` is set when a message matches
 };
 
 struct Engine::Unexpected {
   MsgHeader hdr;
+  uint64_t arrival = 0;             // order of arrival across peers (an any-source receive takes the earliest)
   std::unique_ptr<uint8_t[]> data;  // >= h.nbytes, not zero-filled; null until the payload is read
   size_t capacity = 0;              // of data
   bool complete = false;
@@ -204,7 +207,7 @@ AbortRecord Engine::record(AbortRecord::Kind kind, std::string message, int peer
   r.reporter = rank_;
   r.peer = peer;
   r.ranks = std::move(ranks);
-  if (in_collective_ || args_.op == OpKind::kSend || args_.op == OpKind::kRecv) {
+  if (in_collective_ || collective_info(args_.op).point_to_point) {
     r.op = op_name(args_.op);
     r.seq = static_cast<long>(seq_);
   }
@@ -302,12 +305,9 @@ std::string Engine::describe_header(const MsgHeader& h) const { return describe_
 void Engine::check_fingerprint(int peer, const MsgHeader& h) {
   bool same = h.op == static_cast<uint8_t>(args_.op) && h.dtype == static_cast<uint8_t>(args_.dtype) &&
               h.count == fp_count_ && h.algo == static_cast<uint8_t>(algo_);
-  const bool rooted = args_.op == OpKind::kBroadcast || args_.op == OpKind::kReduce || args_.op == OpKind::kGather ||
-                      args_.op == OpKind::kScatter;
-  const bool reduces = args_.op == OpKind::kReduce || args_.op == OpKind::kAllReduce ||
-                       args_.op == OpKind::kReduceScatter;
-  if (rooted) same = same && h.root == args_.root;
-  if (reduces) same = same && h.redop == static_cast<uint8_t>(args_.redop);
+  const CollectiveInfo& info = collective_info(args_.op);
+  if (info.rooted) same = same && h.root == args_.root;
+  if (info.reduces) same = same && h.redop == static_cast<uint8_t>(args_.redop);
   if (same) return;
   CollArgs shown = args_;
   shown.count = fp_count_;
@@ -387,6 +387,7 @@ bool Engine::matches(const Req& r, const MsgHeader& h) const {
 
 Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, void* dst, size_t nbytes, bool reduce,
                           DType dtype, ReduceOp op, const void* own, int slot) {
+  if (peer == kAnySource && kind == kKindP2P && slot >= 0) return post_any_recv(tag, dst, nbytes, slot);
   if (peer < 0 || peer >= size_ || peer == rank_ || !channels_[peer])
     TRIDENT_THROW(InvalidArgument, "internal: recv from rank {} which has no channel to rank {} in group '{}'", peer,
                   rank_, name_);
@@ -403,6 +404,7 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   r.own = static_cast<const uint8_t*>(own);
   r.dtype = dtype;
   r.op = op;
+  r.order = ++post_order_;
   const int id = store_request(r, slot);
   Peer& ps = *peer_state_[peer];
   // An early arrival? Match in order.
@@ -420,6 +422,77 @@ Request Engine::post_recv(int peer, uint8_t kind, uint32_t step, uint32_t tag, v
   }
   ps.posted.push_back(id);
   return Request{id};
+}
+
+// A receive from any rank: the earliest-arrived complete message with its tag that no earlier receive is
+// owed (per peer, only the first early message with a key may be taken), else it waits in any_posted_
+// and competes, by posting order, with the receives that name the peer (take_match).
+Request Engine::post_any_recv(uint32_t tag, void* dst, size_t nbytes, int slot) {
+  Req r;
+  r.peer = kAnySource;
+  r.any_source = true;
+  r.kind = kKindP2P;
+  r.tag = tag;
+  r.dst = static_cast<uint8_t*>(dst);
+  r.nbytes = nbytes;
+  r.order = ++post_order_;
+  const int id = store_request(r, slot);
+  int best_peer = -1;
+  Unexpected* best = nullptr;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    for (auto& u : peer_state_[p]->unexpected) {
+      if (!matches(req(id), u->hdr)) continue;
+      if (u->complete && (!best || u->arrival < best->arrival)) best = u.get(), best_peer = p;
+      break;  // later messages with this key from p are owed to this one's receiver first
+    }
+  }
+  if (best) {
+    Req& q = req(id);
+    q.peer = best_peer;
+    deliver_unexpected(q, *best);
+    auto& un = peer_state_[best_peer]->unexpected;
+    for (auto it = un.begin(); it != un.end(); ++it)
+      if (it->get() == best) {
+        un.erase(it);
+        break;
+      }
+    return Request{id};
+  }
+  any_posted_.push_back(id);
+  return Request{id};
+}
+
+// The receive that message h from `peer` completes, taken off its list (-1: none): the first matching
+// receive that names the peer or, for a point-to-point message, the first matching any-source receive,
+// whichever was posted first. An any-source receive learns its peer here.
+int Engine::take_match(int peer, const MsgHeader& h) {
+  Peer& ps = *peer_state_[peer];
+  size_t named = ps.posted.size();
+  for (size_t i = 0; i < ps.posted.size(); ++i)
+    if (matches(req(ps.posted[i]), h)) {
+      named = i;
+      break;
+    }
+  size_t any = any_posted_.size();
+  if (h.kind == kKindP2P)
+    for (size_t i = 0; i < any_posted_.size(); ++i)
+      if (matches(req(any_posted_[i]), h)) {
+        any = i;
+        break;
+      }
+  const bool use_any = any < any_posted_.size() &&
+                       (named == ps.posted.size() || req(any_posted_[any]).order < req(ps.posted[named]).order);
+  if (use_any) {
+    const int id = any_posted_[any];
+    any_posted_.erase(any_posted_.begin() + static_cast<long>(any));
+    req(id).peer = peer;
+    return id;
+  }
+  if (named == ps.posted.size()) return -1;
+  const int id = ps.posted[named];
+  ps.posted.erase(ps.posted.begin() + static_cast<long>(named));
+  return id;
 }
 
 void Engine::deliver_unexpected(Req& r, Unexpected& u) {
@@ -458,12 +531,9 @@ bool Engine::start_early_payload(int peer) {
     if (e.get() == u) break;
     if (same_key(e->hdr, h)) first = false;
   }
-  for (size_t i = 0; first && i < ps.posted.size(); ++i) {
-    Req& r = req(ps.posted[i]);
-    if (!matches(r, h)) continue;
-    check_size(r, h, peer);
-    ps.cur_req = ps.posted[i];
-    ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+  if (const int id = first ? take_match(peer, h) : -1; id >= 0) {
+    check_size(req(id), h, peer);
+    ps.cur_req = id;
     for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it)
       if (it->get() == u) {
         ps.unexpected.erase(it);
@@ -520,6 +590,8 @@ Engine::Req& Engine::req(int id) { return (id & kP2PBit) ? p2p_[id & ~kP2PBit] :
 
 bool Engine::p2p_done(int handle) const { return p2p_[handle & ~kP2PBit].done; }
 
+int Engine::p2p_source(int handle) const { return p2p_[handle & ~kP2PBit].peer; }
+
 int Engine::start_p2p(const CollArgs& a, Clock::time_point deadline) {
   if (auto f = failure()) std::rethrow_exception(f);
   if (shm_ && shm_->aborted()) raise_recorded(shm_->abort_record());
@@ -550,6 +622,9 @@ int Engine::start_p2p(const CollArgs& a, Clock::time_point deadline) {
 void Engine::release_p2p(int handle) {
   const int slot = handle & ~kP2PBit;
   if (!p2p_calls_[slot].used) return;
+  // An any-source receive abandoned after a failure must not match a later call's message in this slot.
+  if (auto it = std::find(any_posted_.begin(), any_posted_.end(), handle); it != any_posted_.end())
+    any_posted_.erase(it);
   p2p_calls_[slot].used = false;
   --p2p_pending_;
   p2p_free_.push_back(slot);
@@ -557,6 +632,18 @@ void Engine::release_p2p(int handle) {
 
 void Engine::check_p2p_deadlines() {
   if (p2p_pending_ == 0) return;
+  if (!any_posted_.empty() && active_peers_.empty()) {
+    // Every peer closed its connection and nothing it sent matches: no message can come.
+    const P2PCall& c = p2p_calls_[any_posted_.front() & ~kP2PBit];
+    std::vector<int> others;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) others.push_back(r);
+    fail_group(record(AbortRecord::Kind::kOther,
+                      fmt::format("{} in group '{}' on rank {} cannot complete: every other rank closed its "
+                                  "connection (Connection closed by peer) without sending a message with tag {}",
+                                  describe(c.args), name_, rank_, c.args.tag),
+                      -1, others));
+  }
   const auto now = Clock::now();
   for (size_t s = 0; s < p2p_.size(); ++s)
     if (p2p_calls_[s].used && !p2p_[s].done && now >= p2p_calls_[s].deadline) raise_p2p_timeout(static_cast<int>(s));
@@ -565,10 +652,19 @@ void Engine::check_p2p_deadlines() {
 [[noreturn]] void Engine::raise_p2p_timeout(int slot) {
   const P2PCall& c = p2p_calls_[slot];
   const Req& r = p2p_[slot];
-  std::string detail = r.is_send ? fmt::format("rank {} did not drain what was sent to it", r.peer)
-                                 : fmt::format("not heard from: rank(s) {}", r.peer);
+  std::vector<int> missing;
+  if (r.any_source) {
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) missing.push_back(p);
+  } else if (!r.is_send) {
+    missing.push_back(r.peer);
+  }
+  std::string detail = r.is_send      ? fmt::format("rank {} did not drain what was sent to it", r.peer)
+                       : r.any_source ? fmt::format("not heard from: rank(s) {} (a receive from any source)",
+                                                    fmt::join(missing, ", "))
+                                      : fmt::format("not heard from: rank(s) {}", r.peer);
   std::string msg = fmt::format("{} in group '{}' timed out on rank {}; {}", describe(c.args), name_, rank_, detail);
-  AbortRecord rec = record(AbortRecord::Kind::kTimeout, msg, -1, r.is_send ? std::vector<int>{} : std::vector<int>{r.peer});
+  AbortRecord rec = record(AbortRecord::Kind::kTimeout, msg, -1, missing);
   rec.op = op_name(c.args.op);
   fail_group(rec);
 }
@@ -576,7 +672,8 @@ void Engine::check_p2p_deadlines() {
 std::string Engine::activity(int peer) const {
   if (in_collective_) return fmt::format("{} (sequence number {})", describe(args_), seq_);
   for (size_t s = 0; s < p2p_.size(); ++s)
-    if (p2p_calls_[s].used && !p2p_[s].done && p2p_[s].peer == peer) return describe(p2p_calls_[s].args);
+    if (p2p_calls_[s].used && !p2p_[s].done && (p2p_[s].peer == peer || p2p_[s].any_source))
+      return describe(p2p_calls_[s].args);
   return "point-to-point traffic";
 }
 
@@ -611,7 +708,8 @@ void Engine::idle_wait() {
   for (size_t s = 0; s < p2p_.size(); ++s) {
     if (!p2p_calls_[s].used || p2p_[s].done) continue;
     const int peer = p2p_[s].peer;
-    if (peer >= 0 && channels_[peer]) wait_kinds_ |= channels_[peer]->is_shm() ? 2 : 1;
+    if (p2p_[s].any_source) wait_kinds_ |= (has_tcp_ ? 1 : 0) | (has_shm_ ? 2 : 0);
+    else if (peer >= 0 && channels_[peer]) wait_kinds_ |= channels_[peer]->is_shm() ? 2 : 1;
     until = std::min(until, p2p_calls_[s].deadline);
   }
   idle_ = true;
@@ -714,12 +812,10 @@ void Engine::on_header(int peer) {
   ps.got = 0;
   ps.cur_req = -1;
   ps.cur_unexp = nullptr;
-  for (size_t i = 0; i < ps.posted.size(); ++i) {
-    Req& r = req(ps.posted[i]);
-    if (!matches(r, h)) continue;
+  if (const int id = take_match(peer, h); id >= 0) {
+    Req& r = req(id);
     check_size(r, h, peer);
-    ps.cur_req = ps.posted[i];
-    ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+    ps.cur_req = id;
     // Timed only when this rank was already waiting for it (a read found the channel empty after the
     // receive was posted): the payload then streams at the link's pace. A message that had arrived before
     // (sitting in the socket's or ring's buffer) would read at memory speed and overstate the link.
@@ -727,11 +823,11 @@ void Engine::on_header(int peer) {
       ps.rx_t0_ns = precise_ns();
       bump(counters_[peer].rx_wait_ns, coarse_ns() - r.posted_ns);
     }
-    break;
   }
   if (ps.cur_req < 0) {
     auto u = std::make_unique<Unexpected>();
     u->hdr = h;
+    u->arrival = ++arrivals_;
     ps.cur_unexp = u.get();
     ps.unexpected.push_back(std::move(u));
   }
@@ -804,27 +900,22 @@ bool Engine::progress_rx(int peer) {
         req(ps.cur_req).done = true;
       } else {
         ps.cur_unexp->complete = true;
-        // A receive posted while this message was still arriving is waiting in `posted`? No: posting
-        // skips incomplete unexpected messages only by breaking, so the request is in `posted`; match it now.
-        for (size_t i = 0; i < ps.posted.size(); ++i) {
-          Req& r = req(ps.posted[i]);
-          const MsgHeader& h = ps.cur_unexp->hdr;
-          if (!matches(r, h)) continue;
-          // Only the first unexpected message with this key may be delivered (order per key).
-          bool earlier = false;
-          for (auto& u : ps.unexpected) {
-            if (u.get() == ps.cur_unexp) break;
-            if (same_key(u->hdr, h)) earlier = true;
-          }
-          if (earlier) break;
-          deliver_unexpected(r, *ps.cur_unexp);
-          ps.posted.erase(ps.posted.begin() + static_cast<long>(i));
+        // A receive posted while this message was still arriving waits in `posted` (posting skips an
+        // incomplete early message) or in any_posted_: match it now. Only the first early message with
+        // this key may be delivered (order per key).
+        const MsgHeader& h = ps.cur_unexp->hdr;
+        bool earlier = false;
+        for (auto& u : ps.unexpected) {
+          if (u.get() == ps.cur_unexp) break;
+          if (same_key(u->hdr, h)) earlier = true;
+        }
+        if (const int id = earlier ? -1 : take_match(peer, h); id >= 0) {
+          deliver_unexpected(req(id), *ps.cur_unexp);
           for (auto it = ps.unexpected.begin(); it != ps.unexpected.end(); ++it)
             if (it->get() == ps.cur_unexp) {
               ps.unexpected.erase(it);
               break;
             }
-          break;
         }
       }
       ps.cur_req = -1;

@@ -82,8 +82,13 @@ class Engine final : public AlgoContext {
   // with collective messages); receives from one peer with one tag match that peer's sends with that tag in
   // order (MPI's non-overtaking rule). Each call has its own deadline. Returns a handle for p2p_done().
   // Throws the group's failure (the call is then not started).
+  // A receive whose peer is kAnySource matches the first message with its tag from any rank (the earliest
+  // arrived among those already here); it and the receives naming a peer are matched in posting order, and
+  // per peer and tag still in sending order. p2p_source() names the rank it came from once done.
+  static constexpr int kAnySource = -1;
   int start_p2p(const CollArgs& a, Clock::time_point deadline);
   bool p2p_done(int handle) const;
+  int p2p_source(int handle) const;  // a done receive: the rank its message came from
   void release_p2p(int handle);  // a done call, or one abandoned after the group failed
   int p2p_pending() const { return p2p_pending_; }
   // With no collective running: progresses every peer and, when nothing moves, sleeps until a message
@@ -134,6 +139,8 @@ class Engine final : public AlgoContext {
   void on_header(int peer);
   int store_request(const Req& r, int slot);
   bool matches(const Req& r, const MsgHeader& h) const;
+  Request post_any_recv(uint32_t tag, void* dst, size_t nbytes, int slot);
+  int take_match(int peer, const MsgHeader& h);
   void deliver_unexpected(Req& r, Unexpected& u);
   // Before the payload of an early message (no receive posted when its header arrived) is read: a
   // receive posted since takes it directly; else it is read into a buffer, or left in the channel (false).
@@ -187,6 +194,9 @@ class Engine final : public AlgoContext {
   std::vector<P2PCall> p2p_calls_;
   std::vector<int> p2p_free_;
   int p2p_pending_ = 0;                       // slots in use
+  std::vector<int> any_posted_;               // any-source receives not yet matched, in posting order
+  uint64_t post_order_ = 0;                   // numbers receives as posted (Req::order)
+  uint64_t arrivals_ = 0;                     // numbers early messages as they arrive (Unexpected::arrival)
   int wake_fd_ = -1;                          // eventfd: wake() interrupts idle_wait's poll
   std::atomic<bool> wake_{false};             // wake() was called since idle_wait last returned
   bool idle_ = false;                         // in idle_wait (block_once polls wake_fd_, checks wake_)

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "trident/comm/algorithms/hierarchical.h"
+#include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm.h"
@@ -164,9 +165,12 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
                                         transport_info_.tcp_peers);
   if (rank == 0 && options.name == "world") log_info("process group '{}': {}", options.name, transport_info_.summary);
   else log_debug("comm", "process group '{}' rank {}: {}", options.name, rank, transport_info_.summary);
+  // SIGTERM in a program with a handler of its own: calls blocked here return (flight_recorder.h).
+  termination_hook_ = flight_recorder::add_termination_hook([this] { abort("this process received SIGTERM"); });
 }
 
 NativeProcessGroup::~NativeProcessGroup() {
+  flight_recorder::remove_termination_hook(termination_hook_);
   bool poke;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -185,7 +189,7 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced) const 
 
 Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const char** source) const {
   *source = "forced";
-  if (a.op == OpKind::kSend || a.op == OpKind::kRecv) return Algo::kAuto;
+  if (collective_info(a.op).point_to_point) return Algo::kAuto;
   auto candidates = algorithms_for(a.op);
   auto names = [&] {
     std::vector<std::string> n;
@@ -219,7 +223,7 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const 
     return window || (c->algo != Algo::kShm && c->algo != Algo::kCma);
   };
   if (tuning_) {
-    const double tbytes = static_cast<double>(cost_bytes(a, size()));
+    const double tbytes = static_cast<double>(size_bytes(a, size()));
     const AlgorithmInfo* best = nullptr;
     double best_t = 0;
     for (auto* c : candidates) {
@@ -233,8 +237,8 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const 
     }
   }
   *source = "cost model";
-  // Size as the algorithms' cost() counts it (cost_bytes: the whole gathered/scattered buffer).
-  const size_t bytes = cost_bytes(a, size());
+  // Size as the algorithms' cost() counts it (size_bytes: the whole gathered/scattered buffer).
+  const size_t bytes = size_bytes(a, size());
   const AlgorithmInfo* best = nullptr;
   double best_t = 0;
   std::string trace;
@@ -256,7 +260,7 @@ Algo NativeProcessGroup::choose_algorithm(const CollArgs& a, Algo forced, const 
 
 const AlgorithmInfo* NativeProcessGroup::choose_memoized(const CollArgs& args, Algo forced, Algo* algo,
                                                          const char** source, std::string* description) {
-  if (args.op == OpKind::kSend || args.op == OpKind::kRecv) {
+  if (collective_info(args.op).point_to_point) {
     *algo = Algo::kAuto;
     *source = "forced";
     if (description) *description = fmt::format("{} in group '{}'", describe(args), name());
@@ -373,7 +377,7 @@ void NativeProcessGroup::drive(std::unique_lock<std::mutex>& lock, Done done) {
       std::unique_ptr<Item> item = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
-      if (item->args.op == OpKind::kSend || item->args.op == OpKind::kRecv) start_p2p(*item);
+      if (collective_info(item->args.op).point_to_point) start_p2p(*item);
       else execute(*item);
       reap_p2p();
       lock.lock();
@@ -444,6 +448,7 @@ void NativeProcessGroup::reap_p2p() {
       ++kept;
       continue;
     }
+    if (done) p.work->set_source_rank(engine_->p2p_source(p.handle));
     engine_->release_p2p(p.handle);
     p.work->finish(done ? nullptr : failed);
   }

@@ -43,6 +43,7 @@ class NativeProcessGroup : public ProcessGroup {
   Algo choose_algorithm(const CollArgs& args, Algo forced, const char** source) const;
   TransportInfo transport_info() const override;
   GroupTraffic traffic() const override { return engine_->traffic(); }
+  bool supports_any_source() const override { return true; }
   // A ShmBuffer when the group has a shared-memory window (every rank on this host, no TCP peer).
   std::shared_ptr<RegisteredBuffer> alloc_shared(size_t bytes) override;
 
@@ -90,6 +91,7 @@ class NativeProcessGroup : public ProcessGroup {
   HostLayout layout_;                 // which rank is on which host (every rank agrees)
   std::shared_ptr<const TuningTable> tuning_;  // TRIDENT_TUNING_FILE when it covers this group, else null
   int subgroup_counter_ = 0;
+  uint64_t termination_hook_ = 0;  // flight_recorder::add_termination_hook: aborts this group on SIGTERM
   bool debug_comm_ = false;  // TRIDENT_DEBUG covers "comm": every call is logged (through post)
 
   std::mutex mu_;

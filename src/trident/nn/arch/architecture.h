@@ -32,9 +32,9 @@ class Architecture {
   // One line for help texts: what the architecture is.
   virtual const char* summary() const = 0;
 
-  // Fills the keys the JSON `given` left out with this architecture's defaults and checks its rules
-  // (throws InvalidArgument naming the key, the value found and what is allowed).
-  virtual void resolve(ModelConfig& c, const nlohmann::json& given) const = 0;
+  // Fills the keys left to the architecture (0 or unset: n_kv_head, intermediate_size, tie_embeddings) with its
+  // defaults and checks its rules (throws InvalidArgument naming the key, the value found and what is allowed).
+  virtual void resolve(ModelConfig& c) const = 0;
   // Throws InvalidArgument naming the sizes that would work when `tp` ranks cannot shard `c`.
   virtual void check_tp(const ModelConfig& c, int tp) const = 0;
 

@@ -26,10 +26,11 @@ class Gpt final : public Architecture {
     return "GPT-2 family: learned positions, LayerNorm, multi-head attention, GELU MLP, tied head";
   }
 
-  void resolve(ModelConfig& c, const nlohmann::json& given) const override {
+  void resolve(ModelConfig& c) const override {
     TRIDENT_CHECK(c.n_embd % c.n_head == 0, InvalidArgument,
                   "model config: n_embd {} must be divisible by n_head {}", c.n_embd, c.n_head);
-    TRIDENT_CHECK(c.tie_embeddings, InvalidArgument,
+    if (!c.tie_embeddings) c.tie_embeddings = true;
+    TRIDENT_CHECK(*c.tie_embeddings, InvalidArgument,
                   "model config: the GPT always ties its head to wte (nanoGPT); tie_embeddings false is for kinds "
                   "llama and mlp");
     TRIDENT_CHECK(c.n_kv_head == 0 || c.n_kv_head == c.n_head, InvalidArgument,
@@ -44,7 +45,6 @@ class Gpt final : public Architecture {
     TRIDENT_CHECK(c.rope_scaling.is_null(), InvalidArgument,
                   "model config: rope_scaling is set, but the GPT learns its positions (rotary embeddings are kind "
                   "llama's)");
-    (void)given;
   }
 
   void check_tp(const ModelConfig& c, int T) const override {

@@ -37,7 +37,7 @@ class Llama final : public Architecture {
     return "Llama family: rotary embeddings, RMSNorm, grouped-query attention, SwiGLU MLP, no biases";
   }
 
-  void resolve(ModelConfig& c, const nlohmann::json& given) const override {
+  void resolve(ModelConfig& c) const override {
     if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
     TRIDENT_CHECK(c.n_kv_head <= c.n_head && c.n_head % c.n_kv_head == 0, InvalidArgument,
                   "model config: n_head {} is not divisible by n_kv_head {} (grouped-query attention shares each "
@@ -48,11 +48,10 @@ class Llama final : public Architecture {
                   "rotate pairs)",
                   c.n_embd, c.n_head);
     if (c.intermediate_size == 0) c.intermediate_size = (8 * c.n_embd / 3 + 31) / 32 * 32;
-    if (!given.contains("bias")) c.bias = false;
     TRIDENT_CHECK(!c.bias, InvalidArgument,
                   "model config: bias true: the Llama family has no biases (Hugging Face's attention_bias and mlp_bias "
                   "are not supported); set bias false");
-    if (!given.contains("tie_embeddings")) c.tie_embeddings = false;
+    if (!c.tie_embeddings) c.tie_embeddings = false;
     TRIDENT_CHECK(c.rope_theta > 0, InvalidArgument, "model config: rope_theta must be > 0, got {}", c.rope_theta);
     TRIDENT_CHECK(c.norm_eps > 0, InvalidArgument, "model config: norm_eps must be > 0, got {}", c.norm_eps);
     const nlohmann::json& s = c.rope_scaling;
@@ -116,7 +115,7 @@ class Llama final : public Architecture {
     }
     if (head) {
       out.push_back(make_decl("model.norm.weight", {C}, Role::kLnfW, -1, Split::kReplicated, false, 1.0));
-      if (!c.tie_embeddings)
+      if (!c.tied())
         out.push_back(make_decl("lm_head.weight", {V, C}, Role::kLmHead, -1, Split::kRows, true, w_std));
       else if (wte_copy)
         out.push_back(wte(Role::kWteCopy));

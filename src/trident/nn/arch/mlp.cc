@@ -21,7 +21,8 @@ class Mlp final : public Architecture {
   const char* kind() const override { return "mlp"; }
   const char* summary() const override { return "deep MLP: residual GELU layers, LayerNorm head (tests, studies)"; }
 
-  void resolve(ModelConfig& c, const nlohmann::json&) const override {
+  void resolve(ModelConfig& c) const override {
+    if (!c.tie_embeddings) c.tie_embeddings = true;
     TRIDENT_CHECK(c.n_kv_head == 0, InvalidArgument,
                   "model config: n_kv_head {} is set, but the deep MLP has no attention", c.n_kv_head);
     TRIDENT_CHECK(c.intermediate_size == 0 || c.intermediate_size == c.n_embd, InvalidArgument,
@@ -63,7 +64,7 @@ class Mlp final : public Architecture {
     if (head) {
       out.push_back(make_decl("ln_f.weight", {C}, Role::kLnfW, -1, Split::kReplicated, false, 1.0));
       if (c.bias) out.push_back(make_decl("ln_f.bias", {C}, Role::kLnfB, -1, Split::kReplicated, false, 0.0));
-      if (!c.tie_embeddings)
+      if (!c.tied())
         out.push_back(make_decl("lm_head.weight", {V, C}, Role::kLmHead, -1, Split::kRows, true, w_std));
       else if (wte_copy)
         out.push_back(wte(Role::kWteCopy));
