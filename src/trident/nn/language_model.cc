@@ -74,10 +74,5 @@ std::unique_ptr<Model> make_model(const nlohmann::json& config, bool initialize)
   return std::make_unique<LanguageModel>(ModelConfig::from_json(config), initialize);
 }
 
-void Model::initialize_range(size_t, size_t) {
-  TRIDENT_THROW(Unsupported, "model kind '{}' cannot initialize a part of its parameters (deferred initialization); "
-                "build it initialized",
-                kind());
-}
 
 }  // namespace trident::nn

@@ -36,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trident/core/error.h"
 #include "trident/kernels/device.h"
 
 namespace trident::nn {
@@ -109,8 +110,14 @@ class Model {
   // every tensor draws from its own seeded stream (flat_model.h).
   virtual bool initialized() const { return true; }
   // Writes the initial values of flat elements [begin, end) into param_data() (padding stays zero); throws
-  // Unsupported when the model cannot.
-  virtual void initialize_range(size_t begin, size_t end);
+  // Unsupported when the model cannot. (Inline, as every virtual here: nn::Model has no key function, so
+  // code that only handles models, such as the checkpoint files, links without the nn library.)
+  virtual void initialize_range(size_t begin, size_t end) {
+    TRIDENT_THROW(Unsupported,
+                  "model kind '{}' cannot initialize a part of its parameters ([{}, {}): deferred initialization); "
+                  "build it initialized",
+                  kind(), begin, end);
+  }
 };
 
 const char* block_event_name(Model::BlockEvent e);
