@@ -7,9 +7,10 @@ what=${1:-build}
 pkgs=(cmake g++ make ninja-build pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
       libtorch-dev pybind11-dev python3-torch python3-dev python3-numpy libpcre2-dev libsentencepiece-dev nodejs
-      fortunes clang-16 libclang-rt-16-dev)  # fortunes: the main job's corpus; torch/numpy: the tests'
-      # independent references; clang-16 + its runtime: the libFuzzer targets (scripts/fuzz.sh); ninja-build:
-      # scripts/test.sh builds with it where installed (make otherwise)
+      fortunes clang-16 libclang-rt-16-dev libcpp-httplib-dev chromium)  # fortunes: the main job's corpus;
+      # torch/numpy: the tests' independent references; clang-16 + its runtime: the libFuzzer targets
+      # (scripts/fuzz.sh); ninja-build: scripts/test.sh builds with it where installed (make otherwise);
+      # cpp-httplib: `trident dashboard`'s server; chromium: the headless browser its page is tested in
 case "$what" in
   peers) pkgs+=(libgloo-dev python3-matplotlib) ;;
 esac
@@ -40,4 +41,12 @@ if ! [ -f "$(npm root -g 2>/dev/null)/llama3-tokenizer-js/bundle/commonjs-llama3
   [ "$(id -u)" = 0 ] || sudo="sudo"
   command -v npm >/dev/null || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null; }
   $sudo npm install -g --no-audit --no-fund llama3-tokenizer-js@1.2.0 >/dev/null
+fi
+# uPlot, the chart library of `trident dashboard` and `trident report` (embedded in the binary when CMake
+# configures: src/trident/CMakeLists.txt finds it under `npm root -g`).
+if ! [ -f "$(npm root -g 2>/dev/null)/uplot/dist/uPlot.iife.min.js" ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  command -v npm >/dev/null || { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+  $sudo npm install -g --no-audit --no-fund uplot@1.6.32 >/dev/null
 fi

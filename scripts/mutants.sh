@@ -36,6 +36,7 @@ while IFS=$'\t' read -r name file script targets tests; do
   built+=(${targets//,/ })
   if ! cmake --build "$build" -j"$(nproc)" --target ${targets//,/ } >"$backup/build.log" 2>&1; then
     caught="(does not compile)"
+    grep -E "error|Error" "$backup/build.log" | head -5 | sed "s/^/  $name: /" >&2
   else
     IFS=, read -ra runs <<<"$tests"
     for run in "${runs[@]}"; do

@@ -2,7 +2,9 @@
 // reads DIR/meta.json ({config, B, T, inputs, targets, params: [{name, shape}]}) and DIR/params.bin (float32,
 // parameter order) and writes DIR/out.bin (little-endian float64: logits [B*T*V], the mean loss, then each
 // parameter's gradient in parameter order). expect_matches_torch runs it and compares logits, loss and every
-// gradient at relative tolerance `tol` (max |got - want| / max |want| per tensor). Scripts:
+// gradient at relative tolerance `tol` (max |got - want| / max |want| per tensor). With accum = k > 1, trident
+// takes the batch as k micro-batches of B/k rows, each loss scaled by 1/k and the gradients accumulated (the
+// trainer's gradient accumulation), while the reference takes all B rows at once. Scripts:
 // tests/unit/nn/torch_parity.py (nanoGPT's GPT), tests/unit/nn/llama_torch.py (Hugging Face's Llama).
 #pragma once
 
@@ -34,8 +36,9 @@ inline double rel_err(const float* got, const double* want, size_t n) {
 
 inline void expect_matches_torch(nn::Model& m, const std::string& script, int B, int T,
                                  const std::vector<int32_t>& x, const std::vector<int32_t>& y, double tol,
-                                 const std::string& what) {
+                                 const std::string& what, int accum = 1) {
   SCOPED_TRACE(what);
+  ASSERT_TRUE(accum >= 1 && B % accum == 0) << B << " rows do not split into " << accum << " micro-batches";
   const int V = m.config()["vocab_size"];
   const auto dir = std::filesystem::temp_directory_path() / ("trident_torch_ref_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -66,7 +69,12 @@ inline void expect_matches_torch(nn::Model& m, const std::string& script, int B,
   m.forward_logits(x.data(), B, T, logits.data());
   EXPECT_LT(rel_err(logits.data(), ref.data(), logits.size()), tol) << "logits";
   m.zero_grad();
-  const float loss = m.forward_backward(x.data(), y.data(), B, T, true);
+  const int rows = B / accum;
+  const size_t per = static_cast<size_t>(rows) * T;
+  double loss = 0;
+  for (int k = 0; k < accum; ++k)
+    loss += m.forward_backward(x.data() + k * per, y.data() + k * per, rows, T, true, 1.0f / static_cast<float>(accum));
+  loss /= accum;
   const double ref_loss = ref[logits.size()];
   EXPECT_LT(std::abs(loss - ref_loss) / ref_loss, tol) << "loss " << loss << " vs " << ref_loss;
   size_t off = logits.size() + 1;

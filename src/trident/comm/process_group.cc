@@ -10,6 +10,7 @@
 
 #include "trident/comm/collective.h"
 #include "trident/comm/device_memory.h"
+#include "trident/comm/device_reads.h"
 #include "trident/comm/flight_recorder.h"
 #include "trident/comm/reduce.h"
 #include "trident/core/env.h"
@@ -155,9 +156,7 @@ std::string describe_record(const DeviceRecord& r) {
 
 bool ProcessGroup::device_path_applies(const CollArgs& a) const {
   if (size_ == 1 || reads_device_memory()) return false;
-  if (a.op != OpKind::kAllReduce && a.op != OpKind::kReduceScatter && a.op != OpKind::kAllGather &&
-      a.op != OpKind::kAllGatherV && a.op != OpKind::kBroadcast)
-    return false;
+  if (!device_reads_support(a.op)) return false;
   const DeviceMemory* dm = device_memory();
   if (dm == nullptr || dm->export_handle == nullptr || dm->open_handle == nullptr || dm->reduce == nullptr ||
       dm->copy == nullptr || dm->synchronize == nullptr)
@@ -235,52 +234,18 @@ bool ProcessGroup::run_on_device(const CollArgs& a, const CallOptions& o) {
       recv[q] = rb + r.recv.offset;
     }
   }
-  const size_t es = dtype_size(a.dtype), c = a.count, W = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-  std::vector<const void*> srcs(W);
   // Each phase ends with this rank's device work done and every rank past the same point: the next phase
   // (or the caller, which may overwrite its buffers) starts only once peers stopped reading them.
-  auto phase_done = [&] {
-    dm->synchronize();
-    barrier(o);
-  };
-  switch (a.op) {
-    case OpKind::kAllReduce: {
-      // Reduce-scatter by reads: this rank reduces slice `me` of every rank's input into its own output;
-      // then gathers the other slices from their owners' outputs.
-      auto lo = [&](size_t q) { return c * q / W; };
-      for (size_t q = 0; q < W; ++q) srcs[q] = send[q] + lo(me) * es;
-      dm->reduce(recv[me] + lo(me) * es, srcs.data(), size_, lo(me + 1) - lo(me), a.dtype, a.redop);
-      phase_done();
-      for (size_t q = 0; q < W; ++q)
-        if (q != me) dm->copy(recv[me] + lo(q) * es, recv[q] + lo(q) * es, (lo(q + 1) - lo(q)) * es);
-      phase_done();
-      break;
-    }
-    case OpKind::kReduceScatter:
-      for (size_t q = 0; q < W; ++q) srcs[q] = send[q] + me * c * es;
-      dm->reduce(recv[me], srcs.data(), size_, c, a.dtype, a.redop);
-      phase_done();
-      break;
-    case OpKind::kAllGather:
-      for (size_t q = 0; q < W; ++q) dm->copy(recv[me] + q * c * es, send[q], c * es);
-      phase_done();
-      break;
-    case OpKind::kBroadcast:
-      if (rank_ != a.root) dm->copy(recv[me], recv[static_cast<size_t>(a.root)], c * es);
-      phase_done();
-      break;
-    case OpKind::kAllGatherV: {
-      size_t at = 0;
-      for (size_t q = 0; q < W; ++q) {
-        const size_t k = (*a.counts)[q];
-        dm->copy(recv[me] + at * es, send[q], k * es);
-        at += k;
-      }
-      phase_done();
-      break;
-    }
-    default: break;
-  }
+  run_device_reads({.dm = dm,
+                    .args = &a,
+                    .rank = rank_,
+                    .size = size_,
+                    .send = std::move(send),
+                    .recv = std::move(recv),
+                    .phase_done = [&] {
+                      dm->synchronize();
+                      barrier(o);
+                    }});
   return true;
 }
 

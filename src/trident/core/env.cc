@@ -21,7 +21,7 @@ const std::vector<ParamInfo>& all_params() {
        "how many times trident launch --max-restarts has restarted this job (set by it; with TORCHELASTIC_RESTART_COUNT); "
        "round N > 0 rendezvouses under the store prefix restart<N>/"},
       {"TRIDENT_MAX_RESTARTS", "0", "the job's --max-restarts (set by trident launch); > 0 makes train's resume default auto"},
-      {"TRIDENT_SHM_RING_BYTES", "0", "bytes of each shared-memory channel between two ranks (0: 4M up to 4 local ranks, 1M beyond)"},
+      {"TRIDENT_SHM_RING_BYTES", "0", "bytes of the shared-memory ring to each of the first 4 local peers a rank sends to (0: 4M up to 4 local ranks, 1M beyond); later peers share 2M, 16K rings each at most"},
       {"TRIDENT_SHM_WINDOW_BYTES", "0", "staging bytes per rank of the shm fast path's window (0: by local ranks)"},
       {"TRIDENT_CMA", "1", "0 = the single-copy (cma) path uses the staged shm path instead of cross-memory attach"},
       {"TRIDENT_CACHE_BYTES", "0",

@@ -50,6 +50,16 @@ class OutOfMemory : public Error {
   size_t bytes;
 };
 
+// c10d's words for a condition a typed error describes, put before `message` unless it has them already, so
+// that programs and tools that match PyTorch's messages (its tests: " (Timed out|closed|timeout) ") recognise
+// trident's; the fields and the rest of the message stay as they are. PeerDiedError and TimeoutError add
+// them to every message they are made with, wherever they are thrown (native, MPI, stores).
+// An expired deadline: "Timed out - <message>".
+std::string with_timed_out_words(const std::string& message);
+// A peer that died or closed its connection: "Rank <peer> failed - Connection closed by peer - <message>"
+// (without "Rank <peer> failed" when peer < 0).
+std::string with_peer_failed_words(const std::string& message, int peer);
+
 // Communication with a peer failed. `rank` is this process's rank in `group`, `peer` the other side
 // (-1 when not one peer), `op` the collective or "connect"/"send"/"recv", `seq` its sequence number.
 class NetworkError : public Error {
@@ -65,7 +75,8 @@ class NetworkError : public Error {
 // A peer process died: `peer` names it.
 class PeerDiedError : public NetworkError {
  public:
-  using NetworkError::NetworkError;
+  PeerDiedError(const std::string& what, int rank = -1, int peer = -1, std::string op = {}, long seq = -1)
+      : NetworkError(with_peer_failed_words(what, peer), rank, peer, std::move(op), seq) {}
 };
 
 // Ranks issued different collectives at the same sequence number. `ranks` are the two ranks whose calls
@@ -83,7 +94,7 @@ class TimeoutError : public NetworkError {
  public:
   TimeoutError(const std::string& what, int rank = -1, std::string op = {}, long seq = -1,
                std::vector<int> missing = {})
-      : NetworkError(what, rank, -1, std::move(op), seq), missing(std::move(missing)) {}
+      : NetworkError(with_timed_out_words(what), rank, -1, std::move(op), seq), missing(std::move(missing)) {}
   std::vector<int> missing;
 };
 
@@ -93,15 +104,6 @@ class TimeoutError : public NetworkError {
 // Work) is copied by the reader, so the original may be released by either thread without the reader
 // touching it after that.
 std::exception_ptr copy_error(const std::exception_ptr& e, const std::string& lead = {});
-
-// c10d's words for a condition a typed error describes, put before `message` unless it has them already, so
-// that programs and tools that match PyTorch's messages (its tests: " (Timed out|closed|timeout) ") recognise
-// trident's; the fields and the rest of the message stay as they are.
-// An expired deadline: "Timed out - <message>".
-std::string with_timed_out_words(const std::string& message);
-// A peer that died or closed its connection: "Rank <peer> failed - Connection closed by peer - <message>"
-// (without "Rank <peer> failed" when peer < 0).
-std::string with_peer_failed_words(const std::string& message, int peer);
 
 namespace detail {
 std::string with_location(const std::string& msg, const char* file, int line);

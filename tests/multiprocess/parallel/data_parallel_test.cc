@@ -55,35 +55,27 @@ void batch_rows(int step, int first_row, int rows, std::vector<int32_t>* x, std:
 
 struct RefRun {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // pre-clip, per step
   std::vector<float> params;
 };
 
 optim::AdamWConfig adamw_config() { return {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}; }
 
-// One process, global batch world*kB per step (accum micro-steps of world*kB/accum rows each).
-RefRun reference(int world, int accum, const std::string& model_name = "gpt") {
+// One process, one forward and backward over the whole global batch of world*kB rows per step, without
+// accumulation: the ranks' micro-steps (accum of them, kB/accum rows each, each loss scaled by 1/accum) must
+// add up to exactly this, as nanoGPT's and PyTorch's accumulation do.
+RefRun reference(int world, const std::string& model_name = "gpt") {
   auto model = nn::make_model(model_json(model_name));
   optim::AdamW opt(*model, adamw_config());
   RefRun out;
   std::vector<int32_t> x, y;
   for (int s = 0; s < kSteps; ++s) {
     model->zero_grad();
-    double loss = 0;
-    // Micro-step m of rank r covers rows [r*kB + m*kB/accum, ...): the reference takes, for each micro-step,
-    // the same rows from every rank, in one batch.
-    for (int m = 0; m < accum; ++m) {
-      std::vector<int32_t> xs, ys;
-      int per = kB / accum;
-      for (int r = 0; r < world; ++r) {
-        batch_rows(s, r * kB + m * per, per, &x, &y);
-        xs.insert(xs.end(), x.begin(), x.end());
-        ys.insert(ys.end(), y.begin(), y.end());
-      }
-      loss += model->forward_backward(xs.data(), ys.data(), world * per, kT, true, 1.0f / accum);
-    }
-    optim::clip_grad_norm(model->grad_data(), model->num_params(), 1.0f);
+    batch_rows(s, 0, world * kB, &x, &y);
+    const double loss = model->forward_backward(x.data(), y.data(), world * kB, kT, true, 1.0f);
+    out.grad_norms.push_back(optim::clip_grad_norm(model->grad_data(), model->num_params(), 1.0f));
     opt.step(1e-2f);
-    out.losses.push_back(loss / accum);
+    out.losses.push_back(loss);
   }
   out.params.assign(model->param_data(), model->param_data() + model->num_params());
   return out;
@@ -119,7 +111,7 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
                      size, dp.gradients_shared());
   dp.broadcast_parameters();
   std::vector<int32_t> x, y;
-  std::vector<double> losses;
+  std::vector<double> losses, norms;
   const int per = kB / c.accum;
   for (int s = 0; s < kSteps; ++s) {
     model->zero_grad();
@@ -135,7 +127,7 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
       loss += model->forward_backward(x.data(), y.data(), per, kT, true, 1.0f / c.accum);
     }
     dp.finish_gradient_sync();
-    dp.clip_grad_norm(1.0f);
+    norms.push_back(dp.clip_grad_norm(1.0f));
     dp.step(1e-2f);
     double global = loss / c.accum;
     pg->all_reduce(&global, 1, DType::kFloat64, ReduceOp::kAvg);
@@ -195,6 +187,7 @@ void run_rank(const Case& c, int rank, int size, std::shared_ptr<Store> store, c
   if (rank == 0) {
     FILE* f = std::fopen((out_dir + "/losses").c_str(), "wb");
     std::fwrite(losses.data(), sizeof(double), losses.size(), f);
+    std::fwrite(norms.data(), sizeof(double), norms.size(), f);
     std::fclose(f);
     f = std::fopen((out_dir + "/params").c_str(), "wb");
     std::fwrite(model->param_data(), sizeof(float), model->num_params(), f);
@@ -206,18 +199,32 @@ class DataParallelParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
   const Case c = GetParam();
-  RefRun ref = reference(c.world, c.accum, c.model);
+  RefRun ref = reference(c.world, c.model);
   char tmpl[] = "/tmp/trident-dp-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   auto res = testing::run_processes(c.world, [&](int r, int n, std::shared_ptr<Store> st) { run_rank(c, r, n, st, dir); },
                                     {.deadline_s = 240, .env = {}});
   ASSERT_EQ(testing::failures(res), "");
-  std::vector<double> losses(kSteps);
+  std::vector<double> losses(kSteps), norms(kSteps);
   std::vector<float> params(ref.params.size());
   FILE* f = std::fopen((dir + "/losses").c_str(), "rb");
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(std::fread(losses.data(), sizeof(double), kSteps, f), static_cast<size_t>(kSteps));
+  ASSERT_EQ(std::fread(norms.data(), sizeof(double), kSteps, f), static_cast<size_t>(kSteps));
   std::fclose(f);
+  // The first step starts from the same weights: loss, pre-clip gradient norm and the clipping decision
+  // agree to float32 rounding whatever the accumulation (k micro-batches of B are one batch of kB).
+  EXPECT_NEAR(losses[0], ref.losses[0], 1e-5 * ref.losses[0]);
+  EXPECT_NEAR(norms[0], ref.grad_norms[0], 1e-5 * ref.grad_norms[0]);
+  int clipped = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_NEAR(norms[s], ref.grad_norms[s], 1e-3 * ref.grad_norms[s]) << "gradient norm at step " << s;
+    if (std::abs(ref.grad_norms[s] - 1.0) > 1e-2) {
+      EXPECT_EQ(norms[s] > 1.0, ref.grad_norms[s] > 1.0) << "clipping at step " << s;
+    }
+    clipped += ref.grad_norms[s] > 1.0;
+  }
+  EXPECT_GT(clipped, 0) << "no step was clipped: the clipping decision went untested";
   f = std::fopen((dir + "/params").c_str(), "rb");
   ASSERT_EQ(std::fread(params.data(), sizeof(float), params.size(), f), params.size());
   std::fclose(f);

@@ -91,7 +91,7 @@ TEST(FlightRing, UpdatesOfOverwrittenCallsAreIgnored) {
   s = ring.snapshot();
   EXPECT_EQ(s.records[0].state, CallState::kFailed);
   EXPECT_STREQ(s.records[0].error_type, "PeerDiedError");
-  EXPECT_EQ(s.records[0].error, "gone");
+  EXPECT_EQ(s.records[0].error, "Rank 2 failed - Connection closed by peer - gone");  // with c10d's words
 }
 
 // Every call of a group is recorded, blocking and async, collectives and point-to-point, with the

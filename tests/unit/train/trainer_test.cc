@@ -167,6 +167,55 @@ TEST(Trainer, EpochSamplerResumesExactly) {
   EXPECT_EQ(rest.val_loss, full.val_loss);
 }
 
+// Gradient accumulation as nanoGPT and PyTorch define it: k micro-batches of B rows, each loss divided by k,
+// make exactly one step over the kB rows together. With the epoch sampler, micro-batch m of step s holds the
+// rows [(s k + m) B, ...) of the epoch's order, so both runs see the same rows. Loss, pre-clip gradient norm,
+// the clipping decision and the weights after each step agree to float32 rounding (1e-5).
+TEST(Trainer, AccumulatedMicroBatchesEqualOneBatchOfAllTheirRows) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  auto run = [&](int batch, int accum, const std::string& name) {
+    TrainConfig cfg = tiny(data, (d.path / name).string());
+    cfg.sampler = "epoch";
+    cfg.batch_size = batch;
+    cfg.gradient_accumulation_steps = accum;
+    cfg.max_iters = 4;  // 32 of the ~42 windows of one epoch: no epoch boundary inside the run
+    cfg.lr_decay_iters = 4;
+    cfg.warmup_iters = 1;
+    cfg.eval_interval = 100;
+    cfg.grad_clip = 0.5;
+    Trainer(cfg, quiet()).run();
+    return cfg.out_dir;
+  };
+  const std::string one = run(8, 1, "one"), acc = run(2, 4, "accum");
+  auto steps = [&](const std::string& out) {
+    std::vector<nlohmann::json> v;
+    for (auto& r : read_metrics(out))
+      if (r["type"] == "step") v.push_back(r);
+    return v;
+  };
+  const auto a = steps(one), b = steps(acc);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    const double la = a[s]["loss"], lb = b[s]["loss"], ga = a[s]["grad_norm"], gb = b[s]["grad_norm"];
+    EXPECT_NEAR(lb, la, 1e-5 * la) << "loss at step " << s;
+    EXPECT_NEAR(gb, ga, 1e-5 * ga) << "pre-clip gradient norm at step " << s;
+    EXPECT_GT(ga, 0.5) << "step " << s << " was not clipped: the clipping decision went untested";
+  }
+  const auto wa = load_checkpoint(find_checkpoint(one)).weights, wb = load_checkpoint(find_checkpoint(acc)).weights;
+  ASSERT_EQ(wa.size(), wb.size());
+  for (const auto& [name, ta] : wa) {
+    const auto& tb = wb.at(name).data;
+    double ss = 0;
+    for (float v : ta.data) ss += double(v) * v;
+    const double scale = std::max(1e-6, std::sqrt(ss / static_cast<double>(ta.data.size())));
+    double worst = 0;
+    for (size_t i = 0; i < ta.data.size(); ++i) worst = std::max(worst, std::abs(double(tb[i]) - ta.data[i]) / scale);
+    EXPECT_LT(worst, 1e-5) << name << " after 4 steps";
+  }
+}
+
 // A gradient made NaN in one parameter at step 3: the run stops there, naming the step and that parameter,
 // before the update and without saving; with on_nonfinite = skip the step is skipped and counted, the others
 // train, and the final checkpoint is finite.

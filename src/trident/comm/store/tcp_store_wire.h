@@ -17,7 +17,7 @@
 // unknown command); ERROR leaves the connection usable.
 //
 // Internal to comm/store: included by the two .cc files (and the request parser's fuzz target,
-// tests/fuzz/). Every function is pure or a local system call; no ownership, no blocking, thread-safe.
+// tests/fuzz/, and bench/store_bench.cc for its deliberately half-sent requests). Every function is pure or a local system call; no ownership, no blocking, thread-safe.
 #pragma once
 
 #include <netinet/in.h>

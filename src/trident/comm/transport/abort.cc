@@ -85,8 +85,8 @@ void AbortRecord::raise(int rank) const {
       std::sort(both.begin(), both.end());
       throw MismatchError(message, rank, other, op, seq, std::move(both));
     }
-    case Kind::kPeerDied: throw PeerDiedError(with_peer_failed_words(message, peer), rank, peer, op, seq);
-    case Kind::kTimeout: throw TimeoutError(with_timed_out_words(message), rank, op, seq, ranks);
+    case Kind::kPeerDied: throw PeerDiedError(message, rank, peer, op, seq);
+    case Kind::kTimeout: throw TimeoutError(message, rank, op, seq, ranks);
     case Kind::kOther: break;
   }
   throw NetworkError(message, rank, peer, op, seq);

@@ -5,10 +5,12 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -29,6 +31,12 @@ namespace {
 
 constexpr uint64_t kShmMagic = 0x747269642d73686dULL;  // "trid-shm"
 constexpr size_t kPage = 4096;
+// The first kBigRings peers a rank writes to get rings of `ring_bytes`; later ones share kSmallRingsBudget
+// per rank, kSmallRingBytes each at most (up to 132 local ranks), halving beyond, at least one page.
+constexpr int kBigRings = 4;
+constexpr size_t kSmallRingBytes = 16 * 1024;
+constexpr size_t kSmallRingsBudget = 2 << 20;
+constexpr size_t kMinRingBytes = 4096;
 
 struct alignas(64) RankInfo {
   std::atomic<uint32_t> bell;
@@ -61,72 +69,97 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 }  // namespace
 
+// Segment layout: header, the ranks' infos, the connection table, one ring arena per rank, the window.
+// A ring lives in its producer's arena (its RingCtl in the arena's control page(s), its data page-aligned
+// after them) and is carved out the first time that rank writes to the peer; it is then published in the
+// connection table at (consumer, producer), where the consumer finds it. The file is sparse and mapped
+// without MAP_POPULATE, so a host pays for the rings its ranks use (a pattern that talks to few peers: a
+// few MiB per rank), and a rank's resident set holds only the rings it writes or reads. Worst case (every
+// rank writes to every other one): per rank kBigRings rings of `ring_bytes` plus at most kSmallRingsBudget.
 struct ShmSegment::Layout {
-  size_t ranks_off, rings_ctl_off, data_off, window_off, total;
-  int n;
-  size_t ring_bytes;
-  Layout(int n, size_t ring_bytes, size_t window_bytes = 0) : n(n), ring_bytes(ring_bytes) {
+  size_t ranks_off, conn_off, arenas_off, arena_ctl_bytes, arena_bytes, window_off, total;
+  int n, big;
+  size_t big_cap, small_cap;
+  Layout(int n, size_t big_cap, size_t window_bytes = 0) : n(n), big_cap(big_cap) {
+    const int peers = n > 1 ? n - 1 : 0;
+    big = std::min(peers, kBigRings);
+    const size_t rest = static_cast<size_t>(peers - big);
+    small_cap = std::min(big_cap, rest == 0 ? kSmallRingBytes
+                                            : std::clamp(std::bit_floor(kSmallRingsBudget / rest), kMinRingBytes,
+                                                         kSmallRingBytes));
     ranks_off = round_up(sizeof(Header), kPage);
-    rings_ctl_off = round_up(ranks_off + sizeof(RankInfo) * n, kPage);
-    size_t pairs = static_cast<size_t>(n) * (n > 1 ? n - 1 : 0);
-    data_off = round_up(rings_ctl_off + sizeof(RingCtl) * pairs, kPage);
-    window_off = data_off + pairs * ring_bytes;
+    conn_off = round_up(ranks_off + sizeof(RankInfo) * n, kPage);
+    arenas_off = round_up(conn_off + sizeof(uint64_t) * static_cast<size_t>(n) * n, kPage);
+    arena_ctl_bytes = round_up(sizeof(RingCtl) * static_cast<size_t>(peers), kPage);
+    arena_bytes = arena_ctl_bytes + static_cast<size_t>(big) * big_cap + static_cast<size_t>(peers - big) * small_cap;
+    window_off = arenas_off + static_cast<size_t>(n) * arena_bytes;
     total = window_off + round_up(window_bytes, kPage);
   }
-  size_t pair(int src, int dst) const { return static_cast<size_t>(src) * (n - 1) + (dst < src ? dst : dst - 1); }
+  size_t arena(int src) const { return arenas_off + static_cast<size_t>(src) * arena_bytes; }
+  // Entry of the ring from `src` to `dst`: 0 while none, else (log2 capacity << 56) | (its index in src's
+  // arena << 40) | offset of its data from the start of that arena.
+  size_t conn(int dst, int src) const { return conn_off + sizeof(uint64_t) * (static_cast<size_t>(dst) * n + src); }
 };
 
 namespace {
 
+// Both rings are attached lazily: the outgoing one is created by the first write, the incoming one is
+// looked up (one load of the connection table) until the peer has created it.
 class ShmChannel : public Channel {
  public:
-  ShmChannel(ShmSegment* seg, int me, int peer, RingCtl* out_ctl, uint8_t* out_data, RingCtl* in_ctl,
-             uint8_t* in_data, size_t cap)
-      : seg_(seg), me_(me), peer_(peer), out_(out_ctl), out_data_(out_data), in_(in_ctl), in_data_(in_data),
-        cap_(cap), mask_(cap - 1) {}
+  ShmChannel(ShmSegment* seg, int peer) : seg_(seg), peer_(peer) {}
 
   size_t write_some(const void* data, size_t n) override {
-    uint64_t head = out_->head.load(std::memory_order_relaxed);
-    uint64_t tail = out_->tail.load(std::memory_order_acquire);
-    size_t free_bytes = (cap_ - static_cast<size_t>(head - tail)) & ~static_cast<size_t>(63);
+    if (!out_.ctl && !(out_ = seg_->ring_to(peer_)).ctl) return 0;
+    RingCtl* ctl = static_cast<RingCtl*>(out_.ctl);
+    const size_t cap = out_.cap, mask = cap - 1;
+    uint64_t head = ctl->head.load(std::memory_order_relaxed);
+    uint64_t tail = ctl->tail.load(std::memory_order_acquire);
+    size_t free_bytes = (cap - static_cast<size_t>(head - tail)) & ~static_cast<size_t>(63);
     size_t m = n < free_bytes ? n : free_bytes;
     if (m == 0) return 0;
-    size_t off = head & mask_;
-    size_t first = m < cap_ - off ? m : cap_ - off;
-    std::memcpy(out_data_ + off, data, first);
-    if (first < m) std::memcpy(out_data_, static_cast<const uint8_t*>(data) + first, m - first);
-    out_->head.store(head + m, std::memory_order_release);
+    size_t off = head & mask;
+    size_t first = m < cap - off ? m : cap - off;
+    std::memcpy(out_.data + off, data, first);
+    if (first < m) std::memcpy(out_.data, static_cast<const uint8_t*>(data) + first, m - first);
+    ctl->head.store(head + m, std::memory_order_release);
     seg_->ring(peer_);
     return m;
   }
 
   size_t read_some(void* data, size_t n) override {
-    uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-    uint64_t head = in_->head.load(std::memory_order_acquire);
+    if (!in_.ctl && !(in_ = seg_->ring_from(peer_)).ctl) return 0;
+    RingCtl* ctl = static_cast<RingCtl*>(in_.ctl);
+    const size_t cap = in_.cap, mask = cap - 1;
+    uint64_t tail = ctl->tail.load(std::memory_order_relaxed);
+    uint64_t head = ctl->head.load(std::memory_order_acquire);
     size_t avail = static_cast<size_t>(head - tail);
     size_t m = n < avail ? n : avail;
     if (m == 0) return 0;
-    size_t off = tail & mask_;
-    size_t first = m < cap_ - off ? m : cap_ - off;
-    std::memcpy(data, in_data_ + off, first);
-    if (first < m) std::memcpy(static_cast<uint8_t*>(data) + first, in_data_, m - first);
-    in_->tail.store(tail + m, std::memory_order_release);
+    size_t off = tail & mask;
+    size_t first = m < cap - off ? m : cap - off;
+    std::memcpy(data, in_.data + off, first);
+    if (first < m) std::memcpy(static_cast<uint8_t*>(data) + first, in_.data, m - first);
+    ctl->tail.store(tail + m, std::memory_order_release);
     seg_->ring(peer_);
     return m;
   }
 
   std::span<const uint8_t> peek() override {
-    uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-    uint64_t head = in_->head.load(std::memory_order_acquire);
+    if (!in_.ctl && !(in_ = seg_->ring_from(peer_)).ctl) return {};
+    RingCtl* ctl = static_cast<RingCtl*>(in_.ctl);
+    uint64_t tail = ctl->tail.load(std::memory_order_relaxed);
+    uint64_t head = ctl->head.load(std::memory_order_acquire);
     size_t avail = static_cast<size_t>(head - tail);
-    size_t off = tail & mask_;
-    size_t len = avail < cap_ - off ? avail : cap_ - off;
-    return {in_data_ + off, len};
+    size_t off = tail & (in_.cap - 1);
+    size_t len = avail < in_.cap - off ? avail : in_.cap - off;
+    return {in_.data + off, len};
   }
 
   void consume(size_t n) override {
     if (n == 0) return;
-    in_->tail.store(in_->tail.load(std::memory_order_relaxed) + n, std::memory_order_release);
+    RingCtl* ctl = static_cast<RingCtl*>(in_.ctl);
+    ctl->tail.store(ctl->tail.load(std::memory_order_relaxed) + n, std::memory_order_release);
     seg_->ring(peer_);
   }
 
@@ -135,12 +168,8 @@ class ShmChannel : public Channel {
 
  private:
   ShmSegment* seg_;
-  int me_, peer_;
-  RingCtl* out_;
-  uint8_t* out_data_;
-  RingCtl* in_;
-  uint8_t* in_data_;
-  size_t cap_, mask_;
+  int peer_;
+  ShmSegment::Ring out_, in_;
 };
 
 }  // namespace
@@ -148,9 +177,7 @@ class ShmChannel : public Channel {
 std::unique_ptr<ShmSegment> ShmSegment::create_or_open(Store& store, const std::string& key, int local_rank,
                                                        int local_size, size_t ring_bytes, double timeout_s,
                                                        size_t window_bytes) {
-  // Ring capacity: a power of two, at least 64 KiB.
-  size_t cap = 64 * 1024;
-  while (cap < ring_bytes) cap <<= 1;
+  const size_t cap = ring_capacity(ring_bytes);
   Layout lay(local_size, cap, window_bytes);
   std::unique_ptr<ShmSegment> seg(new ShmSegment());
   seg->local_rank_ = local_rank;
@@ -175,13 +202,21 @@ std::unique_ptr<ShmSegment> ShmSegment::create_or_open(Store& store, const std::
                     "TRIDENT_SHM_RING_BYTES or use TRIDENT_TRANSPORT=tcp)",
                     name, lay.total, detail::errno_string(e));
     }
+    // The file is sparse: only the rings in use take memory. If every rank sent to every other one, it
+    // would fill; a /dev/shm smaller than that is worth a warning (a full one is a SIGBUS on first touch).
+    struct statvfs fs {};
+    if (fstatvfs(fd, &fs) == 0 && static_cast<double>(fs.f_bavail) * fs.f_frsize < static_cast<double>(lay.total))
+      log_warn("shared-memory transport: /dev/shm has {} MiB free, less than the {} MiB that {} local ranks "
+               "need if every rank sends to every other one (lower TRIDENT_SHM_RING_BYTES or enlarge /dev/shm)",
+               static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize >> 20, lay.total >> 20, local_size);
     store.set_string(key, name);
   } else {
     name = store.get_string(key, timeout);
     fd = shm_open(name.c_str(), O_RDWR, 0600);
     TRIDENT_SYSCHECK(fd, fmt::format("shm_open({}) published by local rank 0", name));
   }
-  void* p = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not populated: the file is sparse and each rank faults in the pages it touches (see Layout).
+  void* p = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int mmap_errno = errno;
   close(fd);
   if (p == MAP_FAILED) {
@@ -190,6 +225,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create_or_open(Store& store, const std::
                   detail::errno_string(mmap_errno));
   }
   seg->base_ = static_cast<uint8_t*>(p);
+  seg->ranks_ = seg->base_ + lay.ranks_off;
   seg->window_off_ = lay.window_off;
   seg->window_bytes_ = window_bytes;
   auto* hdr = reinterpret_cast<Header*>(seg->base_);
@@ -218,21 +254,48 @@ ShmSegment::~ShmSegment() {
   if (base_) munmap(base_, bytes_);
 }
 
-std::unique_ptr<Channel> ShmSegment::channel_to(int peer) {
+std::unique_ptr<Channel> ShmSegment::channel_to(int peer) { return std::make_unique<ShmChannel>(this, peer); }
+
+ShmSegment::Ring ShmSegment::ring_to(int peer) {
   Layout lay(local_size_, ring_bytes_);
-  auto* ctl = reinterpret_cast<RingCtl*>(base_ + lay.rings_ctl_off);
-  size_t out = lay.pair(local_rank_, peer), in = lay.pair(peer, local_rank_);
-  return std::make_unique<ShmChannel>(this, local_rank_, peer, ctl + out, base_ + lay.data_off + out * ring_bytes_,
-                                      ctl + in, base_ + lay.data_off + in * ring_bytes_, ring_bytes_);
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  auto& entry = *reinterpret_cast<std::atomic<uint64_t>*>(base_ + lay.conn(peer, local_rank_));
+  uint64_t e = entry.load(std::memory_order_acquire);
+  if (e == 0) {
+    // Rings are never freed and each peer gets at most one: the arena holds them all (see Layout).
+    const size_t cap = rings_opened_ < lay.big ? lay.big_cap : lay.small_cap;
+    const size_t data_off = lay.arena_ctl_bytes + arena_used_;
+    arena_used_ += cap;
+    // The pages are fresh (zero): head and tail start at 0. Published with release, read with acquire.
+    e = (static_cast<uint64_t>(std::countr_zero(cap)) << 56) | (static_cast<uint64_t>(rings_opened_) << 40) | data_off;
+    ++rings_opened_;
+    entry.store(e, std::memory_order_release);
+  }
+  return decode_ring(lay, local_rank_, e);
 }
 
-std::atomic<uint32_t>& ShmSegment::bell(int local) {
+ShmSegment::Ring ShmSegment::ring_from(int peer) {
   Layout lay(local_size_, ring_bytes_);
-  return (reinterpret_cast<RankInfo*>(base_ + lay.ranks_off) + local)->bell;
+  auto& entry = *reinterpret_cast<std::atomic<uint64_t>*>(base_ + lay.conn(local_rank_, peer));
+  return decode_ring(lay, peer, entry.load(std::memory_order_acquire));
 }
+
+ShmSegment::Ring ShmSegment::decode_ring(const Layout& lay, int src, uint64_t e) {
+  if (e == 0) return {};
+  uint8_t* arena = base_ + lay.arena(src);
+  const size_t index = (e >> 40) & 0xffff, data_off = e & ((uint64_t{1} << 40) - 1);
+  return {arena + index * sizeof(RingCtl), arena + data_off, size_t{1} << (e >> 56)};
+}
+
+size_t ShmSegment::ring_capacity(size_t ring_bytes) {
+  size_t cap = 64 * 1024;
+  while (cap < ring_bytes) cap <<= 1;
+  return cap;
+}
+
+std::atomic<uint32_t>& ShmSegment::bell(int local) { return (reinterpret_cast<RankInfo*>(ranks_) + local)->bell; }
 std::atomic<uint32_t>& ShmSegment::sleeping(int local) {
-  Layout lay(local_size_, ring_bytes_);
-  return (reinterpret_cast<RankInfo*>(base_ + lay.ranks_off) + local)->sleeping;
+  return (reinterpret_cast<RankInfo*>(ranks_) + local)->sleeping;
 }
 
 void ShmSegment::ring(int local) {
@@ -284,13 +347,9 @@ AbortRecord ShmSegment::abort_record() const {
   return AbortRecord::decode(std::string_view(hdr->abort_record, hdr->abort_len));
 }
 
-int32_t ShmSegment::pid(int local) const {
-  Layout lay(local_size_, ring_bytes_);
-  return (reinterpret_cast<const RankInfo*>(base_ + lay.ranks_off) + local)->pid;
-}
+int32_t ShmSegment::pid(int local) const { return (reinterpret_cast<const RankInfo*>(ranks_) + local)->pid; }
 uint64_t ShmSegment::starttime(int local) const {
-  Layout lay(local_size_, ring_bytes_);
-  return (reinterpret_cast<const RankInfo*>(base_ + lay.ranks_off) + local)->starttime;
+  return (reinterpret_cast<const RankInfo*>(ranks_) + local)->starttime;
 }
 
 namespace {

@@ -1,0 +1,183 @@
+// The dashboard page in a real browser: headless Chromium (Debian's chromium, scripts/deps.sh) loads the page
+// from `trident dashboard` against a live 2-rank training run beside a finished one, and `trident report`'s
+// file offline, and the test reads the DOM it leaves (--dump-dom): the loss chart's points per run (the page
+// records them in data-points), the runs in uPlot's legend, the link the health records name marked slow.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "harness/skip.h"
+#include "harness/synthetic_data.h"
+#include "harness/temp_dir.h"
+#include "unit/dashboard/synthetic_run.h"
+#include "unit/launch/process_runner.h"
+
+namespace trident::dashboard {
+namespace {
+
+namespace fs = std::filesystem;
+using trident::testing::ProcessRunner;
+
+std::string find_chromium() {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "/usr/bin");
+  for (std::string d; std::getline(dirs, d, ':');)
+    for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
+      if (::access((fs::path(d) / name).c_str(), X_OK) == 0) return (fs::path(d) / name).string();
+  return "";
+}
+
+// The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time (its polls included).
+std::string dump_dom(const std::string& chromium, const std::string& url, const fs::path& profile, int budget_ms = 4000) {
+  ProcessRunner p({chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                   "--no-first-run", "--disable-extensions", "--user-data-dir=" + profile.string(),
+                   "--enable-logging=stderr", "--v=0",  // the page's console (an uncaught exception) on stderr
+                   "--virtual-time-budget=" + std::to_string(budget_ms), "--window-size=1400,2000", "--dump-dom", url},
+                  trident::testing::make_env({}, {}));
+  p.wait(60);  // to its exit (the guard kills a browser that hangs)
+  for (size_t at = p.err().find("Uncaught"); at != std::string::npos; at = p.err().find("Uncaught", at + 1))
+    ADD_FAILURE() << "the page threw at " << url << ": " << p.err().substr(at, p.err().find('\n', at) - at);
+  return p.out();
+}
+
+// The value of attribute `attr` on the element with id `id` (plain string search: the DOM holds uPlot's
+// minified source in the report, too long for std::regex's recursive matcher).
+std::string attr_of(const std::string& dom, const std::string& id, const std::string& attr) {
+  const size_t at = dom.find("id=\"" + id + "\"");
+  if (at == std::string::npos) return "<no element #" + id + ">";
+  const size_t open = dom.rfind('<', at), close = dom.find('>', at);
+  const std::string tag = dom.substr(open, close - open);
+  const size_t v = tag.find(" " + attr + "=\"");
+  if (v == std::string::npos) return "<no " + attr + ">";
+  const size_t from = v + attr.size() + 3;
+  return tag.substr(from, tag.find('"', from) - from);
+}
+
+size_t steps_in(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  size_t n = 0;
+  for (std::string l; std::getline(in, l);) n += l.find("\"type\":\"step\"") != std::string::npos;
+  return n;
+}
+
+class DashboardBrowser : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    chromium_ = find_chromium();
+    if (chromium_.empty()) TRIDENT_SKIP_MISSING("chromium (headless browser) not on PATH; apt-get install chromium");
+  }
+  // Starts `trident dashboard` on a free port; returns its URL.
+  std::string start_dashboard(const std::vector<std::string>& dirs) {
+    std::vector<std::string> argv = {TRIDENT_BIN, "dashboard", "--port", "0"};
+    argv.insert(argv.end(), dirs.begin(), dirs.end());
+    server_ = std::make_unique<ProcessRunner>(argv, trident::testing::make_env({}, {}));
+    std::smatch m;
+    const std::regex url("http://127\\.0\\.0\\.1:[0-9]+/");
+    EXPECT_TRUE(server_->read_until([&] { return std::regex_search(server_->out(), m, url); }, 20))
+        << server_->out() << server_->err();
+    std::regex_search(server_->out(), m, url);
+    return m.str(0);
+  }
+  std::string chromium_;
+  trident::testing::TempDir dir_{"dash-browser"};
+  std::unique_ptr<ProcessRunner> server_;
+};
+
+std::vector<std::string> train_argv(const std::string& corpus, const fs::path& out, int iters, int n_embd) {
+  return {TRIDENT_BIN, "train", "--data", corpus, "--out_dir", out.string(), "--n-layer", "4", "--n-head", "4",
+          "--n-embd", std::to_string(n_embd), "--block-size", "64", "--batch-size", "8", "--max-iters",
+          std::to_string(iters), "--eval-interval", "50", "--eval-iters", "1", "--sample-tokens", "0", "--threads",
+          "1", "--nproc", "2", "--parallel", "ddp"};
+}
+
+// The status cell of run `name` in the runs table.
+std::string status_of(const std::string& dom, const std::string& name) {
+  const size_t row = dom.find("<tr data-run=\"" + name + "\">");
+  if (row == std::string::npos) return "<no row for " + name + ">";
+  const std::string key = "<td class=\"status-";
+  const size_t at = dom.find(key, row);
+  if (at == std::string::npos) return "<no status>";
+  return dom.substr(at + key.size(), dom.find('"', at + key.size()) - at - key.size());
+}
+
+TEST_F(DashboardBrowser, LiveTwoRankRunBesideAFinishedOne) {
+  const std::string corpus = trident::testing::write_word_corpus(dir_.path);
+  const fs::path live = dir_.path / "live", done = dir_.path / "done", other = dir_.path / "other";
+  test::write_synthetic_run(other, 25, false);
+  {  // A short 2-rank run, finished before the dashboard starts.
+    ProcessRunner train(train_argv(corpus, done, 60, 32), trident::testing::make_env({}, {}));
+    const auto st = train.wait(60);
+    ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << train.out() << train.err();
+  }
+  // A 2-rank run that trains while the page loads (tens of steps a second; stopped at the end).
+  ProcessRunner train(train_argv(corpus, live, 1000000, 128), trident::testing::make_env({}, {}));
+  ASSERT_TRUE(train.read_until([&] { return fs::exists(live / "metrics.jsonl") && steps_in(live / "metrics.jsonl") >= 3; }, 60))
+      << train.out() << train.err();
+  const std::string url = start_dashboard({live.string(), done.string(), other.string()});
+  const size_t before = steps_in(live / "metrics.jsonl");
+  const std::string dom = dump_dom(chromium_, url, dir_.path / "profile", 2500);
+  const size_t after = steps_in(live / "metrics.jsonl");
+  ::kill(train.pid(), SIGTERM);
+  train.wait(30);
+  EXPECT_GT(after, before) << "the run did not train while the page loaded";
+  // (A loaded 2-core machine may also make the live run's health monitor name a late rank: a third series.)
+  const std::string series = attr_of(dom, "chart-loss", "data-series");
+  EXPECT_EQ(series.find("live train|live val|"), 0u) << series << "\n" << dom.substr(0, 3000);
+  EXPECT_NE(series.find("|done train|done val|other train|other val"), std::string::npos) << series;
+  // Loss points: the live run's between what its file held before and after the page loaded (the page
+  // polled it more than once); every step of the finished runs.
+  const std::string points = attr_of(dom, "chart-loss", "data-points");
+  const size_t live_points = std::stoul(points.substr(0, points.find(',')));
+  EXPECT_GE(live_points, before) << points;
+  EXPECT_LE(live_points, after) << points;
+  EXPECT_EQ(points.substr(points.find(',') + 1), std::to_string(steps_in(done / "metrics.jsonl")) + ",25");
+  EXPECT_EQ(steps_in(done / "metrics.jsonl"), 60u);
+  EXPECT_NE(dom.find("class=\"u-label\">done train<"), std::string::npos) << "second run not in the legend";
+  EXPECT_NE(dom.find("class=\"u-label\">other train<"), std::string::npos) << "third run not in the legend";
+  EXPECT_EQ(status_of(dom, "live"), "running");
+  EXPECT_EQ(status_of(dom, "done"), "finished");
+}
+
+TEST_F(DashboardBrowser, ReportOpensOfflineWithTheSlowLinkAndTheHungRun) {
+  const fs::path a = dir_.path / "a", b = dir_.path / "b";
+  test::write_synthetic_run(a, 40, /*slow_link=*/true);
+  test::write_synthetic_run(b, 25, false);
+  test::write_hang_dumps(b / "flight_recorder");
+  const fs::path html = dir_.path / "report.html";
+  ProcessRunner rep({TRIDENT_BIN, "report", a.string(), b.string(), "--out", html.string()},
+                    trident::testing::make_env({}, {}));
+  const auto st = rep.wait(30);
+  ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0 && fs::exists(html)) << rep.out() << rep.err();
+  const std::string dom = dump_dom(chromium_, "file://" + html.string(), dir_.path / "profile", 1000);
+  EXPECT_EQ(attr_of(dom, "chart-loss", "data-points"), "40,25") << dom.substr(0, 2000);
+  EXPECT_EQ(attr_of(dom, "chart-loss", "data-series"), "a train|a val|a health warnings|b train|b val");
+  EXPECT_NE(dom.find("class=\"u-label\">b train<"), std::string::npos);
+  // The link 0 -> 1 is the one marked slow; its reverse is not.
+  EXPECT_NE(dom.find("<td class=\"slow\" data-link=\"0-1\""), std::string::npos);
+  EXPECT_NE(dom.find("<td class=\"ok\" data-link=\"1-0\""), std::string::npos);
+  EXPECT_NE(dom.find("arrives 180 ms late"), std::string::npos);
+  EXPECT_NE(dom.find("data-ready=\"1\""), std::string::npos);
+  // The view in the link's fragment: loss against tokens (the checkpoint's 24 x 64 per step), log scale,
+  // smoothed; every point still drawn.
+  const std::string tokens = dump_dom(chromium_, "file://" + html.string() + "#x=tokens&log=1&smooth=0.6",
+                                      dir_.path / "profile", 1000);
+  EXPECT_EQ(attr_of(tokens, "chart-loss", "data-points"), "40,25");
+  EXPECT_NE(tokens.find("class=\"u-label\">tokens<"), std::string::npos) << "x axis not in tokens";
+  // The hung run: its status, and `trident inspect`'s explanation of its dumps.
+  EXPECT_EQ(status_of(dom, "b"), "hung");
+  EXPECT_NE(dom.find("rank 2 never entered all_reduce #3"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident::dashboard
