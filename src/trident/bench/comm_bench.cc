@@ -1,6 +1,7 @@
 #include "trident/bench/comm_bench.h"
 
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -769,6 +770,13 @@ CommBenchResult run_comm_bench(ProcessGroup& pg, const CommBenchOptions& o, std:
     if (o.check) out << fmt::format("# Out of bounds values : {} {}\n", result.wrong, result.wrong ? "FAILED" : "OK");
     else out << "# Out of bounds values : N/A (not checked; run with --check to verify every element)\n";
     out << fmt::format("# Avg bus bandwidth    : {:.4f} GB/s\n", result.avg_busbw);
+    // What the shared-memory transport costs the host: its segments are sparse, so /dev/shm's used blocks
+    // are the rings and window pages the ranks touched (the whole host's, other jobs included).
+    struct statvfs fs {};
+    if (::statvfs("/dev/shm", &fs) == 0)
+      out << fmt::format("# /dev/shm in use      : {} MiB of {} MiB (the whole host, at the end of the run)\n",
+                         (static_cast<uint64_t>(fs.f_blocks - fs.f_bfree) * fs.f_frsize) >> 20,
+                         (static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize) >> 20);
     out << "#\n" << std::flush;
   }
   // Rank 0 writes the JSON, then every rank waits for it: a launcher stops the others as soon as one rank

@@ -129,6 +129,7 @@ void all_ops_checked(int nproc) {
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("# Out of bounds values : 0 OK"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("# Avg bus bandwidth"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# /dev/shm in use      : "), std::string::npos) << r.out;  // what the transport costs
   EXPECT_NE(r.out.find(fmt::format("# world size {}", nproc)), std::string::npos) << r.out;
   // The sweep: 8, 64, 512, 4K, 32K bytes for all_reduce (every size once per placement).
   std::multiset<size_t> sizes;
