@@ -49,24 +49,20 @@ test_send_recv_autograd_profiler test_send_recv_torch_profiler test_send_recv_wi
 test_send_recv_with_tag_autograd_profiler test_send_recv_with_tag_torch_profiler test_sparse_all_reduce_sum
 """.split()
 
-# The cases CI runs (about a minute on 2 cores): each kind the suite checks at least once: subgroups of every
+# The cases CI runs (about 40 s on 2 cores): each kind the suite checks at least once: subgroups of every
 # collective, dtypes and reduce ops, complex and unsupported ops, object collectives, async work and futures,
 # point-to-point (tags, any source, batched), barriers and their timeouts, sparse all-reduce.
 CASES = """
-test_Backend_enum_class test_DistributedDataParallel_requires_grad
-test_all_reduce_group_sum test_all_reduce_full_group_sum test_broadcast_group test_reduce_group_sum
-test_all_gather_group test_gather_group test_scatter_group test_barrier_group test_get_rank_size_group
-test_destroy_group test_all_gather_coalesced_group test_all_reduce_coalesced_group_sum
-test_all_gather_object_subgroup test_gather_object_subgroup
-test_all_reduce_sum test_all_reduce_max test_all_reduce_min test_all_reduce_product test_reduce_sum
-test_reduce_product test_all_reduce_sum_complex test_scatter_complex test_all_gather_complex
-test_all_reduce_complex_unsupported_ops test_all_reduce_coalesced_sum test_all_gather_coalesced_with_empty
-test_gather_checks test_scatter_checks
-test_broadcast_object_list test_scatter_object_list test_gather_object test_all_gather_object_default_pg
-test_all_reduce_sum_async test_get_future test_isend test_irecv
-test_send_recv test_send_recv_with_tag test_send_recv_any_source test_batch_isend_irecv_gloo
-test_batch_isend_irecv_gloo_tags test_send_recv_any_source_torch_profiler
-test_barrier test_barrier_timeout_group test_barrier_timeout_full_group test_sparse_all_reduce_sum
+test_DistributedDataParallel_requires_grad
+test_all_reduce_group_sum test_broadcast_group test_reduce_group_sum test_all_gather_group test_gather_group
+test_scatter_group test_barrier_group test_destroy_group test_all_reduce_coalesced_group_sum
+test_all_gather_object_subgroup
+test_all_reduce_max test_all_reduce_product test_reduce_sum test_all_reduce_sum_complex test_scatter_complex
+test_all_reduce_complex_unsupported_ops test_all_gather_coalesced_with_empty test_gather_checks
+test_broadcast_object_list test_scatter_object_list test_gather_object
+test_all_reduce_sum_async test_get_future test_irecv
+test_send_recv_with_tag test_send_recv_any_source test_batch_isend_irecv_gloo test_batch_isend_irecv_gloo_tags
+test_barrier_timeout_group test_sparse_all_reduce_sum
 """.split()
 
 os.environ["BACKEND"] = "gloo"  # the suite's gates (read at import): run what it runs for gloo

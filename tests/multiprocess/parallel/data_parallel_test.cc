@@ -14,6 +14,7 @@
 
 #include "harness/multiproc.h"
 #include "harness/synthetic_data.h"
+#include "harness/temp_dir.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
 #include "trident/comm/transport/shm_buffer.h"
@@ -200,8 +201,8 @@ class DataParallelParity : public ::testing::TestWithParam<Case> {};
 TEST_P(DataParallelParity, MatchesOneProcessOnTheGlobalBatch) {
   const Case c = GetParam();
   RefRun ref = reference(c.world, c.model);
-  char tmpl[] = "/tmp/trident-dp-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  const testing::TempDir tmp("dp");  // removed at the end of the test, whatever happens
+  const std::string dir = tmp.path.string();
   auto res = testing::run_processes(c.world, [&](int r, int n, std::shared_ptr<Store> st) { run_rank(c, r, n, st, dir); },
                                     {.deadline_s = 240, .env = {}});
   ASSERT_EQ(testing::failures(res), "");
