@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <ostream>
 #include <random>
@@ -203,7 +204,19 @@ StoreBenchResult run_store_bench(const StoreBenchOptions& o) {
     TRIDENT_CHECK(pid > 0, Error, "bench store: fork: {}", detail::errno_string(errno));
     children.push_back({pid, fds[0], last - first});
   }
-  TCPStoreServer server(bound, token);
+  // A server that cannot start must not leave the clients retrying until their deadline: stop and reap them.
+  std::unique_ptr<TCPStoreServer> started;
+  try {
+    started = std::make_unique<TCPStoreServer>(bound, token);
+  } catch (...) {
+    for (Child& c : children) {
+      ::kill(c.pid, SIGKILL);
+      ::close(c.fd);
+      ::waitpid(c.pid, nullptr, 0);
+    }
+    throw;
+  }
+  TCPStoreServer& server = *started;
   // The misbehaving connections, opened among the clients' own.
   std::vector<int> stalled;
   for (int i = 0; i < o.stalled; ++i) {
