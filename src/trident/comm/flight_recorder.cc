@@ -188,6 +188,11 @@ Registry& registry() {
 }
 std::atomic<int> g_pipe_wr{-1};
 std::atomic<bool> g_failure_dumped{false};
+// Dumps being written on any thread, and whether SIGTERM's dump is done and the process is about to end: the
+// end waits for the dumps in flight, so a caller's dump is not cut off midway (a temporary file left beside
+// the dumps), and a dump asked for after that point is refused by name.
+std::atomic<int> g_dumps_in_flight{0};
+std::atomic<bool> g_terminating{false};
 
 // Functions that abort this process's groups (add_termination_hook). A mutex of their own: a hook may take
 // a while (an abort writes its record to the store), and nothing else waits on it meanwhile.
@@ -241,6 +246,8 @@ void after_fork_child() {
   reg.rings.clear();
   reg.generations.clear();
   g_failure_dumped.store(false);
+  g_dumps_in_flight.store(0);
+  g_terminating.store(false);
 }
 
 void dump_logged(const std::string& reason) {
@@ -293,6 +300,12 @@ void terminate_after_sigterm() {
     log_warn("SIGTERM: the program did not end within {} s of it (its own handler ran); ending it now",
              std::chrono::duration_cast<std::chrono::seconds>(kTermGrace).count());
   }
+  // A dump another thread started (a collective's failure) finishes first, within a bound: a full disk
+  // must not keep the process alive.
+  g_terminating.store(true);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (g_dumps_in_flight.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ::signal(SIGTERM, SIG_DFL);
   ::kill(::getpid(), SIGTERM);
 }
@@ -534,6 +547,13 @@ std::string dump_json(const std::string& reason) {
 }
 
 std::string dump(const std::string& reason, const std::string& dir_in) {
+  struct InFlight {
+    InFlight() { g_dumps_in_flight.fetch_add(1); }
+    ~InFlight() { g_dumps_in_flight.fetch_sub(1); }
+  } in_flight;
+  if (g_terminating.load())
+    TRIDENT_THROW(IoError, "flight recorder: not dumping ({}): the process is ending on SIGTERM, whose dump is written",
+                  reason);
   const std::string dir = dir_in.empty() ? dump_dir() : dir_in;
   if (dir.empty())
     TRIDENT_THROW(InvalidArgument,
