@@ -154,6 +154,8 @@ int run_kernel_bench(const KernelBenchOptions& f) {
                 "bench kernels: --batch, --block, --embd, --heads and --vocab must be positive and --embd divisible by "
                 "--heads (got {} {} {} {} {})",
                 f.batch, f.block, f.embd, f.heads, f.vocab);
+  TRIDENT_CHECK(f.ffn >= 0, InvalidArgument, "bench kernels: --ffn must be 0 (4 x --embd) or positive (got {})",
+                f.ffn);
   TRIDENT_CHECK(f.seconds > 0, InvalidArgument, "bench kernels: --seconds must be positive (got {})", f.seconds);
   TRIDENT_CHECK(f.threads >= 1 && f.threads <= 1024, InvalidArgument,
                 "bench kernels: --threads must be between 1 and 1024 (got {})", f.threads);
@@ -194,13 +196,15 @@ int run_kernel_bench(const KernelBenchOptions& f) {
                 "average at start: %s\n",
                 f.threads, f.threads, load_average().c_str());
   const int B = f.batch, T = f.block, C = f.embd, NH = f.heads, V = f.vocab, N = B * T;
-  std::printf("shapes: B %d, T %d, C %d, heads %d, vocab %d (N = B*T = %d rows)\n\n", B, T, C, NH, V, N);
+  const int F = f.ffn > 0 ? f.ffn : 4 * C;  // the MLP's hidden width: the GEMMs are its up-projection's three
+  std::printf("shapes%s%s: B %d, T %d, C %d, MLP %d, heads %d, vocab %d (N = B*T = %d rows)\n\n",
+              f.model.empty() ? "" : " of ", f.model.c_str(), B, T, C, F, NH, V, N);
 
-  const auto x = random_floats(static_cast<size_t>(N) * 4 * C, 1), w = random_floats(static_cast<size_t>(4) * C * C, 2);
+  const auto x = random_floats(static_cast<size_t>(N) * F, 1), w = random_floats(static_cast<size_t>(F) * C, 2);
   const auto qkv = random_floats(static_cast<size_t>(N) * 3 * C, 3, 0.5f),
-             g = random_floats(static_cast<size_t>(N) * 4 * C, 4);
+             g = random_floats(static_cast<size_t>(N) * F, 4);
   const auto logits = random_floats(static_cast<size_t>(N) * V, 5);
-  std::vector<float> out(static_cast<size_t>(N) * 4 * C), out2(out.size()), dw(static_cast<size_t>(4) * C * C);
+  std::vector<float> out(static_cast<size_t>(N) * F), out2(out.size()), dw(static_cast<size_t>(F) * C);
   std::vector<float> mean(N), rstd(N), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size()), dl(logits.size());
   std::vector<int32_t> tgt(N);
   for (int i = 0; i < N; ++i) tgt[i] = i % V;
@@ -254,19 +258,19 @@ int run_kernel_bench(const KernelBenchOptions& f) {
     };
     for (int bf = 0; bf < 2; ++bf) {
       const auto prec = bf ? kc::Precision::kBFloat16 : kc::Precision::kFloat32;
-      const double fl = 2.0 * N * C * 4 * C;
+      const double fl = 2.0 * N * C * F;
       char n1[64], n2[64], n3[64];
-      std::snprintf(n1, sizeof n1, "gemm %s x W^T (%dx%dx%d)", bf ? "bf16" : "f32", N, 4 * C, C);
-      std::snprintf(n2, sizeof n2, "gemm %s dY W (%dx%dx%d)", bf ? "bf16" : "f32", N, C, 4 * C);
-      std::snprintf(n3, sizeof n3, "gemm %s dY^T X (%dx%dx%d)", bf ? "bf16" : "f32", 4 * C, C, N);
+      std::snprintf(n1, sizeof n1, "gemm %s x W^T (%dx%dx%d)", bf ? "bf16" : "f32", N, F, C);
+      std::snprintf(n2, sizeof n2, "gemm %s dY W (%dx%dx%d)", bf ? "bf16" : "f32", N, C, F);
+      std::snprintf(n3, sizeof n3, "gemm %s dY^T X (%dx%dx%d)", bf ? "bf16" : "f32", F, C, N);
       flops_row(n1, fl, bf, [&] {
-        kc::gemm(false, true, N, 4 * C, C, 1.0f, x.data(), C, w.data(), C, 0.0f, out.data(), 4 * C, prec);
+        kc::gemm(false, true, N, F, C, 1.0f, x.data(), C, w.data(), C, 0.0f, out.data(), F, prec);
       });
       flops_row(n2, fl, bf, [&] {
-        kc::gemm(false, false, N, C, 4 * C, 1.0f, g.data(), 4 * C, w.data(), C, 0.0f, out.data(), C, prec);
+        kc::gemm(false, false, N, C, F, 1.0f, g.data(), F, w.data(), C, 0.0f, out.data(), C, prec);
       });
       flops_row(n3, fl, bf, [&] {
-        kc::gemm(true, false, 4 * C, C, N, 1.0f, g.data(), 4 * C, x.data(), C, 1.0f, dw.data(), C, prec);
+        kc::gemm(true, false, F, C, N, 1.0f, g.data(), F, x.data(), C, 1.0f, dw.data(), C, prec);
       });
     }
     // Causal attention: half of the T x T scores, two products forward, five backward.
@@ -283,8 +287,8 @@ int run_kernel_bench(const KernelBenchOptions& f) {
       kc::layernorm_backward(out2.data(), dw.data(), nullptr, g.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                              C);
     });
-    bytes_row("gelu forward+grad (4C)", 3 * 4 * row, [&] {
-      kc::gelu_forward_and_grad(out.data(), out2.data(), x.data(), static_cast<size_t>(N) * 4 * C, kc::GeluKind::kTanh);
+    bytes_row("gelu forward+grad (MLP width)", 3.0 * 4 * N * F, [&] {
+      kc::gelu_forward_and_grad(out.data(), out2.data(), x.data(), static_cast<size_t>(N) * F, kc::GeluKind::kTanh);
     });
     bytes_row("softmax + cross-entropy", 8.0 * N * V,
               [&] { kc::cross_entropy_forward_backward(dl.data(), logits.data(), tgt.data(), N, V, 1.0f / N); });

@@ -28,6 +28,8 @@ namespace trident::bench {
 struct KernelBenchOptions {
   std::string isa = "all";  // "all" (every level this CPU has) or a comma list of levels
   int batch = 12, block = 64, embd = 128, heads = 4, vocab = 65;
+  int ffn = 0;        // the MLP's hidden width (0: 4 x embd)
+  std::string model;  // the named model whose widths these are (shown in the header; "" = given by hand)
   double seconds = 0.3;  // time per measurement (best of 3 rounds)
   int threads = 1;       // above 1: each kernel also runs on 1 thread and the speedup is shown
 };

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/cli_run.h"
 #include "trident/bench/comm_bench.h"
 #include "trident/bench/verifiable.h"
 #include "trident/comm/algorithms/algorithm.h"
@@ -27,24 +28,8 @@ namespace {
 
 using nlohmann::json;
 
-struct CliRun {
-  int rc = -1;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs `args` (a shell command line after the trident binary) and captures its output and exit status.
-CliRun run_trident(const std::string& args) {
-  std::string cmd = std::string(TRIDENT_BIN) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using trident::testing::CliRun;
+using trident::testing::run_trident;
 
 std::string temp_path(const std::string& stem) {
   return ::testing::TempDir() + "/trident_bench_" + stem + "_" + std::to_string(::getpid()) + ".json";

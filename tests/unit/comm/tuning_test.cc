@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "harness/cli_run.h"
 #include "harness/multiproc.h"
 #include "trident/comm/algorithms/algorithm.h"
 #include "trident/comm/process_group.h"
@@ -246,24 +247,8 @@ TEST(Tuning, UncoveredGroupUsesTheCostModel) {
   std::remove(path.c_str());
 }
 
-struct CliRun {
-  int rc = -1;
-  std::string out;
-};
-
-// Runs the built CLI with `args`, `env` (e.g. "A=1 B=2") set for it; stdout and stderr together.
-CliRun run_trident(const std::string& args, const std::string& env = "") {
-  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(TRIDENT_BIN) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using trident::testing::CliRun;
+using trident::testing::run_trident;
 
 TEST(Tuning, BenchTuneWritesAFileTheBackendUses) {
   const std::string path = temp_file("cli");

@@ -200,8 +200,10 @@ TEST(IsaKernels, Bf16DotFollowsTheMeasuredRates) {
 }
 
 TEST(IsaKernels, GemmEveryTransposeAndLevelAgainstFloat64) {
-  // M, N, K: ones, primes, 64+3, past the 6-row tiles, 64-column panels and 128/256-deep k blocks.
-  const int shapes[][3] = {{1, 1, 1}, {7, 13, 1}, {1, 7, 13}, {13, 7, 67}, {67, 67, 13}, {67, 130, 300}, {6, 64, 257}};
+  // M, N, K: ones, primes, 64+3, past the 6-row tiles, 64-column panels, 128/256-deep k blocks and the
+  // 96-row tasks of the packed bfloat16 product (whose A is packed 64 rows at a time).
+  const int shapes[][3] = {{1, 1, 1},     {7, 13, 1},     {1, 7, 13},   {13, 7, 67},
+                           {67, 67, 13},  {67, 130, 300}, {6, 64, 257}, {101, 70, 290}};
   for (const Path& path : paths()) {
     const kc::Isa l = path.isa;
     IsaScope scope(l, path.dot);

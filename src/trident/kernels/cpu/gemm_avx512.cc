@@ -407,9 +407,11 @@ TRIDENT_BF16_FN PackedBf16 pack_bf16_operands(bool trans_a, bool trans_b, int M,
   return PackedBf16{Mp, Np, Kp, a, b};
 }
 
+constexpr int kPrefetchPairsA = 64;  // 256 bytes ahead in each row of A
 // acc[MR][NV] = (load_c ? C : 0) + sum over pairs p of A(i, 2p..2p+1) . B(2p..2p+1, j): one vdpbf16ps per
-// pair and vector. a: bf16 rows at stride sa (elements), b: pair words at stride sb; C stored under `last`.
-template <int MR, int NV>
+// pair and vector. a: bf16 rows at stride sa (elements), or with kPairRowsA pair words [p][i] at stride sa
+// (words) per pair; b: pair words at stride sb; C stored under `last`.
+template <int MR, int NV, bool kPairRowsA = false>
 TRIDENT_BF16_FN __attribute__((noinline)) void micro_bf16(int pairs, const uint16_t* __restrict a, ptrdiff_t sa,
                                                           const uint32_t* __restrict b, ptrdiff_t sb, __mmask16 last,
                                                           float* __restrict c, ptrdiff_t ldc, bool load_c) {
@@ -417,46 +419,55 @@ TRIDENT_BF16_FN __attribute__((noinline)) void micro_bf16(int pairs, const uint1
   load_tile<MR, NV>(acc, c, ldc, last, load_c);
   const int32_t* ar[MR];
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) ar[i] = reinterpret_cast<const int32_t*>(a + i * sa);
+  for (int i = 0; i < MR; ++i) ar[i] = reinterpret_cast<const int32_t*>(a) + (kPairRowsA ? i : i * sa / 2);
+  ptrdiff_t off = 0;  // of pair p: p (rows) or p * sa (pair rows)
   for (int p = 0; p < pairs; ++p) {
+    // A comes from L2: one line fetched ahead per pair (the rows in turn; pair rows: the row 8 pairs on).
+    if (kPairRowsA) _mm_prefetch(reinterpret_cast<const char*>(ar[0] + off + 8 * sa), _MM_HINT_T0);
+    else _mm_prefetch(reinterpret_cast<const char*>(ar[p % MR] + p + kPrefetchPairsA), _MM_HINT_T0);
     __m512bh bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + 16 * v);
     b += sb;
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(ar[i][p]);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(ar[i][off]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
     }
+    off += kPairRowsA ? sa : 1;
   }
   store_tile<MR, NV>(acc, c, ldc, last);
 }
 
 using MicroBf16Fn = void (*)(int, const uint16_t*, ptrdiff_t, const uint32_t*, ptrdiff_t, __mmask16, float*, ptrdiff_t,
                              bool);
-template <int MR>
+template <int MR, bool kPairRowsA>
 constexpr MicroBf16Fn pick_bf16_nv(int nv) {
-  return nv == 1   ? &micro_bf16<MR, 1>
-         : nv == 2 ? &micro_bf16<MR, 2>
-         : nv == 3 ? &micro_bf16<MR, 3>
-                   : &micro_bf16<MR, 4>;
+  return nv == 1   ? &micro_bf16<MR, 1, kPairRowsA>
+         : nv == 2 ? &micro_bf16<MR, 2, kPairRowsA>
+         : nv == 3 ? &micro_bf16<MR, 3, kPairRowsA>
+                   : &micro_bf16<MR, 4, kPairRowsA>;
 }
-MicroBf16Fn pick_bf16(int mr, int nv) {
+template <bool kPairRowsA>
+MicroBf16Fn pick_bf16_mr(int mr, int nv) {
   switch (mr) {
     case 1:
-      return pick_bf16_nv<1>(nv);
+      return pick_bf16_nv<1, kPairRowsA>(nv);
     case 2:
-      return pick_bf16_nv<2>(nv);
+      return pick_bf16_nv<2, kPairRowsA>(nv);
     case 3:
-      return pick_bf16_nv<3>(nv);
+      return pick_bf16_nv<3, kPairRowsA>(nv);
     case 4:
-      return pick_bf16_nv<4>(nv);
+      return pick_bf16_nv<4, kPairRowsA>(nv);
     case 5:
-      return pick_bf16_nv<5>(nv);
+      return pick_bf16_nv<5, kPairRowsA>(nv);
     default:
-      return pick_bf16_nv<6>(nv);
+      return pick_bf16_nv<6, kPairRowsA>(nv);
   }
+}
+MicroBf16Fn pick_bf16(int mr, int nv, bool pair_rows_a = false) {
+  return pair_rows_a ? pick_bf16_mr<true>(mr, nv) : pick_bf16_mr<false>(mr, nv);
 }
 
 // Register tiles of 6 rows x 64 columns; k in blocks of 256 (a 128-pair x 64-column B panel, 32 KiB, stays
@@ -554,6 +565,101 @@ void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float*
 void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                       bool accumulate, float* C, int ldc) {
   bf16_entry(dpbf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+int dpbf16_pairs(int K) { return K <= 0 ? 0 : (K + 31) / 32 * 16; }
+size_t dpbf16_packed_a_halves(int M, int K) {
+  return static_cast<size_t>((M + 15) / 16 * 16) * 2 * static_cast<size_t>(dpbf16_pairs(K));
+}
+size_t dpbf16_packed_b_words(int N, int K) {
+  return static_cast<size_t>((N + kNr - 1) / kNr * kNr) * static_cast<size_t>(dpbf16_pairs(K));
+}
+
+TRIDENT_BF16_FN void dpbf16_pack_a(bool trans_a, int M, int K, const float* A, int lda, uint16_t* packed, int i0,
+                                   int i1) {
+  const int kp = dpbf16_pairs(K), Kp = 2 * kp;
+  if (!trans_a) {
+    for (int i = i0; i < i1; ++i)
+      row_to_bf16(packed + static_cast<ptrdiff_t>(i) * Kp, A + static_cast<ptrdiff_t>(i) * lda, K, Kp);
+    return;
+  }
+  // A(i, k) = A[k * lda + i]: rows 2q and 2q + 1 of the stored A interleave into pair row q, no transposes.
+  const int mp = (M + 15) / 16 * 16;
+  const int n = i1 - i0, npad = ((i1 < M ? i1 : mp) - i0 + 15) / 16 * 16;
+  uint32_t* words = reinterpret_cast<uint32_t*>(packed);
+  for (int q = 0; q < kp; ++q) {
+    const int k = 2 * q;
+    const float* r0 = k < K ? A + static_cast<ptrdiff_t>(k) * lda + i0 : nullptr;
+    const float* r1 = k + 1 < K ? A + static_cast<ptrdiff_t>(k + 1) * lda + i0 : nullptr;
+    interleave_pairs(words + static_cast<ptrdiff_t>(q) * mp + i0, r0, r1, n, npad);
+  }
+}
+
+TRIDENT_BF16_FN void dpbf16_pack_b(bool trans_b, int N, int K, const float* B, int ldb, uint32_t* packed, int p0,
+                                   int p1) {
+  const int kp = dpbf16_pairs(K), np = (N + kNr - 1) / kNr * kNr;
+  alignas(64) static thread_local uint32_t t[kNr * kBf16PairsPerBlock];  // a transposed B's panel, [64][pc]
+  for (int q0 = 0; q0 < kp; q0 += kBf16PairsPerBlock) {
+    const int pc = kp - q0 < kBf16PairsPerBlock ? kp - q0 : kBf16PairsPerBlock;
+    const int k0 = 2 * q0, kn = K - k0 < 2 * pc ? K - k0 : 2 * pc;  // k of this block present in B
+    for (int p = p0; p < p1; ++p) {
+      const int j0 = p * kNr, w = N - j0 < kNr ? N - j0 : kNr;
+      uint32_t* dst = packed + static_cast<ptrdiff_t>(q0) * np + static_cast<ptrdiff_t>(j0) * pc;
+      if (!trans_b) {
+        for (int q = 0; q < pc; ++q) {
+          const int k = k0 + 2 * q;
+          const float* r0 = k < K ? B + static_cast<ptrdiff_t>(k) * ldb + j0 : nullptr;
+          const float* r1 = k + 1 < K ? B + static_cast<ptrdiff_t>(k + 1) * ldb + j0 : nullptr;
+          interleave_pairs(dst + static_cast<ptrdiff_t>(q) * kNr, r0, r1, w, kNr);
+        }
+        continue;
+      }
+      // B(k, j) = B[j * ldb + k]: each column's pairs are consecutive words of its bf16 row; 16 x 16 word
+      // transposes turn [64][pc] into [pc][64].
+      for (int jj = 0; jj < kNr; ++jj)
+        row_to_bf16(reinterpret_cast<uint16_t*>(t + static_cast<ptrdiff_t>(jj) * pc),
+                    jj < w ? B + static_cast<ptrdiff_t>(j0 + jj) * ldb + k0 : B, jj < w ? kn : 0, 2 * pc);
+      for (int jb = 0; jb < kNr; jb += 16)
+        for (int qb = 0; qb < pc; qb += 16) {
+          __m512 r[16];
+          for (int jj = 0; jj < 16; ++jj)
+            r[jj] = _mm512_castsi512_ps(_mm512_load_si512(t + static_cast<ptrdiff_t>(jb + jj) * pc + qb));
+          transpose16(r);
+          for (int qq = 0; qq < 16; ++qq)
+            _mm512_store_si512(dst + static_cast<ptrdiff_t>(qb + qq) * kNr + jb, _mm512_castps_si512(r[qq]));
+        }
+    }
+  }
+}
+
+TRIDENT_BF16_FN void dpbf16_packed(bool trans_a, int M, int N, int K, const uint16_t* a, int ma, const uint32_t* b,
+                                   int np, int j0, bool accumulate, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    gemm_avx512(false, false, M, N, K, nullptr, 0, nullptr, 0, accumulate, C, ldc);
+    return;
+  }
+  const int kp = dpbf16_pairs(K), Kp = 2 * kp;
+  // Panels outer, pair blocks inside: the 6 x 64 tiles of C stay in L1/L2 across the blocks, A's rows in L2
+  // across the panels, and B streams past once.
+  for (int jj = 0; jj < N; jj += kNr) {
+    const int w = N - jj < kNr ? N - jj : kNr;
+    const int nv = (w + 15) / 16;
+    const __mmask16 last = static_cast<__mmask16>(w % 16 == 0 ? 0xffffu : (1u << (w % 16)) - 1u);
+    for (int q0 = 0; q0 < kp; q0 += kBf16PairsPerBlock) {
+      const int pc = kp - q0 < kBf16PairsPerBlock ? kp - q0 : kBf16PairsPerBlock;
+      const uint32_t* bp = b + static_cast<ptrdiff_t>(q0) * np + static_cast<ptrdiff_t>(j0 + jj) * pc;
+      for (int i0 = 0; i0 < M; i0 += kMr) {
+        const int mr = M - i0 < kMr ? M - i0 : kMr;
+        if (trans_a)  // pair rows of ma words (the whole A's rows, padded): this tile's 6 words start at i0
+          pick_bf16(mr, nv, true)(pc, a + 2 * (static_cast<ptrdiff_t>(q0) * ma + i0), ma, bp, kNr, last,
+                                  C + static_cast<ptrdiff_t>(i0) * ldc + jj, ldc, accumulate || q0 > 0);
+        else
+          pick_bf16(mr, nv)(pc, a + static_cast<ptrdiff_t>(i0) * Kp + 2 * q0, Kp, bp, kNr, last,
+                            C + static_cast<ptrdiff_t>(i0) * ldc + jj, ldc, accumulate || q0 > 0);
+      }
+    }
+  }
 }
 
 namespace {
@@ -662,6 +768,12 @@ void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, i
 void gemm_avx512_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
 size_t gemm_avx512_packed_b_floats(int, int) { return 0; }
+int dpbf16_pairs(int) { return 0; }
+size_t dpbf16_packed_a_halves(int, int) { return 0; }
+size_t dpbf16_packed_b_words(int, int) { return 0; }
+void dpbf16_pack_a(bool, int, int, const float*, int, uint16_t*, int, int) {}
+void dpbf16_pack_b(bool, int, int, const float*, int, uint32_t*, int, int) {}
+void dpbf16_packed(bool, int, int, int, const uint16_t*, int, const uint32_t*, int, int, bool, float*, int) {}
 double probe_dpbf16_gflops() { return 0; }
 double probe_fma_gflops() { return 0; }
 void gemm_avx512_pack_b(bool, int, int, const float*, int, float*, int, int) {}

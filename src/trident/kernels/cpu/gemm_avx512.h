@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace trident::kernels::cpu::detail {
 
@@ -72,6 +73,29 @@ void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int l
 void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                       bool accumulate, float* C, int ldc);
 void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   bool accumulate, float* C, int ldc);
+
+// The vdpbf16ps product with both operands packed once per call and shared by the tasks of a split GEMM
+// (the weights of a Linear layer are converted once per product, not once per task; each 6-row tile reads
+// one contiguous 128-pair x 64-column panel of B, resident in L1). Layouts, K padded to kp pairs (a
+// multiple of 16, zeros past K), mp = M rounded up to 16:
+//   A untransposed: [M][2 kp] bfloat16, row i = bf16(op(A)(i, 0..K));
+//   A transposed (stored K x M): [kp][mp] 32-bit pair words (bf16 A(i, 2q), bf16 A(i, 2q + 1)), which
+//      interleaves two stored rows instead of transposing; dpbf16_pack_a writes rows (columns) [i0, i1),
+//      i0 a multiple of 16;
+//   B: pairs in blocks of 128; the block starting at pair p0 (pc pairs) holds, for each 64-column panel p,
+//      [pc][64] 32-bit words (bf16 op(B)(2q, j), bf16 op(B)(2q + 1, j)) from word p0 * np + 64 p * pc,
+//      np = N rounded up to 64, columns past N zero; dpbf16_pack_b writes panels [p0, p1).
+// dpbf16_packed computes C[M, 0..N) (+)= op(A) rows [0, M) times op(B)(:, j0..j0+N), j0 a multiple of 64;
+// a points at this call's row 0 (untransposed: row i0 of the packed A; transposed: word i0 of pair row 0,
+// ma = mp). Same numerics as gemm_avx512_bf16 (each C element a float32 chain over the pairs in order,
+// whatever the tiling). Only call at level avx512bf16 or higher.
+int dpbf16_pairs(int K);
+size_t dpbf16_packed_a_halves(int M, int K);
+size_t dpbf16_packed_b_words(int N, int K);
+void dpbf16_pack_a(bool trans_a, int M, int K, const float* A, int lda, uint16_t* packed, int i0, int i1);
+void dpbf16_pack_b(bool trans_b, int N, int K, const float* B, int ldb, uint32_t* packed, int p0, int p1);
+void dpbf16_packed(bool trans_a, int M, int N, int K, const uint16_t* a, int ma, const uint32_t* b, int np, int j0,
                    bool accumulate, float* C, int ldc);
 
 // One core's issue rate of vdpbf16ps and of vfmadd231ps on zmm registers, in GFLOP/s (2 flops per product;
