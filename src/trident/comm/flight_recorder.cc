@@ -136,8 +136,9 @@ void FlightRing::finished(uint64_t id, int64_t t_ns, std::exception_ptr error) {
         r.error_type = type;
         r.error = what;
       }
-      seq_text = r.seq ? fmt::format("{} #{}", op_name(r.op), r.seq) : op_name(r.op);
-    } else {
+      // Named only for a failure's dump: a completed call formats nothing (this runs once per call).
+      if (network) seq_text = r.seq ? fmt::format("{} #{}", op_name(r.op), r.seq) : op_name(r.op);
+    } else if (network) {
       seq_text = "an overwritten call";
     }
   }
