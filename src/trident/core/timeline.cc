@@ -1,5 +1,6 @@
 #include "trident/core/timeline.h"
 
+#include <cstring>
 #include <ctime>
 
 namespace trident {
@@ -40,8 +41,31 @@ Timeline& timeline() {
   return t;
 }
 
+namespace {
+thread_local ThreadWaits t_waits;
+thread_local int t_comm_depth = 0;  // kComm spans open on this thread (nested ones are not counted twice)
+
+bool is_pipeline_transfer(const char* name) {
+  return std::strncmp(name, "send_", 5) == 0 || std::strncmp(name, "recv_", 5) == 0;
+}
+}  // namespace
+
+ThreadWaits take_thread_waits() {
+  const ThreadWaits w = t_waits;
+  t_waits = {};
+  return w;
+}
+
 ScopedSpan::ScopedSpan(SpanKind kind, const char* name, int microbatch, int chunk, double bytes)
     : on_(timeline().enabled()) {
+  if (kind == SpanKind::kComm) {
+    comm_ = true;
+    if (t_comm_depth++ == 0) {
+      counts_wait_ = true;
+      pipeline_ = is_pipeline_transfer(name);
+      wait_t0_ns_ = Timeline::now_ns();
+    }
+  }
   if (!on_) return;
   span_.kind = kind;
   span_.name = name;
@@ -52,8 +76,14 @@ ScopedSpan::ScopedSpan(SpanKind kind, const char* name, int microbatch, int chun
 }
 
 ScopedSpan::~ScopedSpan() {
+  int64_t t1 = 0;
+  if (counts_wait_) {
+    t1 = Timeline::now_ns();
+    (pipeline_ ? t_waits.pipeline_ns : t_waits.collective_ns) += t1 - wait_t0_ns_;
+  }
+  if (comm_) --t_comm_depth;
   if (!on_) return;
-  span_.t1_ns = Timeline::now_ns();
+  span_.t1_ns = t1 != 0 ? t1 : Timeline::now_ns();
   timeline().add(std::move(span_));
 }
 

@@ -1,8 +1,13 @@
 // Per-process timeline of compute and communication spans, for profiling (Chrome traces, pipeline bubble
 // and communication share: parallel/profile.h turns them into reports and one trace file per job).
 //
-// Recording is off until enable(true); a disabled timeline costs one relaxed load per span. Spans carry
-// monotonic nanoseconds (now_ns(), CLOCK_MONOTONIC: comparable across processes on one host).
+// Recording is off until enable(true); a disabled timeline costs one relaxed load per compute or idle span.
+// Spans carry monotonic nanoseconds (now_ns(), CLOCK_MONOTONIC: comparable across processes on one host).
+//
+// Waits: every kComm span, recorded or not, also adds its duration to its thread's wait totals
+// (take_thread_waits()): the trainer splits a step's time by what its own thread waited on. A pipeline
+// transfer (a span named "send_*"/"recv_*", as the pipeline engine names its waits) counts as a pipeline
+// wait, any other kComm span as a collective wait; only the outermost of nested kComm spans counts.
 // Ownership: timeline() is a process-wide singleton. Thread-safety: add() may be called from any thread
 // (a mutex guards the span list); spans() returns a copy. No blocking beyond that mutex, no timeouts.
 #pragma once
@@ -45,6 +50,13 @@ class Timeline {
 
 Timeline& timeline();
 
+// What the calling thread waited in kComm spans since its last take_thread_waits() (which zeroes them).
+struct ThreadWaits {
+  int64_t collective_ns = 0;  // collectives (all-reduce, all-gather, ...) the thread blocked in
+  int64_t pipeline_ns = 0;    // pipeline sends and receives the thread blocked on
+};
+ThreadWaits take_thread_waits();
+
 // Records [construction, destruction) as one span when the timeline is enabled.
 class ScopedSpan {
  public:
@@ -55,6 +67,10 @@ class ScopedSpan {
 
  private:
   bool on_;
+  bool comm_ = false;         // a kComm span (it holds one level of its thread's nesting)
+  bool counts_wait_ = false;  // the outermost kComm span of its thread: its duration is a wait
+  bool pipeline_ = false;     // a pipeline transfer's wait rather than a collective's
+  int64_t wait_t0_ns_ = 0;
   Span span_;
 };
 

@@ -90,7 +90,11 @@ std::vector<size_t> downsample_indices(size_t n, size_t max_points) {
   return idx;
 }
 
-RunFolder::RunFolder(std::string dir, int id) : dir_(std::move(dir)), id_(id), log_((fs::path(dir_) / "metrics.jsonl").string()) {
+RunFolder::RunFolder(std::string dir, int id)
+    : dir_(std::move(dir)),
+      id_(id),
+      log_((fs::path(dir_) / "metrics.jsonl").string()),
+      health_((fs::path(dir_) / "health.jsonl").string()) {
   std::error_code ec;
   if (!fs::exists(dir_, ec))
     TRIDENT_THROW(InvalidArgument, "run folder '{}' does not exist: name the out_dir of a `trident train` run", dir_);
@@ -136,10 +140,14 @@ bool has_flight_dumps(const fs::path& dir) {
 
 }  // namespace
 
-nlohmann::json RunFolder::summary(double live_s) {
+nlohmann::json RunFolder::summary(double live_s, double max_age_s) {
   std::lock_guard<std::mutex> lock(mu_);
   log_.refresh();
   const auto& recs = log_.records();
+  const auto now = std::chrono::steady_clock::now();
+  if (!cached_.is_null() && cached_generation_ == log_.generation() && cached_count_ == recs.size() &&
+      std::chrono::duration<double>(now - cached_at_).count() < max_age_s)
+    return cached_;
   Counts& c = counts_;
   if (c.generation != log_.generation()) c = Counts{log_.generation()};
   for (; c.counted < recs.size(); ++c.counted) {
@@ -189,30 +197,55 @@ nlohmann::json RunFolder::summary(double live_s) {
     }
   }
   j["status"] = status;
+  cached_ = j;
+  cached_generation_ = log_.generation();
+  cached_count_ = recs.size();
+  cached_at_ = now;
   return j;
 }
 
-nlohmann::json RunFolder::records_since(uint64_t generation, size_t from, size_t max_points) {
-  std::lock_guard<std::mutex> lock(mu_);
-  log_.refresh();
-  const auto& recs = log_.records();
-  const bool reset = generation != log_.generation() || from > recs.size();
+namespace {
+
+// RunFolder::records_since's answer from `log`: records for which `thinned` holds are downsampled to
+// `max_points`, the others all come.
+template <typename Thinned>
+nlohmann::json answer_since(MetricsLog& log, uint64_t generation, size_t from, size_t max_points, size_t max_records,
+                            Thinned thinned) {
+  log.refresh();
+  const auto& recs = log.records();
+  const bool reset = generation != log.generation() || from > recs.size();
   if (reset) from = 0;
-  std::vector<size_t> step_at;  // indices (into recs) of the step records of the answer
-  for (size_t i = from; i < recs.size(); ++i)
-    if (recs[i].value("type", "") == "step") step_at.push_back(i);
-  std::vector<char> keep(recs.size() - from, 1);
-  if (step_at.size() > max_points) {
-    for (size_t i : step_at) keep[i - from] = 0;
-    for (size_t k : downsample_indices(step_at.size(), max_points)) keep[step_at[k] - from] = 1;
+  const size_t end = reset ? recs.size() : from + std::min(max_records, recs.size() - from);
+  std::vector<size_t> thin_at;  // indices (into recs) of the thinned records of the answer
+  for (size_t i = from; i < end; ++i)
+    if (thinned(recs[i])) thin_at.push_back(i);
+  std::vector<char> keep(end - from, 1);
+  if (thin_at.size() > max_points) {
+    for (size_t i : thin_at) keep[i - from] = 0;
+    for (size_t k : downsample_indices(thin_at.size(), max_points)) keep[thin_at[k] - from] = 1;
   }
-  nlohmann::json out = {{"generation", log_.generation()},
-                        {"next", recs.size()},
+  nlohmann::json out = {{"generation", log.generation()},
+                        {"next", end},
                         {"reset", reset},
                         {"records", nlohmann::json::array()}};
-  for (size_t i = from; i < recs.size(); ++i)
+  for (size_t i = from; i < end; ++i)
     if (keep[i - from]) out["records"].push_back(recs[i]);
   return out;
+}
+
+}  // namespace
+
+nlohmann::json RunFolder::records_since(uint64_t generation, size_t from, size_t max_points, size_t max_records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return answer_since(log_, generation, from, max_points, max_records,
+                      [](const nlohmann::json& r) { return r.value("type", "") == "step"; });
+}
+
+nlohmann::json RunFolder::health_since(uint64_t generation, size_t from, size_t max_points, size_t max_records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A round that raised a warning is never thinned out: the page marks it on the time axis.
+  return answer_since(health_, generation, from, max_points, max_records,
+                      [](const nlohmann::json& r) { return !r.contains("events"); });
 }
 
 }  // namespace trident::dashboard

@@ -1,6 +1,6 @@
-// What `trident dashboard` and `trident report` know about a training run: its folder's metrics.jsonl read
-// incrementally while the run writes it, plus the run's status, restarts, checkpoint configuration and, for a
-// failed or hung run, `trident inspect`'s explanation of its flight-recorder dumps.
+// What `trident dashboard` and `trident report` know about a training run: its folder's metrics.jsonl and
+// health.jsonl (the health monitor's rounds) read incrementally while the run writes them, plus the run's
+// status, restarts, checkpoint configuration and, for a failed or hung run, `trident inspect`'s explanation of its flight-recorder dumps.
 //
 // MetricsLog: a growing JSON-lines file read from where the last read stopped. An incomplete last line (a
 // record being written) waits for the next read; a complete line that is not a JSON object is skipped and
@@ -16,6 +16,7 @@
 // (the HTTP server's workers; one mutex); MetricsLog is one thread's. Blocking: file reads only. No timeouts.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -61,18 +62,27 @@ class RunFolder {
   // {id, name, dir, status, restarts, steps, evals, generation, bad_lines, checkpoint, inspect}: status is
   // "finished" (a final or measured record), "failed" / "hung" (flight-recorder dumps; inspect holds their
   // explanation), "running" (metrics written in the last `live_s` seconds) or "stopped".
-  nlohmann::json summary(double live_s = 30.0);
+  // `max_age_s`: a summary of the same records computed that recently is returned as is (the event streams
+  // share one instead of each reading the folder).
+  nlohmann::json summary(double live_s = 30.0, double max_age_s = 0);
   // {generation, next, reset, records}: the records from index `from` of generation `generation`, or every
   // record (reset: true) when the generation changed or `from` is past the end. The step records of the
   // answer are thinned to at most `max_points` (downsample_indices; other records all come), so a first
   // load of a long run stays small while later polls, which ask for the few new records, get each one.
-  nlohmann::json records_since(uint64_t generation, size_t from, size_t max_points);
+  // Unless the answer resets, it holds at most `max_records` records (`next` says where the rest begin).
+  nlohmann::json records_since(uint64_t generation, size_t from, size_t max_points,
+                               size_t max_records = static_cast<size_t>(-1));
+  // The same over health.jsonl (the health monitor's rounds, train/health.h; a missing file reads as no
+  // records): rounds are thinned to `max_points`, except those that raised events, which always come.
+  nlohmann::json health_since(uint64_t generation, size_t from, size_t max_points,
+                              size_t max_records = static_cast<size_t>(-1));
 
  private:
   std::mutex mu_;
   std::string dir_;
   int id_;
   MetricsLog log_;
+  MetricsLog health_;  // health.jsonl
   // Record counts by type, kept up to date incrementally (a poll of a long run costs its new records only).
   struct Counts {
     uint64_t generation = 0;
@@ -80,6 +90,10 @@ class RunFolder {
     int runs = 0, steps = 0, evals = 0;
     bool finished = false;
   } counts_;
+  nlohmann::json cached_;  // the last summary, of `cached_count_` records of generation `cached_generation_`
+  uint64_t cached_generation_ = 0;
+  size_t cached_count_ = 0;
+  std::chrono::steady_clock::time_point cached_at_;
 };
 
 }  // namespace trident::dashboard

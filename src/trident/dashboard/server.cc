@@ -3,10 +3,13 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string_view>
 
 #include "trident/core/error.h"
@@ -96,6 +99,7 @@ std::string render_report(const std::vector<std::string>& run_dirs, size_t max_p
     RunFolder run(d, id++);
     nlohmann::json r = run.summary();
     r["data"] = run.records_since(0, 0, max_points);
+    r["health"] = run.health_since(0, 0, max_points);
     data["runs"].push_back(std::move(r));
   }
   std::string page = assets::kIndexHtml;
@@ -108,13 +112,19 @@ std::string render_report(const std::vector<std::string>& run_dirs, size_t max_p
 }
 
 DashboardServer::DashboardServer(const std::vector<std::string>& run_dirs, ServerOptions options)
-    : o_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : o_(std::move(options)),
+      server_id_(std::random_device{}() & 0x7fffffffu),
+      hub_(o_.max_streams),
+      http_(std::make_unique<httplib::Server>()) {
+  o_.stream.first_max_points = o_.default_max_points;
   if (run_dirs.empty()) TRIDENT_THROW(InvalidArgument, "dashboard: name at least one run folder (a train --out_dir)");
   if (!have_chart_library())
     TRIDENT_THROW(InvalidArgument, "this trident was built without uPlot, which the page draws its charts with: run "
                                    "scripts/deps.sh build (npm's uplot), re-run cmake and rebuild");
   int id = 0;
   for (const auto& d : run_dirs) runs_.push_back(std::make_unique<RunFolder>(d, id++));
+  // A write to a client that hung up (an event stream's, most often) must fail, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
   routes();
 }
 
@@ -129,6 +139,11 @@ void DashboardServer::routes() {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Each connection holds a worker: event streams for as long as the page is open, other requests for a
+  // keep-alive second at most.
+  const size_t workers = static_cast<size_t>(std::max(o_.max_streams, 0)) + 16;
+  s.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  s.set_keep_alive_timeout(1);
   s.set_read_timeout(5, 0);
   s.set_write_timeout(5, 0);
   s.set_payload_max_length(64 << 10);  // GET requests carry no body worth reading
@@ -150,9 +165,10 @@ void DashboardServer::routes() {
   // Unmatched paths (traversal attempts included: no route takes a path) and other methods.
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.body.empty())
-      send_error(res, res.status, res.status == 404 ? "not found: the dashboard serves /, /assets/<its files>, "
-                                                      "/api/runs and /api/runs/<id>/records"
-                                                    : "bad request");
+      send_error(res, res.status,
+                 res.status == 404 ? "not found: the dashboard serves /, /assets/<its files>, /api/runs, "
+                                     "/api/runs/<id>/records, /api/runs/<id>/health and /api/events"
+                                   : "bad request");
   });
   s.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(served_page(), "text/html; charset=utf-8");
@@ -174,20 +190,54 @@ void DashboardServer::routes() {
     for (auto& r : runs_) j["runs"].push_back(r->summary());
     res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), kJson);
   });
-  s.Get(R"(/api/runs/([0-9]{1,9})/records)", [this](const httplib::Request& req, httplib::Response& res) {
-    const long id = std::stol(req.matches[1]);
-    if (id < 0 || id >= static_cast<long>(runs_.size()))
-      return send_error(res, 404,
-                        "no run " + std::to_string(id) + ": this dashboard serves runs 0.." +
-                            std::to_string(runs_.size() - 1) + " (/api/runs lists them)");
-    std::string err;
-    const auto gen = query_uint(req, "generation", 0, std::numeric_limits<uint32_t>::max(), err);
-    const auto from = query_uint(req, "from", 0, std::numeric_limits<uint32_t>::max(), err);
-    const auto maxp = query_uint(req, "max_points", o_.default_max_points, 1'000'000, err);
-    if (!gen || !from || !maxp) return send_error(res, 400, err);
-    const auto j = runs_[static_cast<size_t>(id)]->records_since(*gen, *from, *maxp);
-    res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), kJson);
+  s.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) {
+    std::vector<StreamCursor> from(runs_.size());
+    if (req.has_header("Last-Event-ID")) {
+      std::string err;
+      auto parsed = parse_last_event_id(req.get_header_value("Last-Event-ID"), server_id_, runs_.size(), err);
+      if (!parsed) return send_error(res, 400, err);
+      from = std::move(*parsed);
+    }
+    if (!hub_.try_enter()) {
+      res.set_header("Retry-After", "5");
+      return send_error(res, 503,
+                        "dashboard: " + std::to_string(o_.max_streams) +
+                            " event streams are open (one per page): close a page, or poll /api/runs/<id>/records");
+    }
+    std::vector<RunFolder*> runs;
+    for (auto& r : runs_) runs.push_back(r.get());
+    auto stream = std::make_shared<EventStream>(std::move(runs), std::move(from), server_id_, o_.stream, hub_);
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [stream](size_t, httplib::DataSink& sink) {
+          try {
+            return stream->pump([&sink](const std::string& text) { return sink.write(text.data(), text.size()); });
+          } catch (const std::exception&) {
+            return false;  // the library would not catch it here: end this stream, keep the server
+          }
+        },
+        [this](bool) { hub_.leave(); });
   });
+  // A run's records of metrics.jsonl or of health.jsonl, from a cursor (the page's polling fallback).
+  for (const bool health : {false, true}) {
+    const std::string path = health ? R"(/api/runs/([0-9]{1,9})/health)" : R"(/api/runs/([0-9]{1,9})/records)";
+    s.Get(path, [this, health](const httplib::Request& req, httplib::Response& res) {
+      const long id = std::stol(req.matches[1]);
+      if (id < 0 || id >= static_cast<long>(runs_.size()))
+        return send_error(res, 404,
+                          "no run " + std::to_string(id) + ": this dashboard serves runs 0.." +
+                              std::to_string(runs_.size() - 1) + " (/api/runs lists them)");
+      std::string err;
+      const auto gen = query_uint(req, "generation", 0, std::numeric_limits<uint32_t>::max(), err);
+      const auto from = query_uint(req, "from", 0, std::numeric_limits<uint32_t>::max(), err);
+      const auto maxp = query_uint(req, "max_points", o_.default_max_points, 1'000'000, err);
+      if (!gen || !from || !maxp) return send_error(res, 400, err);
+      RunFolder& run = *runs_[static_cast<size_t>(id)];
+      const auto j = health ? run.health_since(*gen, *from, *maxp) : run.records_since(*gen, *from, *maxp);
+      res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), kJson);
+    });
+  }
 }
 
 int DashboardServer::bind() {
@@ -211,7 +261,10 @@ void DashboardServer::serve() { http_->listen_after_bind(); }
 
 bool DashboardServer::running() const { return http_->is_running(); }
 
+int DashboardServer::active_streams() const { return hub_.active(); }
+
 void DashboardServer::stop() {
+  hub_.stop();
   if (http_) http_->stop();
 }
 

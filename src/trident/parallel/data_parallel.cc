@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "trident/core/error.h"
+#include "trident/core/timeline.h"
 #include "trident/core/log.h"
 #include "trident/optim/schedule.h"
 
@@ -271,7 +272,10 @@ void DataParallel::wait_unit(size_t ui) {
   gather_unit(ui);
   const auto [b, e] = punits_[ui];
   if (param_state_[ui] == ParamState::kInFlight) {
-    gather_work_[ui]->wait();
+    {
+      ScopedSpan span(SpanKind::kComm, "all_gather(zero3 unit)");
+      gather_work_[ui]->wait();
+    }
     gather_work_[ui].reset();
     storage_->after_param_gather(b, e);
     set_unit_state(ui, ParamState::kGathered);

@@ -4,6 +4,7 @@
 
 #include "trident/comm/collective.h"
 #include "trident/core/error.h"
+#include "trident/core/timeline.h"
 #include "trident/nn/flat_model.h"
 #include "trident/parallel/dp_storage.h"
 
@@ -171,11 +172,15 @@ class Zero1 : public Ddp {
       // In place: this rank's block of the stored buffer is its updated shard (no staging).
       st.update(mine, full + shard_begin_ * e, lr);
       if (c_.world == 1) return;
+      ScopedSpan span(SpanKind::kComm, "all_gather(dp params)");
       c_.pg->all_gather(full + shard_begin_ * e, full, s, st.dtype());
     } else {  // the buffer is shorter than world x shard: gather through padded staging
       kernels::DeviceArray<char> stage(c_.ops, s * e), all(c_.ops, c_.padded * e);
       st.update(mine, stage.data(), lr);
-      c_.pg->all_gather(stage.data(), all.data(), s, st.dtype());
+      {
+        ScopedSpan span(SpanKind::kComm, "all_gather(dp params)");
+        c_.pg->all_gather(stage.data(), all.data(), s, st.dtype());
+      }
       c_.ops.copy(full, all.data(), n * e);
     }
     c_.account(OpKind::kAllGather, static_cast<double>(c_.padded * e));
@@ -219,7 +224,10 @@ class Zero2 : public ShardingStrategy {
   double grad_sq_norm(StoragePolicy& s) override {
     double sq = 0;
     for (const auto& u : units_) sq += s.sum_squares(bytes(s.grad_shard()) + u.shard_offset * s.elem(), u.mine_count);
-    if (c_.world > 1) c_.pg->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
+    if (c_.world > 1) {
+      ScopedSpan span(SpanKind::kComm, "all_reduce(dp grad norm)");
+      c_.pg->all_reduce(&sq, 1, DType::kFloat64, ReduceOp::kSum);
+    }
     return sq;
   }
 
@@ -238,6 +246,7 @@ class Zero2 : public ShardingStrategy {
       works.push_back(c_.pg->all_gatherv_async(mine.data() + u.shard_offset * e, full + u.begin * e, counts_[i], s.dtype()));
       c_.account(OpKind::kAllGather, static_cast<double>(u.piece * static_cast<size_t>(c_.world) * e));
     }
+    ScopedSpan span(SpanKind::kComm, "all_gather(dp params)");
     for (auto& w : works) w->wait();
   }
 

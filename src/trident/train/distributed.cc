@@ -86,10 +86,12 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     pg->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
     return v;
   };
+  if (pg->size() > 1) hooks.gather_ranks = gather_ranks_over(pg);
   // ZeRO-3 initializes each rank's own pieces of a fresh model (DataParallel), never the whole model.
   hooks.defer_initialization = dpo.strategy == parallel::Strategy::kZero3;
   hooks.on_ready = [&](nn::Model& model) {
     loop.before(cfg, *trainer, model, pg.get(), opts, out);  // before DataParallel installs its hooks
+    trainer->emit_record(mesh_record({1, 1, pg->size(), "tp-dp-pp"}));
     dpo.adamw.eps = trainer->optimizer().config().eps;
     dp = std::make_unique<parallel::DataParallel>(model, pg, dpo);
     dp->broadcast_parameters();
@@ -132,7 +134,8 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   // Persistent memory between steps, as of the last step: the final checkpoint and evaluation may gather
   // zero3's parameters afterwards (until the next step), which is not what a step holds.
   std::map<std::string, double> step_memory;
-  HealthMonitor health(pg, {}, HealthOptions::from_env());
+  HealthMonitor health(pg, {}, HealthOptions::from_env(),
+                       (std::filesystem::path(cfg.out_dir) / "health.jsonl").string());
   hooks.annotate_step = [&](nlohmann::json& rec) {
     health.annotate(rec);
     double peak = peak_rss_bytes();  // the largest rank's high-water mark (every rank annotates each step)
@@ -189,6 +192,24 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   }
   pg->barrier();
   return res;
+}
+
+nlohmann::json mesh_record(const parallel::MeshShape& shape) {
+  nlohmann::json rec = {{"type", "mesh"}, {"tp", shape.tp}, {"pp", shape.pp}, {"dp", shape.dp}, {"order", shape.order},
+                        {"ranks", nlohmann::json::array()}};
+  for (int r = 0; r < shape.tp * shape.pp * shape.dp; ++r) {
+    const parallel::MeshCoord c = parallel::mesh_coord(shape, r);
+    rec["ranks"].push_back({{"rank", r}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
+  }
+  return rec;
+}
+
+std::function<std::vector<double>(const std::vector<double>&)> gather_ranks_over(std::shared_ptr<ProcessGroup> world) {
+  return [world](const std::vector<double>& mine) {
+    std::vector<double> all(mine.size() * static_cast<size_t>(world->size()));
+    world->all_gather(mine.data(), all.data(), mine.size(), DType::kFloat64);
+    return all;
+  };
 }
 
 void check_backend(const TrainConfig& cfg, const DistributedOptions& opts) {

@@ -24,10 +24,13 @@
 // any communication (check_parallel_layout lets a launcher refuse it before starting ranks).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trident/comm/process_group.h"
+#include "trident/parallel/mesh_shape.h"
 #include "trident/train/trainer.h"
 
 namespace trident::train {
@@ -47,6 +50,15 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
 // The same over an existing world group (tests run ranks over a FileStore); world may be null for one process.
 TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& opts, TrainerHooks hooks,
                               std::shared_ptr<ProcessGroup> world);
+
+// The metrics record of the mesh a run trains on: {"type": "mesh", tp, pp, dp, order, "ranks": [{rank, tp, pp,
+// dp}...]} in world-rank order, each coordinate from parallel::mesh_coord (the arithmetic the DeviceMesh
+// builds its groups with), so a reader shows where each rank sat without knowing the axis order's rule.
+// A data-parallel run is tp 1 x pp 1 x dp world.
+nlohmann::json mesh_record(const parallel::MeshShape& shape);
+
+// TrainerHooks::gather_ranks over `world` (an all-gather of float64s; collective).
+std::function<std::vector<double>(const std::vector<double>&)> gather_ranks_over(std::shared_ptr<ProcessGroup> world);
 
 // Checks the backend against the device (nccl needs cuda); throws InvalidArgument naming the fix. Pure.
 void check_backend(const TrainConfig& cfg, const DistributedOptions& opts);

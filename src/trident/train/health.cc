@@ -1,8 +1,11 @@
 #include "trident/train/health.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -115,6 +118,7 @@ int HealthDetector::update(Series& s, int64_t step, double value, bool higher_is
 
 std::vector<HealthEvent> HealthDetector::add(const HealthSample& sample) {
   std::vector<HealthEvent> events;
+  round_ = HealthRound{};
   auto first_bad = [](const Series& s) {
     for (const Entry& e : s.window)
       if (e.bad) return e.step;
@@ -128,6 +132,7 @@ std::vector<HealthEvent> HealthDetector::add(const HealthSample& sample) {
     Series& s = links_[{l.src, l.dst}];
     const double bw = static_cast<double>(l.bytes) / static_cast<double>(l.ns);
     const int change = update(s, sample.step, bw, false, {});
+    round_.links.push_back({l.src, l.dst, bw, s.baseline});
     if (change == 0) continue;
     HealthEvent e;
     e.src = l.src;
@@ -173,6 +178,7 @@ std::vector<HealthEvent> HealthDetector::add(const HealthSample& sample) {
     entry.collectives = static_cast<int>(sample.collective_s.size());
     entry.late = std::move(late[r]);
     const int change = update(s, sample.step, total[r], true, std::move(entry));
+    round_.ranks.push_back({total[r], s.baseline});
     if (change == 0) continue;
     HealthEvent e;
     e.src = r;
@@ -201,8 +207,8 @@ std::vector<HealthEvent> HealthDetector::add(const HealthSample& sample) {
 }
 
 HealthMonitor::HealthMonitor(std::shared_ptr<ProcessGroup> group, std::vector<std::shared_ptr<ProcessGroup>> counters,
-                             HealthOptions options)
-    : group_(std::move(group)), counters_(std::move(counters)), o_(options) {
+                             HealthOptions options, std::string log_path)
+    : group_(std::move(group)), counters_(std::move(counters)), o_(options), log_path_(std::move(log_path)) {
   if (!group_) return;
   bool has = false;
   for (auto& g : counters_) has |= g == group_;
@@ -307,7 +313,58 @@ std::vector<HealthEvent> HealthMonitor::check(int64_t step) {
     if (e.warning()) log_warn("health: {}", e.message);
     else log_info("health: {}", e.message);
   }
+  if (!log_path_.empty()) log_round(step, events);
   return events;
+}
+
+HealthMonitor::~HealthMonitor() {
+  if (log_ != nullptr) std::fclose(log_);
+}
+
+void HealthMonitor::log_round(int64_t step, const std::vector<HealthEvent>& events) {
+  if (log_ == nullptr) {
+    // A resumed job rewrites the file with the rounds before its first step (a crashed run may have logged
+    // more), as the trainer does metrics.jsonl; a fresh one (step 0) starts it empty.
+    std::string kept;
+    if (std::FILE* in = std::fopen(log_path_.c_str(), "r")) {
+      char buf[1 << 16];
+      std::string text;
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) text.append(buf, n);
+      std::fclose(in);
+      for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) {
+        const std::string_view line(text.data() + at, nl + 1 - at);
+        const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (r.is_object() && r.value("step", step) < step) kept += line;
+      }
+    }
+    log_ = std::fopen(log_path_.c_str(), "w");
+    if (log_ == nullptr) {
+      log_warn("health: cannot write '{}': {}; the rounds are not logged", log_path_, detail::errno_string(errno));
+      log_path_.clear();
+      return;
+    }
+    std::fputs(kept.c_str(), log_);
+  }
+  const HealthRound& round = detector_->last_round();
+  const auto baseline = [](double x, double scale) { return x < 0 ? nlohmann::json() : nlohmann::json(x * scale); };
+  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+  nlohmann::json rec = {{"step", step},
+                        {"time", std::chrono::duration<double>(since_epoch).count()},
+                        {"links", nlohmann::json::array()},
+                        {"ranks", nlohmann::json::array()}};
+  for (const auto& l : round.links)
+    rec["links"].push_back({{"src", group_->global_rank(l.src)},
+                            {"dst", group_->global_rank(l.dst)},
+                            {"gbps", l.gbps},
+                            {"baseline_gbps", baseline(l.baseline_gbps, 1)}});
+  for (size_t r = 0; r < round.ranks.size(); ++r)
+    rec["ranks"].push_back({{"rank", group_->global_rank(static_cast<int>(r))},
+                            {"late_ms", round.ranks[r].late_s * 1e3},
+                            {"baseline_ms", baseline(round.ranks[r].baseline_s, 1e3)}});
+  for (const HealthEvent& e : events) rec["events"].push_back(e.to_json());
+  const std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fputs(line.c_str(), log_);
+  std::fflush(log_);
 }
 
 void HealthMonitor::annotate(nlohmann::json& rec) {

@@ -13,13 +13,21 @@
 // it, so a rank's lateness at a collective is the others' (median) time inside it minus its own.
 //
 // HealthDetector is the decision alone (fed synthetic series by its tests); HealthMonitor gathers the
-// counters and feeds it. Thresholds come from the TRIDENT_HEALTH_* variables (core/env.cc); the defaults
-// never fire on a healthy run (a bad step needs half the bandwidth or 50 ms of lateness, in 6 of 8 steps).
+// counters and feeds it. With a log path, rank 0 also appends each round's measurements to it (the run's
+// health.jsonl, one JSON object per line, flushed per round, so a crash leaves at most a torn last line):
+//   {"step", "time" (Unix seconds), "links": [{"src", "dst", "gbps", "baseline_gbps"}],
+//    "ranks": [{"rank", "late_ms", "baseline_ms"}], "events": [HealthEvent::to_json()...]}
+// ranks are global ranks; a baseline is null until measured; late_ms is the rank's lateness summed over
+// the step's collectives; events (warnings and recoveries) only when some were raised. A job that starts
+// at step s (a resume) keeps the file's rounds before s and drops the rest, as metrics.jsonl does.
+// Thresholds come from the TRIDENT_HEALTH_* variables (core/env.cc); the defaults never fire
+// on a healthy run (a bad step needs half the bandwidth or 50 ms of lateness, in 6 of 8 steps).
 // Ownership: the trainer's wiring owns one monitor per job. Thread-safety: one thread. Blocking: check()
-// is a collective on the monitored group (its deadline).
+// is a collective on the monitored group (its deadline), plus on rank 0 one buffered append to the log.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
@@ -73,12 +81,28 @@ struct HealthSample {
   std::vector<std::vector<double>> collective_s;
 };
 
+// What one add() measured: each judged link's bandwidth and each rank's lateness, beside their baselines
+// (< 0 until measured). Indices as in the sample.
+struct HealthRound {
+  struct Link {
+    int src = 0, dst = 0;
+    double gbps = 0, baseline_gbps = -1;  // bytes per ns
+  };
+  struct Rank {
+    double late_s = 0, baseline_s = -1;
+  };
+  std::vector<Link> links;
+  std::vector<Rank> ranks;  // empty when the step had no collective every rank reported
+};
+
 class HealthDetector {
  public:
   // names[r]: how rank r is named in messages ("host1/rank 3").
   HealthDetector(HealthOptions options, std::vector<std::string> names);
   // Adds one step; returns the warnings (and recoveries) it raises.
   std::vector<HealthEvent> add(const HealthSample& sample);
+  // The measurements of the last add().
+  const HealthRound& last_round() const { return round_; }
 
  private:
   struct Entry {
@@ -102,15 +126,19 @@ class HealthDetector {
   std::vector<std::string> names_;
   std::map<std::pair<int, int>, Series> links_;
   std::vector<Series> ranks_;
+  HealthRound round_;
 };
 
 class HealthMonitor {
  public:
   // `group`: the group the check gathers on and whose collectives' times name stragglers; `counters`: the
   // groups whose per-peer counters make up the links (`group` is added when missing). Groups of one rank, or
-  // options.enabled false: check() does nothing.
+  // options.enabled false: check() does nothing. `log_path`: where rank 0 appends each round ("": nowhere).
   HealthMonitor(std::shared_ptr<ProcessGroup> group, std::vector<std::shared_ptr<ProcessGroup>> counters,
-                HealthOptions options);
+                HealthOptions options, std::string log_path = "");
+  ~HealthMonitor();
+  HealthMonitor(const HealthMonitor&) = delete;
+  HealthMonitor& operator=(const HealthMonitor&) = delete;
   // Every rank of the group calls it after each step (a collective). On rank 0 the new events are printed
   // (warnings as warnings) and returned; other ranks get none.
   std::vector<HealthEvent> check(int64_t step);
@@ -124,6 +152,10 @@ class HealthMonitor {
   std::vector<uint64_t> last_counts_;           // per group rank: link counters at the previous check
   uint64_t last_seq_ = 0;                        // collectives up to this one were sent already
   std::unique_ptr<HealthDetector> detector_;     // rank 0
+  // Rank 0's log: opened at the first round (keeping the rounds before it), one line per round.
+  void log_round(int64_t step, const std::vector<HealthEvent>& events);
+  std::string log_path_;
+  std::FILE* log_ = nullptr;
 };
 
 }  // namespace trident

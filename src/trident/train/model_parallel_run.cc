@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 
 #include "trident/comm/process_group.h"
@@ -242,6 +243,7 @@ void ModelParallelRun::build_around_model(nn::Model& model) {
     };
     loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, out, rehearse);
   }
+  trainer->emit_record(mesh_record(mesh->shape()));
   if (dp_size > 1) {
     parallel::DataParallelOptions dpo;
     dpo.strategy = parallel::parse_strategy(opts.parallel);
@@ -317,10 +319,11 @@ void ModelParallelRun::install_step_hooks(TrainerHooks& hooks) {
     if (dp_size > 1) mesh->dp_group()->all_reduce(&v, 1, DType::kFloat64, ReduceOp::kAvg);
     return v;
   };
+  hooks.gather_ranks = gather_ranks_over(pg);
   health = std::make_unique<HealthMonitor>(
       pg, std::vector<std::shared_ptr<ProcessGroup>>{mesh->tp_group(), mesh->pp_group(), mesh->dp_group(),
                                                      mesh->embedding_group()},
-      HealthOptions::from_env());
+      HealthOptions::from_env(), (std::filesystem::path(cfg.out_dir) / "health.jsonl").string());
   hooks.annotate_step = [this](nlohmann::json& rec) {
     clock.step_s += static_cast<double>(Timeline::now_ns() - clock.step_t0) * 1e-9;
     health->annotate(rec);

@@ -12,6 +12,7 @@
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/core/timeline.h"
 #include "trident/data/file_io.h"
 #include "trident/data/rng.h"
 #include "trident/kernels/cpu/isa.h"
@@ -29,6 +30,63 @@ namespace fs = std::filesystem;
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Where one training step's time went on this rank. Every instant of the step falls in exactly one segment
+// (lap() measures from the previous mark), so the parts add up to the step time. All five are measured:
+//   data       sampling the step's batches;
+//   compute    forward and backward (the micro-steps), less the waits inside them;
+//   comm       exposed communication: the time this thread waited on collectives, namely the whole
+//              after_backward hook (finishing the gradient all-reduces that backward did not hide), the loss
+//              average, and the collectives' kComm spans inside compute and the optimizer (tensor-parallel
+//              all-reduces, ZeRO gathers, the clip norm's all-reduce; core/timeline.h take_thread_waits());
+//              collectives that run while this thread computes are hidden, not counted;
+//   bubble     the pipeline's sends and receives waited on inside the micro-steps: under a pipeline schedule
+//              a stage waits on its neighbour mostly while it has no work, which is the bubble;
+//   optimizer  zeroing gradients, clipping and the update, less the waits inside them.
+class StepSplit {
+ public:
+  enum Part { kCompute, kComm, kBubble, kData, kOptimizer, kParts };
+  static constexpr const char* kNames[kParts] = {"compute", "comm", "bubble", "data", "optimizer"};
+
+  explicit StepSplit(Clock::time_point t0) : mark_(t0) { take_thread_waits(); }
+  // The time since the last lap is `part`'s, except this thread's waits inside it, which go to comm and
+  // bubble (a comm segment is comm whole).
+  void lap(Part part) {
+    const Clock::time_point now = Clock::now();
+    const double d = std::chrono::duration<double>(now - mark_).count();
+    mark_ = now;
+    const ThreadWaits w = take_thread_waits();
+    if (part == kComm) {
+      s_[kComm] += d;
+      return;
+    }
+    const double coll = std::min(d, 1e-9 * static_cast<double>(w.collective_ns));
+    const double pipe = std::min(d - coll, 1e-9 * static_cast<double>(w.pipeline_ns));
+    s_[kComm] += coll;
+    s_[kBubble] += pipe;
+    s_[part] += d - coll - pipe;
+  }
+  double total() const {
+    double t = 0;
+    for (double x : s_) t += x;
+    return t;
+  }
+  // {step, compute, comm, bubble, data, optimizer} in milliseconds from [total, parts...] in seconds.
+  static nlohmann::json to_json_ms(const double* v) {
+    nlohmann::json j = {{"step", 1e3 * v[0]}};
+    for (int p = 0; p < kParts; ++p) j[kNames[p]] = 1e3 * v[1 + p];
+    return j;
+  }
+  std::vector<double> values() const {
+    std::vector<double> v = {total()};
+    v.insert(v.end(), s_, s_ + kParts);
+    return v;
+  }
+
+ private:
+  Clock::time_point mark_;
+  double s_[kParts] = {};
+};
 
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -409,24 +467,32 @@ TrainResult Trainer::run() {
     if (it == kill_at) ::kill(::getpid(), SIGKILL);
 
     const Clock::time_point t0 = Clock::now();
+    StepSplit split(t0);
     double lr = cfg_.decay_lr ? optim::lr_at(static_cast<int>(it), cfg_.warmup_iters, cfg_.lr_decay_iters,
                                              static_cast<float>(cfg_.learning_rate), static_cast<float>(cfg_.min_lr))
                               : cfg_.learning_rate;
     model_->zero_grad();
+    split.lap(StepSplit::kOptimizer);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       if (hooks_.before_micro) hooks_.before_micro(micro, accum);
+      split.lap(StepSplit::kCompute);
       sampler_->sample(it, micro, hooks_.rank * B, B, x.data(), y.data());
+      split.lap(StepSplit::kData);
       loss_sum += micro_step(x.data(), y.data(), B, T, true, 1.0f / static_cast<float>(accum));
+      split.lap(StepSplit::kCompute);
     }
     if (hooks_.after_backward) hooks_.after_backward(*model_);
+    split.lap(StepSplit::kComm);
     // The pre-clip global norm (with model parallelism over all shards; grad_clip 0 only measures it) and
     // the loss are the same on every rank: a non-finite one stops or skips the step everywhere alike.
     const float max_norm = static_cast<float>(cfg_.grad_clip);
     const double grad_norm = hooks_.clip ? hooks_.clip(*model_, max_norm)
                                          : optim::clip_grad_norm(kernels::device_ops(model_->device()),
                                                                    model_->grad_data(), model_->num_params(), max_norm);
+    split.lap(StepSplit::kOptimizer);
     const double loss = hooks_.average(loss_sum / accum);
+    split.lap(StepSplit::kComm);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && cfg_.on_nonfinite != "skip") {
       const std::string param = first_nonfinite_gradient();
@@ -440,7 +506,8 @@ TrainResult Trainer::run() {
     if (!finite) ++res.nonfinite_skips;
     else if (hooks_.step) hooks_.step(static_cast<float>(lr));
     else opt_->step(static_cast<float>(lr));
-    double dt = seconds_since(t0);
+    split.lap(StepSplit::kOptimizer);
+    const double dt = split.total();  // t0 to the last lap
     run_seconds_ += dt;
     run_tokens_ += tokens_per_step;
     ema_step = ema_step == 0 ? dt : 0.9 * ema_step + 0.1 * dt;
@@ -453,6 +520,15 @@ TrainResult Trainer::run() {
                           {"elapsed", seconds_since(t_start)},
                           {"peak_rss_bytes", peak_rss_bytes()}};  // this process's high-water mark (VmHWM)
     if (std::isfinite(grad_norm)) rec["grad_norm"] = grad_norm;
+    const std::vector<double> mine = split.values();
+    rec["time_ms"] = StepSplit::to_json_ms(mine.data());
+    if (hooks_.gather_ranks) {  // collective: every rank's split, in world-rank order
+      const std::vector<double> all = hooks_.gather_ranks(mine);
+      nlohmann::json ranks = nlohmann::json::array();
+      for (size_t at = 0; at + mine.size() <= all.size(); at += mine.size())
+        ranks.push_back(StepSplit::to_json_ms(&all[at]));
+      rec["time_ms_ranks"] = std::move(ranks);
+    }
     if (!finite) rec["skipped"] = true;
     if (res.nonfinite_skips > 0) rec["nonfinite_skips"] = res.nonfinite_skips;
     if (hooks_.annotate_step) hooks_.annotate_step(rec);

@@ -22,7 +22,9 @@
 // world*B (so N ranks see exactly the windows of one process with batch N*B). Hooks average scalars.
 //
 // Outputs: out_dir/metrics.jsonl gets one JSON record per step {"type":"step", step, loss, lr,
-// tokens_per_s, elapsed, grad_norm (the pre-clip global norm)} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
+// tokens_per_s, elapsed, grad_norm (the pre-clip global norm), time_ms: {step, compute, comm, bubble, data,
+// optimizer} (where this rank's step went, trainer.cc StepSplit; time_ms_ranks: every rank's, with
+// gather_ranks)} and per evaluation {"type":"eval", step, train_loss, val_loss}; with json=true the
 // same records go to stdout instead of the progress line, which otherwise redraws in place on a terminal
 // (isatty) and prints a plain line every log_interval steps elsewhere. Only rank 0 writes files and prints.
 //
@@ -101,6 +103,9 @@ struct TrainerHooks {
   std::function<void(const TrainResult&)> on_finished;
   // Mean of a scalar over ranks (losses for logs and evaluation). Default: identity.
   std::function<double(double)> average;
+  // Every world rank's copy of a few doubles (the same count on each), concatenated in world-rank order
+  // (collective, once per step: the step records' per-rank time split). Null: one rank, nothing gathered.
+  std::function<std::vector<double>(const std::vector<double>&)> gather_ranks;
   // Replaces model.forward_backward for training micro-steps and estimate_loss (model parallelism: the
   // pipeline engine or the sharded model). Same contract: returns the UNSCALED mean loss over B*T
   // positions (on every rank that calls it), gradients of loss * loss_scale when backward.

@@ -381,14 +381,53 @@ TEST(ModelParallelCli, TrainTp2Pp2Dp2AndEvalTheCheckpoint) {
   std::string tiny = " --data " + data + " --out_dir " + out +
                      " --n_layer 2 --n_head 2 --n_embd 16 --block_size 8 --batch_size 2 --max_iters 4"
                      " --eval_interval 4 --eval_iters 1 --sample_tokens 8 --threads 1";
-  CliResult r = cli("train --nproc 8 --tp 2 --pp 2 --dp 2" + tiny + " --trace " + trace);
+  CliResult r = cli("train --nproc 8 --tp 2 --pp 2 --dp 2 --mesh-order dp-tp-pp" + tiny + " --trace " + trace);
   ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("mesh: tp 2 x pp 2 x dp 2 (order tp-dp-pp), schedule 1f1b with 2 microbatches"),
+  EXPECT_NE(r.out.find("mesh: tp 2 x pp 2 x dp 2 (order dp-tp-pp), schedule 1f1b with 2 microbatches"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("where the time went"), std::string::npos) << r.out;
   for (int rank = 0; rank < 8; ++rank)
     EXPECT_EQ(count(r.out, fmt::format("  rank {} (tp", rank)), 1u) << "rank " << rank << ":\n" << r.out;
+  // The mesh record of metrics.jsonl (what the dashboard shows): under dp-tp-pp (dp innermost) rank r sits
+  // at these (tp, pp, dp), and each is the coordinate that rank's own DeviceMesh reported in the summary.
+  const int coords[8][3] = {{0, 0, 0}, {0, 0, 1}, {1, 0, 0}, {1, 0, 1}, {0, 1, 0}, {0, 1, 1}, {1, 1, 0}, {1, 1, 1}};
+  nlohmann::json mesh;
+  {
+    std::ifstream min(fs::path(out) / "metrics.jsonl");
+    for (std::string line; std::getline(min, line);)
+      if (auto rec = nlohmann::json::parse(line, nullptr, false); rec.is_object() && rec.value("type", "") == "mesh")
+        mesh = rec;
+  }
+  ASSERT_TRUE(mesh.is_object()) << "no mesh record in metrics.jsonl";
+  EXPECT_EQ(mesh["order"], "dp-tp-pp");
+  ASSERT_EQ(mesh["ranks"].size(), 8u) << mesh;
+  for (int rank = 0; rank < 8; ++rank) {
+    const auto& m = mesh["ranks"][rank];
+    EXPECT_EQ(m["rank"], rank) << mesh;
+    EXPECT_EQ(m["tp"], coords[rank][0]) << mesh;
+    EXPECT_EQ(m["pp"], coords[rank][1]) << mesh;
+    EXPECT_EQ(m["dp"], coords[rank][2]) << mesh;
+    const std::string own = fmt::format("  rank {} (tp {}, pp {}, dp {})", rank, m["tp"].get<int>(), m["pp"].get<int>(),
+                                        m["dp"].get<int>());
+    EXPECT_EQ(count(r.out, own), 1u) << own << " not in the summary:\n" << r.out;
+  }
+  // The health monitor's rounds: one per step, every rank's lateness in each.
+  {
+    std::ifstream hin(fs::path(out) / "health.jsonl");
+    int rounds = 0;
+    for (std::string line; std::getline(hin, line); ++rounds) {
+      const auto h = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(h.is_object()) << line;
+      EXPECT_EQ(h["step"], rounds) << line;
+      ASSERT_EQ(h["ranks"].size(), 8u) << line;
+      for (int k = 0; k < 8; ++k) {
+        EXPECT_EQ(h["ranks"][k]["rank"], k) << line;
+        EXPECT_GE(h["ranks"][k]["late_ms"].get<double>(), 0.0) << line;
+      }
+    }
+    EXPECT_EQ(rounds, 4);
+  }
   EXPECT_NE(r.out.find("mean bubble"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("sample:"), std::string::npos) << r.out;  // generated from the gathered model
   std::ifstream tin(trace);

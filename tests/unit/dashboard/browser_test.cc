@@ -1,7 +1,11 @@
 // The dashboard page in a real browser: headless Chromium (Debian's chromium, scripts/deps.sh) loads the page
 // from `trident dashboard` against a live 2-rank training run beside a finished one, and `trident report`'s
 // file offline, and the test reads the DOM it leaves (--dump-dom): the loss chart's points per run (the page
-// records them in data-points), the runs in uPlot's legend, the link the health records name marked slow.
+// records them in data-points), the runs in uPlot's legend, the link the health records name marked slow,
+// the records pushed by the event stream and the per-rank bars of where a step's time goes. The finished
+// run's health monitor logs its rounds (health.jsonl, over TCP links so that bandwidth is measured on one
+// host): the file's values are checked, and the page's link matrix and lateness chart drawn from them; the
+// mesh table shows the coordinates the run recorded.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -9,9 +13,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -38,12 +44,15 @@ std::string find_chromium() {
   return "";
 }
 
-// The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time (its polls included).
-std::string dump_dom(const std::string& chromium, const std::string& url, const fs::path& profile, int budget_ms = 4000) {
+// The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time, or with `live` of real
+// time: an open event stream is a fetch that never ends, and virtual time waits for pending fetches.
+std::string dump_dom(const std::string& chromium, const std::string& url, const fs::path& profile, int budget_ms = 4000,
+                     bool live = false) {
   ProcessRunner p({chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                    "--no-first-run", "--disable-extensions", "--user-data-dir=" + profile.string(),
                    "--enable-logging=stderr", "--v=0",  // the page's console (an uncaught exception) on stderr
-                   "--virtual-time-budget=" + std::to_string(budget_ms), "--window-size=1400,2000", "--dump-dom", url},
+                   (live ? "--timeout=" : "--virtual-time-budget=") + std::to_string(budget_ms),
+                   "--window-size=1400,2000", "--dump-dom", url},
                   trident::testing::make_env({}, {}));
   p.wait(60);  // to its exit (the guard kills a browser that hangs)
   for (size_t at = p.err().find("Uncaught"); at != std::string::npos; at = p.err().find("Uncaught", at + 1))
@@ -111,22 +120,74 @@ std::string status_of(const std::string& dom, const std::string& name) {
   return dom.substr(at + key.size(), dom.find('"', at + key.size()) - at - key.size());
 }
 
+// health.jsonl of a 2-rank run of `steps` steps: one round per step, both ranks' lateness in every round,
+// every measured link's bandwidth > 0, and each link's and rank's baseline null for its first
+// `baseline_after` measurements (warm-up + baseline - 1: the one that completes the baseline carries it) and
+// > 0 (lateness: >= 0) from then on.
+void check_health_log(const fs::path& file, int steps, int baseline_after) {
+  std::ifstream in(file);
+  int round = 0;
+  std::map<std::string, int> seen;  // measurements per link ("0-1") and rank ("r0")
+  size_t with_baseline = 0;
+  const auto check_baseline = [&](const std::string& key, const nlohmann::json& b, bool positive,
+                                  const std::string& line) {
+    if (seen[key]++ < baseline_after) {
+      EXPECT_TRUE(b.is_null()) << key << ": " << line;
+      return;
+    }
+    ASSERT_TRUE(b.is_number()) << key << ": " << line;
+    if (positive) EXPECT_GT(b.get<double>(), 0.0) << key << ": " << line;
+    else EXPECT_GE(b.get<double>(), 0.0) << key << ": " << line;
+  };
+  for (std::string line; std::getline(in, line); ++round) {
+    const auto r = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_TRUE(r.is_object()) << line;
+    if (!r.is_object()) continue;
+    EXPECT_EQ(r.value("step", -1), round) << line;
+    EXPECT_GT(r.value("time", 0.0), 1.7e9) << line;
+    EXPECT_FALSE(r.contains("events")) << "a warning in a run whose thresholds allow none: " << line;
+    EXPECT_EQ(r["ranks"].size(), 2u) << line;
+    for (size_t k = 0; k < r["ranks"].size(); ++k) {
+      EXPECT_EQ(r["ranks"][k]["rank"], k) << line;
+      EXPECT_GE(r["ranks"][k]["late_ms"].get<double>(), 0.0) << line;
+      check_baseline("r" + std::to_string(k), r["ranks"][k]["baseline_ms"], false, line);
+    }
+    for (const auto& l : r["links"]) {
+      const int src = l["src"], dst = l["dst"];
+      EXPECT_TRUE(src != dst && src >= 0 && src < 2 && dst >= 0 && dst < 2) << line;
+      EXPECT_GT(l["gbps"].get<double>(), 0.0) << line;
+      const std::string key = std::to_string(src) + "-" + std::to_string(dst);
+      with_baseline += seen[key] >= baseline_after;
+      check_baseline(key, l["baseline_gbps"], true, line);
+    }
+  }
+  EXPECT_EQ(round, steps);
+  EXPECT_GT(with_baseline, 0u) << "no link measured after its baseline in " << steps << " rounds";
+}
+
 TEST_F(DashboardBrowser, LiveTwoRankRunBesideAFinishedOne) {
   const std::string corpus = trident::testing::write_word_corpus(dir_.path);
   const fs::path live = dir_.path / "live", done = dir_.path / "done", other = dir_.path / "other";
   test::write_synthetic_run(other, 25, false);
   {  // A short 2-rank run, finished before the dashboard starts.
-    ProcessRunner train(train_argv(corpus, done, 60, 32), trident::testing::make_env({}, {}));
+    // Its ranks talk over TCP, whose links the health monitor measures by default (by the kernel's busy
+    // time, a few ms a tick: a short step's link often reads nothing, so each link's first measurement is
+    // its baseline); no warning (a loaded machine must not add a series to the charts).
+    ProcessRunner train(train_argv(corpus, done, 60, 32),
+                        trident::testing::make_env({}, {"TRIDENT_TRANSPORT=tcp", "TRIDENT_HEALTH_WARMUP=0",
+                                                         "TRIDENT_HEALTH_BASELINE=1", "TRIDENT_HEALTH_MIN_BYTES=1K",
+                                                         "TRIDENT_HEALTH_BANDWIDTH=0.001", "TRIDENT_HEALTH_LATE=600s"}));
     const auto st = train.wait(60);
     ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << train.out() << train.err();
   }
+  check_health_log(done / "health.jsonl", 60, 0);
   // A 2-rank run that trains while the page loads (tens of steps a second; stopped at the end).
   ProcessRunner train(train_argv(corpus, live, 1000000, 128), trident::testing::make_env({}, {}));
   ASSERT_TRUE(train.read_until([&] { return fs::exists(live / "metrics.jsonl") && steps_in(live / "metrics.jsonl") >= 3; }, 60))
       << train.out() << train.err();
   const std::string url = start_dashboard({live.string(), done.string(), other.string()});
   const size_t before = steps_in(live / "metrics.jsonl");
-  const std::string dom = dump_dom(chromium_, url, dir_.path / "profile", 2500);
+  const std::string dom = dump_dom(chromium_, url, dir_.path / "profile", 3500, /*live=*/true);
   const size_t after = steps_in(live / "metrics.jsonl");
   ::kill(train.pid(), SIGTERM);
   train.wait(30);
@@ -135,8 +196,13 @@ TEST_F(DashboardBrowser, LiveTwoRankRunBesideAFinishedOne) {
   const std::string series = attr_of(dom, "chart-loss", "data-series");
   EXPECT_EQ(series.find("live train|live val|"), 0u) << series << "\n" << dom.substr(0, 3000);
   EXPECT_NE(series.find("|done train|done val|other train|other val"), std::string::npos) << series;
-  // Loss points: the live run's between what its file held before and after the page loaded (the page
-  // polled it more than once); every step of the finished runs.
+  // Loss points: the live run's between what its file held before and after the page loaded (the stream
+  // pushed it more than once: more records events than the first load's one per run); every step of the
+  // finished runs.
+  EXPECT_NE(dom.find("id=\"mode\">live<"), std::string::npos) << "the page fell back to polling";
+  const size_t ev = dom.find("data-events=\"");
+  ASSERT_NE(ev, std::string::npos) << "no records event reached the page";
+  EXPECT_GT(std::stoul(dom.substr(ev + 13)), 3u) << "nothing was pushed after the first load";
   const std::string points = attr_of(dom, "chart-loss", "data-points");
   const size_t live_points = std::stoul(points.substr(0, points.find(',')));
   EXPECT_GE(live_points, before) << points;
@@ -147,6 +213,32 @@ TEST_F(DashboardBrowser, LiveTwoRankRunBesideAFinishedOne) {
   EXPECT_NE(dom.find("class=\"u-label\">other train<"), std::string::npos) << "third run not in the legend";
   EXPECT_EQ(status_of(dom, "live"), "running");
   EXPECT_EQ(status_of(dom, "done"), "finished");
+  // Where a step goes: one stacked bar per rank of the two real runs (the synthetic run has no split), each
+  // "compute:comm:bubble:data:optimizer" in ms, with compute and (two ranks) communication in it.
+  EXPECT_EQ(attr_of(dom, "chart-split", "data-bars"), "4");
+  std::istringstream bars(attr_of(dom, "chart-split", "data-split"));
+  int n = 0;
+  for (std::string bar; std::getline(bars, bar, '|'); ++n) {
+    double compute = 0, comm = 0;
+    ASSERT_EQ(std::sscanf(bar.c_str(), "%lf:%lf:", &compute, &comm), 2) << bar;
+    EXPECT_GT(compute, 0.0) << bar;
+    EXPECT_GT(comm, 0.0) << bar;
+  }
+  EXPECT_EQ(n, 4);
+  // The finished run's health: its link matrix at its last round, each link's ratio to its baseline drawn
+  // from health.jsonl (both links were measured after their baselines: the file check above), and both
+  // ranks' lateness charted; its mesh as the run recorded it (2 ranks of dp).
+  const size_t matrix = dom.find("<table class=\"matrix\" data-run=\"done\" data-step=\"59\"");
+  ASSERT_NE(matrix, std::string::npos) << dom.substr(dom.find("id=\"health\""), 3000);
+  const std::string cells = dom.substr(matrix, dom.find("</table>", matrix) - matrix);
+  for (const char* link : {"0-1", "1-0"}) {
+    const size_t at = cells.find(std::string("data-link=\"") + link + "\" data-ratio=\"");
+    EXPECT_NE(at, std::string::npos) << link << " has no ratio: " << cells;
+  }
+  const std::string late = attr_of(dom, "chart-late", "data-series");
+  EXPECT_NE(late.find("done rank 0|done rank 1"), std::string::npos) << late;
+  EXPECT_NE(dom.find("<tr data-rank=\"1\"><td>1</td><td>0</td><td>0</td><td>1</td></tr>"), std::string::npos)
+      << "the done run's rank 1 is not shown at dp 1";
 }
 
 TEST_F(DashboardBrowser, ReportOpensOfflineWithTheSlowLinkAndTheHungRun) {
@@ -167,6 +259,15 @@ TEST_F(DashboardBrowser, ReportOpensOfflineWithTheSlowLinkAndTheHungRun) {
   EXPECT_NE(dom.find("<td class=\"slow\" data-link=\"0-1\""), std::string::npos);
   EXPECT_NE(dom.find("<td class=\"ok\" data-link=\"1-0\""), std::string::npos);
   EXPECT_NE(dom.find("arrives 180 ms late"), std::string::npos);
+  // Run a's health rounds: the matrix at its last round (39) from health.jsonl, link 0 -> 1 at 0.30x its
+  // baseline and marked slow, 1 -> 0 at 1.00x; both ranks' lateness for every round; the warnings marked
+  // on the speed chart too.
+  EXPECT_NE(dom.find("<table class=\"matrix\" data-run=\"a\" data-step=\"39\""), std::string::npos);
+  EXPECT_NE(dom.find("<td class=\"slow\" data-link=\"0-1\" data-ratio=\"0.30\""), std::string::npos);
+  EXPECT_NE(dom.find("<td class=\"ok\" data-link=\"1-0\" data-ratio=\"1.00\""), std::string::npos);
+  EXPECT_EQ(attr_of(dom, "chart-late", "data-series"), "a rank 0|a rank 1");
+  EXPECT_EQ(attr_of(dom, "chart-late", "data-points"), "40,40");
+  EXPECT_EQ(attr_of(dom, "chart-speed", "data-series"), "a|a health warnings|b");
   EXPECT_NE(dom.find("data-ready=\"1\""), std::string::npos);
   // The view in the link's fragment: loss against tokens (the checkpoint's 24 x 64 per step), log scale,
   // smoothed; every point still drawn.

@@ -1,6 +1,7 @@
 // The dashboard's reading of run folders: metrics.jsonl read while it grows (a record half written, a line
 // that is not JSON, a file rewritten by a restarted run), the thinning of long series, the run's status and
-// restarts, and the errors for a folder that is not a run.
+// restarts, and the errors for a folder that is not a run; health.jsonl (the health monitor's rounds) read
+// the same way, missing or with a torn last line.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -179,6 +180,52 @@ TEST(DashboardRunFolder, RecordsSinceIsIncrementalAndThinsLongFirstLoads) {
   // A stale generation, or an offset past the end, starts over.
   EXPECT_TRUE(r.records_since(gen + 7, 1003, 100)["reset"].get<bool>());
   EXPECT_TRUE(r.records_since(gen, 5000, 100)["reset"].get<bool>());
+}
+
+// The health monitor's rounds: a run without health.jsonl answers no rounds (not an error), a torn last
+// line (a round being written, or a crash) is not a round until its newline comes, and a first load thins
+// the rounds but keeps every one that raised a warning.
+TEST(DashboardRunFolder, HealthRoundsMissingTornAndThinned) {
+  testing::TempDir d("dash-health");
+  write_file(d.path / "metrics.jsonl", step_line(0, 1.0));
+  RunFolder r(d.path.string(), 0);
+  auto none = r.health_since(0, 0, 100);
+  EXPECT_TRUE(none["reset"].get<bool>());
+  EXPECT_EQ(none["next"], 0);
+  EXPECT_TRUE(none["records"].empty());
+
+  const auto round = [](int step, bool warn) {
+    nlohmann::json j = {{"step", step},
+                        {"time", 1.7e9 + step},
+                        {"links", {{{"src", 0}, {"dst", 1}, {"gbps", 0.5}, {"baseline_gbps", 1.0}}}},
+                        {"ranks", {{{"rank", 0}, {"late_ms", 0.0}, {"baseline_ms", 0.0}},
+                                   {{"rank", 1}, {"late_ms", 4.0}, {"baseline_ms", 0.0}}}}};
+    if (warn) j["events"] = {{{"kind", "slow_link"}, {"src", 0}, {"dst", 1}, {"ratio", 0.5}, {"message", "slow"}}};
+    return j.dump() + "\n";
+  };
+  std::string text;
+  for (int s = 0; s < 300; ++s) text += round(s, s == 137);
+  const std::string torn = round(300, false);
+  write_file(d.path / "health.jsonl", text + torn.substr(0, torn.size() / 2));
+  auto a = r.health_since(none["generation"], 0, 50);
+  EXPECT_FALSE(a["reset"].get<bool>());  // a file that appeared grew from nothing: the same generation
+  EXPECT_EQ(a["next"], 300);
+  ASSERT_EQ(a["records"].size(), 51u);  // 50 of the 300 rounds, and the warning's round besides
+  EXPECT_EQ(a["records"][0]["step"], 0);
+  EXPECT_EQ(a["records"][50]["step"], 299);
+  int warned = 0;
+  for (const auto& rec : a["records"]) warned += rec.contains("events") && rec["step"] == 137;
+  EXPECT_EQ(warned, 1) << "the round that raised a warning was thinned out";
+  EXPECT_EQ(a["records"][1]["links"][0]["baseline_gbps"], 1.0);
+  EXPECT_EQ(a["records"][1]["ranks"][1]["late_ms"], 4.0);
+  // The torn round completes: it comes next, once.
+  write_file(d.path / "health.jsonl", torn.substr(torn.size() / 2), true);
+  auto b = r.health_since(a["generation"], 300, 50);
+  EXPECT_FALSE(b["reset"].get<bool>());
+  ASSERT_EQ(b["records"].size(), 1u);
+  EXPECT_EQ(b["records"][0]["step"], 300);
+  // The metrics records are a log of their own: the health rounds never appear among them.
+  EXPECT_EQ(r.records_since(0, 0, 100)["records"].size(), 1u);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // A synthetic run folder for the dashboard's tests: what `trident train --nproc 2` writes to metrics.jsonl
 // (a run record, the prediction, step and eval records), with one slow link (rank 0 -> rank 1) and one late
-// rank in the health records when asked, and a checkpoint's checkpoint.json; and a hung job's
-// flight-recorder dumps.
+// rank in the health records when asked (and the health monitor's rounds in health.jsonl that go with them),
+// and a checkpoint's checkpoint.json; and a hung job's flight-recorder dumps.
 #pragma once
 
 #include <filesystem>
@@ -22,13 +22,35 @@ inline std::string synthetic_step(int s, double loss) {
          "\n";
 }
 
+// One health round (train/health.h's health.jsonl line) of 2 ranks: link 0 -> 1 at 0.3x its 1 GB/s baseline
+// from round 12 on (a warning at 12), link 1 -> 0 at its baseline, rank 1 180 ms late from 15 on (a warning
+// there); no baselines before round 3.
+inline std::string synthetic_round(int s) {
+  const auto base = [s](double x) { return s < 3 ? nlohmann::json() : nlohmann::json(x); };
+  nlohmann::json j = {{"step", s},
+                      {"time", 1.7e9 + 0.05 * s},
+                      {"links", {{{"src", 0}, {"dst", 1}, {"gbps", s >= 12 ? 0.3 : 1.0}, {"baseline_gbps", base(1.0)}},
+                                 {{"src", 1}, {"dst", 0}, {"gbps", 1.0}, {"baseline_gbps", base(1.0)}}}},
+                      {"ranks", {{{"rank", 0}, {"late_ms", 0.0}, {"baseline_ms", base(0.0)}},
+                                 {{"rank", 1}, {"late_ms", s >= 15 ? 180.0 : 1.0}, {"baseline_ms", base(1.0)}}}}};
+  if (s == 12) j["events"] = {{{"kind", "slow_link"}, {"src", 0}, {"dst", 1}, {"ratio", 0.3}, {"since_step", 12}}};
+  if (s == 15) j["events"] = {{{"kind", "straggler"}, {"rank", 1}, {"late_ms", 180.0}, {"since_step", 15}}};
+  return j.dump() + "\n";
+}
+
 // Writes `steps` step records (and evals every 10 steps) to dir/metrics.jsonl; with `slow_link`, the step
-// records at 12 and 15 carry a slow-link warning for 0 -> 1 and a late rank 1.
+// records at 12 and 15 carry a slow-link warning for 0 -> 1 and a late rank 1, health.jsonl holds a round
+// per step, and the run records its mesh (2 ranks of dp).
 inline void write_synthetic_run(const std::filesystem::path& dir, int steps, bool slow_link) {
   std::filesystem::create_directories(dir / "ckpt-00000010");
   std::ofstream m(dir / "metrics.jsonl", std::ios::trunc);
   m << R"({"type":"run","cpu_isa":"avx2","threads":1})" "\n";
   m << R"({"type":"prediction","parallel":"ddp","world":2,"step_s":0.04,"peak_rss_bytes":7.5e7,"model_flops_per_step":4e9})" "\n";
+  if (slow_link) {
+    m << R"({"type":"mesh","tp":1,"pp":1,"dp":2,"order":"tp-dp-pp","ranks":[{"rank":0,"tp":0,"pp":0,"dp":0},{"rank":1,"tp":0,"pp":0,"dp":1}]})" "\n";
+    std::ofstream h(dir / "health.jsonl", std::ios::trunc);
+    for (int s = 0; s < steps; ++s) h << synthetic_round(s);
+  }
   for (int s = 0; s < steps; ++s) {
     if (s % 10 == 0) m << nlohmann::json{{"type", "eval"}, {"step", s}, {"train_loss", 4.0 - 0.02 * s}, {"val_loss", 4.1 - 0.02 * s}}.dump() << "\n";
     if (slow_link && (s == 12 || s == 15)) {

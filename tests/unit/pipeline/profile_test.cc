@@ -1,9 +1,13 @@
 // Profiling from spans: compute / communication / idle seconds and the bubble of a window computed by hand
 // for crafted spans; JSON round trip; the Chrome trace's structure; gathering spans of different lengths
-// from every rank (ranks as threads) and writing one trace file.
+// from every rank (ranks as threads) and writing one trace file. And the thread waits the trainer's step
+// split reads (take_thread_waits): kComm spans counted whether or not the timeline records, nested ones
+// once, pipeline transfers apart from collectives, and only the calling thread's.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "harness/multiproc.h"
 #include "harness/temp_dir.h"
@@ -37,6 +41,46 @@ std::vector<Span> crafted() {
           span(SpanKind::kComm, "all_reduce(tp)", 4, 4.5, -1, -1, 50),  // nested in backward
           span(SpanKind::kComm, "send_grad", 5, 6, 0, 0, 100),
           span(SpanKind::kCompute, "forward", 9, 12, 2, 0)};  // clipped to the window at 10
+}
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+int64_t ns_since(int64_t t0) { return Timeline::now_ns() - t0; }
+
+TEST(Profile, ThreadWaitsCountCommSpansOnceAndOnlyTheCallersThread) {
+  ASSERT_FALSE(timeline().enabled());
+  take_thread_waits();
+  int64_t t0 = Timeline::now_ns();
+  {
+    ScopedSpan outer(SpanKind::kComm, "dp_grad_sync");
+    ScopedSpan inner(SpanKind::kComm, "all_reduce(tp)");  // nested: not counted again
+    sleep_ms(20);
+  }
+  const int64_t collective_block = ns_since(t0);
+  t0 = Timeline::now_ns();
+  {
+    ScopedSpan recv(SpanKind::kComm, "recv_act");
+    sleep_ms(10);
+  }
+  const int64_t pipeline_block = ns_since(t0);
+  {
+    ScopedSpan compute(SpanKind::kCompute, "forward");  // not a wait
+    sleep_ms(10);
+  }
+  std::thread other([] {
+    ScopedSpan s(SpanKind::kComm, "all_reduce(dp)");  // another thread's wait
+    sleep_ms(10);
+  });
+  other.join();
+  const ThreadWaits w = take_thread_waits();
+  // Each within its own block's time: counted once, and neither the compute span nor the other thread's.
+  EXPECT_GE(w.collective_ns, 20'000'000);
+  EXPECT_LE(w.collective_ns, collective_block);
+  EXPECT_GE(w.pipeline_ns, 10'000'000);
+  EXPECT_LE(w.pipeline_ns, pipeline_block);
+  const ThreadWaits again = take_thread_waits();  // taking zeroes them
+  EXPECT_EQ(again.collective_ns, 0);
+  EXPECT_EQ(again.pipeline_ns, 0);
+  EXPECT_TRUE(timeline().spans().empty());  // counted, not recorded
 }
 
 TEST(Profile, ByHand) {

@@ -11,6 +11,10 @@
 // step is short against the running slice, which never names anyone. Paced by the steps, every step holds
 // one stop whatever the step time or the machine's load. The bursts stop as soon as rank 2 is named (at most
 // 40 of them); the guards bound a hang, they assert no time.
+//
+// The same run's unthrottled step records also carry where each rank's step went ("time_ms_ranks": compute,
+// comm, bubble, data, optimizer): checked against the step time each rank measured. The run is ZeRO-1, so
+// a collective is also waited on inside the optimizer's segment (the parameters' all-gather).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -47,6 +51,42 @@ size_t steps_logged(const std::string& out) {
   return n;
 }
 
+// The step-time split of every step record in `out` after the first (which carries start-up): each part
+// >= 0, the parts adding up to the rank's step time, the writer's step time the one its tokens/s says and
+// within the wall time between its record and the previous one (the "elapsed" clock), and on 3 ranks some
+// exposed communication on every rank (each waits for the gradient all-reduce).
+void check_time_split(const std::string& out, int world, double tokens_per_step) {
+  int checked = 0;
+  double prev_elapsed = -1;
+  for (const std::string& line : trident::testing::split_lines(out)) {
+    auto rec = nlohmann::json::parse(line, nullptr, false);
+    if (rec.is_discarded() || rec.value("type", "") != "step") continue;
+    const double elapsed = rec["elapsed"].get<double>(), since_prev = 1e3 * (elapsed - prev_elapsed);
+    prev_elapsed = elapsed;
+    if (rec.value("step", 0) == 0) continue;
+    ASSERT_TRUE(rec.contains("time_ms") && rec.contains("time_ms_ranks")) << line;
+    ASSERT_EQ(rec["time_ms_ranks"].size(), static_cast<size_t>(world)) << line;
+    EXPECT_EQ(rec["time_ms_ranks"][0], rec["time_ms"]) << line;  // rank 0 writes
+    const double step_ms = rec["time_ms"]["step"].get<double>();
+    EXPECT_NEAR(step_ms, 1e3 * tokens_per_step / rec["tokens_per_s"].get<double>(), 1e-3 * step_ms) << line;
+    EXPECT_LE(step_ms, since_prev) << "more time than passed between two records: " << line;
+    for (const auto& t : rec["time_ms_ranks"]) {
+      double sum = 0;
+      for (const char* part : {"compute", "comm", "bubble", "data", "optimizer"}) {
+        ASSERT_TRUE(t.contains(part)) << part << " in " << line;
+        EXPECT_GE(t[part].get<double>(), 0.0) << part << " in " << line;
+        sum += t[part].get<double>();
+      }
+      EXPECT_NEAR(sum, t["step"].get<double>(), 1e-3 * t["step"].get<double>() + 1e-3) << line;
+      EXPECT_GT(t["comm"].get<double>(), 0.0) << line;
+      EXPECT_GT(t["compute"].get<double>(), 0.0) << line;
+      EXPECT_EQ(t["bubble"].get<double>(), 0.0) << "no pipeline, no bubble: " << line;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 30);
+}
+
 TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
   trident::testing::TempDir d;
   const std::string corpus = trident::testing::write_word_corpus(d.path);
@@ -54,7 +94,7 @@ TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
   ProcessRunner job({TRIDENT_BIN, "train", "--data", corpus, "--out_dir", (d.path / "out").string(), "--n-layer", "4",
                      "--n-head", "2", "--n-embd", "64", "--block-size", "64", "--batch-size", "8", "--max-iters",
                      "1000000", "--eval-interval", "1000000", "--eval-iters", "1", "--sample-tokens", "0", "--threads",
-                     "1", "--json", "--nproc", "3"},
+                     "1", "--json", "--nproc", "3", "--parallel", "zero1"},
                     trident::testing::make_env({}, {}));
   // Unthrottled: the baseline (13 steps) and more than a window (8 steps) judged. Nothing is named.
   ASSERT_TRUE(job.read_until([&] { return steps_logged(job.out()) >= 32; }, 120)) << job.out() << job.err();
@@ -62,6 +102,7 @@ TEST(HealthStraggler, RankThrottledBySigstopBurstsIsNamed) {
     std::string unthrottled;
     for (const auto& e : health_events(job.out())) unthrottled += e.dump() + "\n";
     EXPECT_EQ(unthrottled, "") << "named in " << steps_logged(job.out()) << " unthrottled steps";
+    check_time_split(job.out(), 3, 8.0 * 64 * 3);  // batch 8 x block 64 x 3 ranks
   }
   pid_t pid = 0;
   for (auto [p, rank] : trident::testing::ranks_of(job.pid()))

@@ -1,10 +1,13 @@
 // Elastic restart end to end: a 3-rank ZeRO-2 `trident train --max-restarts 2` whose rank R SIGKILLs itself
 // at step S (random R and S, printed for reproduction) is restarted from its newest complete checkpoint and
-// ends with the uninterrupted run's losses, final evaluation and checkpoint files, byte for byte.
+// ends with the uninterrupted run's losses, final evaluation and checkpoint files, byte for byte. Its
+// health.jsonl (the health monitor's rounds) then holds each step's round once, every rank in each: the
+// restarted job keeps the rounds before the step it resumes at and drops the rest.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -103,6 +106,20 @@ TEST(ElasticRestart, KilledRankOfZero2RunRestartsAndMatchesTheUninterruptedRunBi
     ASSERT_TRUE(fs::exists(a) && fs::exists(b)) << a << " " << b;
     EXPECT_TRUE(trident::io::read_file(a.string()) == trident::io::read_file(b.string()))
         << file << " differs from the uninterrupted run's";
+  }
+  // The health rounds: steps 0..kSteps-1 in order, each once, with every rank's lateness.
+  {
+    std::ifstream in(d.path / "restarted" / "health.jsonl");
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(in, line);) {
+      const auto h = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(h.is_object()) << line;
+      steps.push_back(h.value("step", int64_t{-1}));
+      EXPECT_EQ(h["ranks"].size(), static_cast<size_t>(kRanks)) << line;
+    }
+    std::vector<int64_t> want;
+    for (int64_t s = 0; s < kSteps; ++s) want.push_back(s);
+    EXPECT_EQ(steps, want);
   }
   // No half-written checkpoint folder is left behind.
   for (const auto& e : fs::directory_iterator(d.path / "restarted"))

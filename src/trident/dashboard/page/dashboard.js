@@ -1,13 +1,20 @@
 // The trident dashboard page: charts of training runs drawn with uPlot. Served by `trident dashboard`, it
-// polls /api/runs and each run's /api/runs/<id>/records (the records since the last answer; a rewritten
-// metrics file, after a restart, starts the run over). Written by `trident report`, the data comes inlined
-// as window.TRIDENT_REPORT and nothing is fetched. Every chart container records what it drew in
-// data-* attributes (data-points: the loss points per run), which the headless-browser test reads.
+// listens to /api/events (server-sent events: the runs' summaries and each run's new records; the browser
+// resumes a dropped stream from the last event's id, and a rewritten metrics file, after a restart, starts
+// the run over) and polls /api/runs and /api/runs/<id>/records only when the stream cannot be opened.
+// Written by `trident report`, the data comes inlined as window.TRIDENT_REPORT and nothing is fetched.
+// Every chart container records what it drew in data-* attributes (data-points: the loss points per run;
+// data-bars: the per-rank bars of the step-time split; the link matrix's data-step and each cell's
+// data-ratio), which the headless-browser test reads. The health monitor's rounds (health.jsonl) come as
+// "health" events, /api/runs/<id>/health or the report's runs[i].health.
 (function () {
   "use strict";
   const report = window.TRIDENT_REPORT || null;
   const palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
-  const runs = [];  // {summary, generation, next, records}
+  const runs = [];  // {summary, generation, next, records, health: {generation, next, records}}
+  const healthPick = {};  // run index -> the health round shown in its link matrix (absent: the latest)
+  const splitParts = ["compute", "comm", "bubble", "data", "optimizer"];
+  const splitColors = ["#4e79a7", "#e15759", "#bab0ac", "#59a14f", "#f28e2b"];
   const charts = {};  // container id -> {plot, key}
   const $ = (id) => document.getElementById(id);
 
@@ -23,7 +30,8 @@
   // What the page shows of one run, derived from its records.
   function derive(run) {
     const d = {steps: [], loss: [], tps: [], stepMs: [], exposedMs: [], rss: [], rssMax: [], gnorm: [],
-               evals: [], health: [], prediction: null, measured: null, runRecs: []};
+               evals: [], health: [], prediction: null, measured: null, runRecs: [], split: [], mesh: null,
+               rounds: run.health.records};
     let prev = null, evalBetween = false;
     for (const r of run.records) {
       switch (r.type) {
@@ -40,6 +48,9 @@
           d.rssMax.push(mb(r.peak_rss_bytes_max_rank));
           d.gnorm.push(r.grad_norm);
           if (Array.isArray(r.health)) for (const e of r.health) d.health.push(Object.assign({step: r.step}, e));
+          // Where the step's time went, per rank (one rank: the record's own split).
+          if (Array.isArray(r.time_ms_ranks)) d.split.push(r.time_ms_ranks);
+          else if (r.time_ms) d.split.push([r.time_ms]);
           prev = r;
           break;
         }
@@ -47,6 +58,7 @@
         case "prediction": d.prediction = r; break;
         case "measured": d.measured = r; break;
         case "run": d.runRecs.push(r); break;
+        case "mesh": d.mesh = r; break;
       }
     }
     return d;
@@ -137,14 +149,16 @@
       }
       lossS.push({label: name + " train", x: xs, y: smooth(d.loss, w), color: color, count: true});
       lossS.push({label: name + " val", x: evx, y: d.evals.map((e) => e.val_loss), color: color, dash: [6, 4]});
-      const warnings = d.health.filter((e) => e.kind === "slow_link" || e.kind === "straggler");
-      if (warnings.length) {
-        const lossAt = new Map(d.steps.map((s, k) => [s, d.loss[k]]));
-        lossS.push({label: name + " health warnings", x: hx.filter((_, k) => warnings.includes(d.health[k])),
-                    y: d.health.filter((e) => warnings.includes(e)).map((e) => lossAt.get(e.step)),
-                    color: "#000", points: true});
-      }
+      // The health monitor's warnings, marked on the time axis at the value of the curve they interrupt.
+      const warned = d.health.map((e) => e.kind === "slow_link" || e.kind === "straggler");
+      const markers = (values) => {
+        const at = new Map(d.steps.map((s, k) => [s, values[k]]));
+        return {label: name + " health warnings", x: hx.filter((_, k) => warned[k]),
+                y: d.health.filter((_, k) => warned[k]).map((e) => at.get(e.step)), color: "#000", points: true};
+      };
+      if (warned.includes(true)) lossS.push(markers(d.loss));
       speedS.push({label: name, x: xs, y: d.tps, color: color});
+      if (warned.includes(true)) speedS.push(markers(d.tps));
       timeS.push({label: name + " step", x: xs, y: d.stepMs, color: color});
       if (d.exposedMs.some((v) => v !== null)) timeS.push({label: name + " exposed comm", x: xs, y: d.exposedMs, color: color, dash: [2, 3]});
       if (d.prediction && d.prediction.step_s)
@@ -161,12 +175,62 @@
     plot("chart-steptime", timeS, {xlabel: xlabel, ylabel: "ms"});
     plot("chart-memory", memS, {xlabel: xlabel, ylabel: "MB"});
     plot("chart-gradnorm", gnS, {xlabel: xlabel, ylabel: "norm"});
+    renderSplit(all);
     renderTable(all);
+    renderLateness(all, xmode);
     renderHealth(all);
     renderConfig(all);
     renderInspect(all);
     document.body.dataset.runs = all.map(({run}) => run.summary.name).join("|");
     document.body.dataset.ready = "1";
+  }
+
+  // The step-time split per rank as stacked bars (the mean of each part over a run's last 20 steps that
+  // have one, the first step left out: it carries start-up), one group of bars per run, beside the
+  // planner's predicted step. uPlot draws bars, not stacks: each bar is the cumulative sum up to its part,
+  // drawn from the tallest down so every part shows in its own colour.
+  function renderSplit(all) {
+    const el = $("chart-split");
+    const labels = [], sums = splitParts.map(() => []), predicted = [], raw = [];
+    all.forEach(({run, d}) => {
+      const recent = d.split.slice(d.split.length > 1 ? Math.max(1, d.split.length - 20) : 0);
+      if (!recent.length) return;
+      const ranks = recent[recent.length - 1].length;
+      for (let k = 0; k < ranks; k++) {
+        const mean = splitParts.map((p) => {
+          const v = recent.map((rs) => (rs[k] ? rs[k][p] : null))
+            .filter((x) => x !== null && x !== undefined && isFinite(x));
+          return v.length ? v.reduce((a, b) => a + b, 0) / v.length : 0;
+        });
+        labels.push(`${run.summary.name} r${k}`);
+        let acc = 0;
+        mean.forEach((m, p) => { acc += m; sums[p].push(acc); });
+        raw.push(mean.map((m) => m.toFixed(3)).join(":"));
+        predicted.push(d.prediction && d.prediction.step_s ? 1e3 * d.prediction.step_s : null);
+      }
+    });
+    if (charts["chart-split"]) { charts["chart-split"].plot.destroy(); delete charts["chart-split"]; }
+    el.dataset.bars = String(labels.length);
+    el.dataset.split = raw.join("|");
+    if (!labels.length) { el.innerHTML = '<div class="empty">no step-time split in these runs</div>'; return; }
+    el.innerHTML = "";
+    const xs = labels.map((_, i) => i);
+    const bars = uPlot.paths.bars({size: [0.6, 80]});
+    const order = splitParts.map((_, p) => p).reverse();  // the tallest cumulative bar first
+    const series = [{label: "rank"}].concat(order.map((p) => ({
+      label: splitParts[p], fill: splitColors[p], stroke: splitColors[p], width: 0, paths: bars, points: {show: false},
+      value: (u, v, si, i) => (i === null || i === undefined ? "–" : fmt(sums[p][i] - (p ? sums[p - 1][i] : 0), 2)),
+    }))).concat([{label: "predicted step", stroke: "#000", dash: [8, 4], width: 1.5, points: {show: true, size: 7}}]);
+    const data = [xs].concat(order.map((p) => sums[p])).concat([predicted]);
+    const uopts = {
+      width: Math.max(400, el.clientWidth || 560), height: 300,
+      scales: {x: {time: false, range: [-0.6, labels.length - 0.4]}, y: {range: (u, lo, hi) => [0, hi * 1.1 || 1]}},
+      axes: [{label: "rank", splits: () => xs,
+              values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) && labels[t] !== undefined ? labels[t] : ""))},
+             {label: "ms per step"}],
+      series: series, legend: {show: true},
+    };
+    charts["chart-split"] = {plot: new uPlot(uopts, data, el), key: ""};
   }
 
   function median(xs) {
@@ -201,30 +265,79 @@
     return `hsl(${hue}, 70%, 42%)`;
   }
 
+  // Each rank's lateness at collectives per health round (ms summed over the step's collectives); a click
+  // on the chart picks the round the link matrix shows.
+  function renderLateness(all, xmode) {
+    const series = [];
+    all.forEach(({run, d}, i) => {
+      const tps = xmode === "tokens" ? tokensPerStep(run) : null;
+      const xs = d.rounds.map((h) => (xmode !== "tokens" ? h.step : tps === null ? null : (h.step + 1) * tps));
+      const ranks = d.rounds.reduce((m, h) => Math.max(m, (h.ranks || []).length), 0);
+      for (let k = 0; k < ranks; k++)
+        series.push({label: `${run.summary.name} rank ${k}`, x: xs, count: true, color: palette[(i + k) % palette.length],
+                     dash: k ? [2 + 2 * (k % 4), 3] : undefined,
+                     y: d.rounds.map((h) => { const r = (h.ranks || []).find((x) => x.rank === k); return r ? r.late_ms : null; })});
+    });
+    plot("chart-late", series, {xlabel: xmode === "tokens" ? "tokens" : "step", ylabel: "ms late"});
+    const c = charts["chart-late"];
+    if (!c || c.clickBound) return;
+    c.clickBound = true;
+    c.plot.over.addEventListener("click", () => {
+      const x = c.plot.posToVal(c.plot.cursor.left, "x");
+      runs.forEach((run, i) => {
+        const rounds = run.health.records;
+        if (!rounds.length) return;
+        let best = 0;
+        rounds.forEach((h, k) => { if (Math.abs(h.step - x) < Math.abs(rounds[best].step - x)) best = k; });
+        healthPick[i] = best === rounds.length - 1 ? undefined : best;
+      });
+      renderHealth(runs.map((r) => ({run: r, d: derive(r)})));
+    });
+  }
+
+  // The link matrix of one run at its chosen round (default the latest): each cell the link from the row's
+  // rank to the column's, its bandwidth as last measured at or before that round over its baseline; a link
+  // the health monitor warned about (and has not recovered by then) is marked slow. A run without
+  // health.jsonl shows the warnings alone.
   function renderHealth(all) {
-    const html = all.map(({run, d}) => {
-      const world = (d.prediction && d.prediction.world) || 1 + d.health.reduce((m, e) => Math.max(m, e.src || 0, e.dst || 0, e.rank || 0), 0);
-      const links = new Map();  // "src,dst" -> latest event
-      const late = new Map();   // rank -> latest event
+    const html = all.map(({run, d}, i) => {
+      const rounds = d.rounds;
+      const pick = healthPick[i] !== undefined && healthPick[i] < rounds.length ? healthPick[i] : rounds.length - 1;
+      const atStep = pick >= 0 ? rounds[pick].step : Infinity;
+      let world = d.mesh ? d.mesh.ranks.length : (d.prediction && d.prediction.world) || 0;
+      for (const h of rounds) for (const l of h.links || []) world = Math.max(world, l.src + 1, l.dst + 1);
+      for (const e of d.health) world = Math.max(world, 1 + Math.max(e.src || 0, e.dst || 0, e.rank || 0));
+      const measured = new Map();  // "src,dst" -> {link, step}: the last measurement up to the chosen round
+      for (let k = 0; k <= pick; k++)
+        for (const l of rounds[k].links || []) measured.set(`${l.src},${l.dst}`, {link: l, step: rounds[k].step});
+      const events = new Map();  // "src,dst" -> the latest link event up to the chosen round's step
+      const late = new Map();    // rank -> its latest straggler event
       for (const e of d.health) {
-        if (e.kind === "slow_link" || e.kind === "link_recovered") links.set(`${e.src},${e.dst}`, e);
+        if (e.step > atStep) continue;
+        if (e.kind === "slow_link" || e.kind === "link_recovered") events.set(`${e.src},${e.dst}`, e);
         else late.set(e.rank, e);
       }
       let t = `<div class="run-block"><b>${esc(run.summary.name)}</b>`;
       if (world < 2) return t + '<div class="empty">one rank: no links to watch</div></div>';
-      t += `<table class="matrix" data-run="${esc(run.summary.name)}"><tr><th>from \\ to</th>`;
+      if (rounds.length > 1)
+        t += ` <label>round <input type="range" class="round-pick" data-run="${i}" min="0" max="${rounds.length - 1}" value="${pick}"></label>`;
+      if (pick >= 0) t += ` step ${rounds[pick].step}` + (rounds[pick].time ? ` (${esc(new Date(1e3 * rounds[pick].time).toLocaleTimeString())})` : "");
+      t += `<table class="matrix" data-run="${esc(run.summary.name)}" data-step="${pick >= 0 ? rounds[pick].step : ""}"><tr><th>from \\ to</th>`;
       for (let c = 0; c < world; c++) t += `<th>${c}</th>`;
       t += "</tr>";
       for (let r = 0; r < world; r++) {
         t += `<tr><th>${r}</th>`;
         for (let c = 0; c < world; c++) {
-          const e = links.get(`${r},${c}`);
-          if (r === c) t += '<td class="self"></td>';
-          else if (!e) t += `<td class="ok" data-link="${r}-${c}">ok</td>`;
-          else {
-            const cls = e.kind === "slow_link" ? "slow" : "recovered";
-            t += `<td class="${cls}" data-link="${r}-${c}" style="background:${ratioColor(e.ratio)}" title="${esc(e.message)}">${fmt(e.ratio, 2)}x</td>`;
-          }
+          const key = `${r},${c}`, m = measured.get(key), e = events.get(key);
+          if (r === c) { t += '<td class="self"></td>'; continue; }
+          const cls = e ? (e.kind === "slow_link" ? "slow" : "recovered") : m || !rounds.length ? "ok" : "none";
+          const ratio = m && m.link.baseline_gbps ? m.link.gbps / m.link.baseline_gbps : m ? null : e ? e.ratio : null;
+          let title = e ? e.message : "";
+          if (m) title += `${title ? "\n" : ""}${fmt(m.link.gbps, 3)} GB/s at step ${m.step}, baseline ` +
+                          (m.link.baseline_gbps ? `${fmt(m.link.baseline_gbps, 3)} GB/s` : "not measured yet");
+          const text = ratio !== null ? `${fmt(ratio, 2)}x` : m ? fmt(m.link.gbps, 3) : cls === "ok" ? "ok" : "–";
+          const style = ratio !== null ? ` style="background:${ratioColor(ratio)}"` : "";
+          t += `<td class="${cls}" data-link="${r}-${c}"${ratio !== null ? ` data-ratio="${fmt(ratio, 2)}"` : ""}${style} title="${esc(title)}">${text}</td>`;
         }
         t += "</tr>";
       }
@@ -236,20 +349,30 @@
                `<td>${fmt(100 * e.late_fraction, 0)}%</td><td>${e.since_step}</td></tr>`;
         t += "</table>";
       }
-      if (d.health.length)
-        t += "<pre>" + d.health.map((e) => `step ${e.step}: ${esc(e.message)}`).join("\n") + "</pre>";
+      if (d.health.length) {  // each warning at its step, and its time where the round logged one
+        const timeAt = new Map(rounds.map((h) => [h.step, h.time]));
+        const when = (e) => (timeAt.get(e.step) ? ` (${new Date(1e3 * timeAt.get(e.step)).toLocaleTimeString()})` : "");
+        t += "<pre>" + d.health.map((e) => `step ${e.step}${when(e)}: ${esc(e.message)}`).join("\n") + "</pre>";
+      }
       else t += '<div class="empty">no health warnings</div>';
       return t + "</div>";
     });
     $("health").innerHTML = html.join("");
   }
+  $("health").addEventListener("change", (ev) => {
+    const el = ev.target;
+    if (!el.classList.contains("round-pick")) return;
+    const i = Number(el.dataset.run);
+    healthPick[i] = Number(el.value) === Number(el.max) ? undefined : Number(el.value);
+    renderHealth(runs.map((r) => ({run: r, d: derive(r)})));
+  });
 
-  // The rank -> (tp, dp, pp) coordinates of the mesh, in trident's default order (tp innermost, pp outermost).
-  function meshTable(layout) {
-    const tp = layout.tp || 1, dp = layout.dp || 1, pp = layout.pp || 1;
-    let t = "<table><tr><th>rank</th><th>tp</th><th>dp</th><th>pp</th></tr>";
-    for (let r = 0; r < tp * dp * pp && r < 512; r++)
-      t += `<tr><td>${r}</td><td>${r % tp}</td><td>${Math.floor(r / tp) % dp}</td><td>${Math.floor(r / (tp * dp))}</td></tr>`;
+  // Which rank holds which (tp, pp, dp) coordinate: the run's own mesh record (the trainer writes the
+  // coordinates its DeviceMesh used), never recomputed here.
+  function meshTable(mesh) {
+    let t = `<table class="mesh" data-order="${esc(mesh.order)}"><tr><th>rank</th><th>tp</th><th>pp</th><th>dp</th></tr>`;
+    for (const r of mesh.ranks.slice(0, 512))
+      t += `<tr data-rank="${r.rank}"><td>${r.rank}</td><td>${r.tp}</td><td>${r.pp}</td><td>${r.dp}</td></tr>`;
     return t + "</table>";
   }
 
@@ -257,11 +380,10 @@
     $("config").innerHTML = all.map(({run, d}) => {
       const s = run.summary;
       const p = d.prediction || {};
-      let layout = p.layout || null;
-      if (!layout && p.world) layout = {tp: 1, pp: 1, dp: p.world};
       let t = `<div class="run-block"><b>${esc(s.name)}</b> <span class="status-${esc(s.status)}">${esc(s.status)}</span>`;
       if (s.restarts) t += ` (restarted ${s.restarts}x)`;
-      if (layout) t += meshTable(layout);
+      if (d.mesh) t += `<div>mesh tp ${d.mesh.tp} x pp ${d.mesh.pp} x dp ${d.mesh.dp} (order ${esc(d.mesh.order)}, innermost first)</div>` + meshTable(d.mesh);
+      else if (p.layout) t += `<div>tp ${p.layout.tp} x pp ${p.layout.pp} x dp ${p.layout.dp} (the run recorded no rank coordinates)</div>`;
       const facts = {};
       if (p.parallel) facts.parallel = p.parallel;
       if (p.world) facts.world = p.world;
@@ -279,21 +401,84 @@
     $("inspect").innerHTML = parts.length ? parts.join("") : '<div class="empty">no flight-recorder dumps (written when a run fails or hangs)</div>';
   }
 
+  // Applies one answer of the records endpoint or one records event to its run.
+  function applyRecords(run, j) {
+    if (j.reset) run.records = [];
+    for (const r of j.records) run.records.push(r);
+    run.generation = j.generation;
+    run.next = j.next;
+  }
+  function applyHealth(run, j) {
+    if (j.reset) run.health.records = [];
+    for (const r of j.records) run.health.records.push(r);
+    run.health.generation = j.generation;
+    run.health.next = j.next;
+  }
+  function newRun(summary) {
+    return {summary: summary, generation: 0, next: 0, records: [], health: {generation: 0, next: 0, records: []}};
+  }
+  function setSummaries(list) {
+    for (const s of list) {
+      if (!runs[s.id]) runs[s.id] = newRun(s);
+      runs[s.id].summary = s;
+    }
+    uniqueNames();
+  }
+
+  // Server-sent events; polling when the stream cannot be opened (an old browser, a proxy that refuses it,
+  // a dashboard at its stream limit). A dropped stream is the browser's to reopen, with the last event's id.
+  let recordsEvents = 0;  // records events received (data-events: the browser test's proof of pushes)
+  let freshStarts = 0;    // streams reopened without a Last-Event-ID after the server refused one
+  function listen() {
+    if (!window.EventSource) return poll();
+    const es = new EventSource("/api/events");
+    let opened = false;
+    es.addEventListener("runs", (e) => {
+      setSummaries(JSON.parse(e.data).runs);
+      render();
+    });
+    es.addEventListener("records", (e) => {
+      const j = JSON.parse(e.data);
+      const run = runs[j.run];
+      if (!run) return;  // the summaries always come first
+      applyRecords(run, j);
+      document.body.dataset.events = String(++recordsEvents);
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      render();
+    });
+    es.addEventListener("health", (e) => {
+      const j = JSON.parse(e.data);
+      const run = runs[j.run];
+      if (!run) return;
+      applyHealth(run, j);
+      render();
+    });
+    es.onopen = () => { opened = true; $("mode").textContent = "live"; };
+    es.onerror = () => {
+      if (es.readyState === EventSource.CLOSED) {
+        es.close();
+        // A stream that worked and was then refused (a restarted dashboard serving other runs refuses the
+        // old Last-Event-ID): a new stream starts every run over. One that never opened: poll instead.
+        if (opened && freshStarts++ < 3) return void setTimeout(listen, 1000);
+        $("mode").textContent = "live (polling)";
+        poll();
+      } else {
+        $("updated").textContent = "dashboard server unreachable: reconnecting";
+      }
+    };
+  }
+
   async function poll() {
     try {
       const answer = await (await fetch("/api/runs", {cache: "no-store"})).json();
+      setSummaries(answer.runs);
       for (const s of answer.runs) {
-        let run = runs[s.id];
-        if (!run) run = runs[s.id] = {summary: s, generation: 0, next: 0, records: []};
-        run.summary = s;
+        const run = runs[s.id];
         const q = `/api/runs/${s.id}/records?generation=${run.generation}&from=${run.next}`;
-        const j = await (await fetch(q, {cache: "no-store"})).json();
-        if (j.reset) run.records = [];
-        for (const r of j.records) run.records.push(r);
-        run.generation = j.generation;
-        run.next = j.next;
+        applyRecords(run, await (await fetch(q, {cache: "no-store"})).json());
+        const hq = `/api/runs/${s.id}/health?generation=${run.health.generation}&from=${run.health.next}`;
+        applyHealth(run, await (await fetch(hq, {cache: "no-store"})).json());
       }
-      uniqueNames();
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       render();
     } catch (e) {
@@ -321,11 +506,13 @@
   }
   if (report) {
     $("mode").textContent = "report";
-    for (const r of report.runs) runs.push({summary: r, generation: r.data.generation, next: r.data.next, records: r.data.records});
+    for (const r of report.runs)
+      runs.push({summary: r, generation: r.data.generation, next: r.data.next, records: r.data.records,
+                 health: {generation: r.health.generation, next: r.health.next, records: r.health.records}});
     uniqueNames();
     render();
   } else {
     $("mode").textContent = "live";
-    poll();
+    listen();
   }
 })();
