@@ -59,6 +59,13 @@ const std::vector<ParamInfo>& all_params() {
       {"TRIDENT_CUDA_IPC_MIN_BYTES", "",
        "smallest collective (bytes of its largest buffer) on the CUDA IPC path; smaller ones move through host "
        "memory (\"\" = the device's crossover, 1M for CUDA)"},
+      {"TRIDENT_CUDA_BIAS_EPILOGUE", "0",
+       "1 = a CUDA linear layer's bias is added by cuBLASLt as the product is written (its epilogue); 0 = the "
+       "bias rows are filled first and the GEMM adds onto them. Off until it has run on a GPU"},
+      {"TRIDENT_CUDA_XENT_ONE_PASS", "0",
+       "1 = CUDA softmax + cross-entropy reads the logits once for the maximum and the sum of exponentials "
+       "(online softmax, 16-byte loads) and once more for the gradient; 0 = separate passes for the maximum "
+       "and the sum. Off until it has run on a GPU"},
       {"TRIDENT_CUDA_POOL_RELEASE", "0",
        "1 = the CUDA kernels' stream-ordered scratch pool returns unused memory to the driver at every "
        "synchronisation (CUDA's default); 0 = it keeps it for the next step"},

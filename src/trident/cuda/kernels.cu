@@ -221,19 +221,60 @@ __global__ void embedding_bwd_wpe_k(float* dwpe, const float* dout, int B, int T
   }
 }
 
+// The running maximum of a row and the sum of exp(x - max) over what has been seen: one read of the row gives
+// both (the sum is rescaled whenever the maximum grows). -inf entries (padded vocabulary ids) add nothing.
+struct MaxSum {
+  float m, s;
+};
+__device__ inline void max_sum_add(MaxSum& a, float x) {
+  if (x > a.m) {
+    a.s = a.s * expf(a.m - x) + 1.0f;  // a.m = -inf: expf(-inf) = 0
+    a.m = x;
+  } else if (x != -INFINITY) {
+    a.s += expf(x - a.m);
+  }
+}
+__device__ inline MaxSum max_sum_merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+// Over the block; every thread gets the result. Ends with a barrier.
+__device__ inline MaxSum block_max_sum(MaxSum v, float* sm, float* ss) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = max_sum_merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    sm[warp] = v.m;
+    ss[warp] = v.s;
+  }
+  __syncthreads();
+  MaxSum r = lane < nwarps ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.0f};
+  for (int o = 16; o > 0; o >>= 1)
+    r = max_sum_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+  __syncthreads();
+  return r;
+}
+
+// A row whose target is outside [0, V): flagged (the first such row + 1 in *bad), loss 0, no gradient.
+__device__ inline bool target_outside(int y, int V, int row, float* losses, int* bad) {
+  if (y >= 0 && y < V) return false;
+  if (threadIdx.x == 0) {
+    if (bad) atomicCAS(bad, 0, row + 1);
+    if (losses) losses[row] = 0.0f;
+  }
+  return true;
+}
+
+// Separate passes over the logits for the maximum, the sum of exponentials and the gradient.
 __global__ void cross_entropy_k(float* losses, float* dlogits, const float* logits, const int32_t* targets, int V,
                                 float dscale, int* bad) {
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   const float* x = logits + size_t(row) * V;
   const int y = targets[row];
-  if (y < 0 || y >= V) {
-    if (threadIdx.x == 0) {
-      if (bad) atomicCAS(bad, 0, row + 1);
-      if (losses) losses[row] = 0.0f;
-    }
-    return;
-  }
+  if (target_outside(y, V, row, losses, bad)) return;
   float mx = -INFINITY;
   for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
   mx = block_max(mx, scratch);
@@ -246,6 +287,61 @@ __global__ void cross_entropy_k(float* losses, float* dlogits, const float* logi
   if (dlogits) {
     float* d = dlogits + size_t(row) * V;
     const float inv = dscale / s;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      const float p = expf(x[i] - mx) * inv;
+      d[i] = i == y ? p - dscale : p;
+    }
+  }
+}
+
+// One block per row: the maximum and the sum of exponentials in one pass over the logits, then the gradient
+// (softmax - one-hot) x dscale written in a second (it may overwrite the logits); 16-byte loads and stores
+// where the rows allow them (V a multiple of 4, 16-byte aligned buffers).
+__global__ void cross_entropy_one_pass_k(float* losses, float* dlogits, const float* logits, const int32_t* targets, int V,
+                                float dscale, int* bad) {
+  __shared__ float sm[32], ss[32];
+  const int row = blockIdx.x;
+  const float* x = logits + size_t(row) * V;
+  float* d = dlogits ? dlogits + size_t(row) * V : nullptr;
+  const int y = targets[row];
+  if (target_outside(y, V, row, losses, bad)) return;
+  const float xy = x[y];  // read by every thread before the first barrier, so before any write to d
+  const bool vec = (V & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(d) & 15) == 0;
+  MaxSum a{-INFINITY, 0.0f};
+  if (vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      max_sum_add(a, v.x);
+      max_sum_add(a, v.y);
+      max_sum_add(a, v.z);
+      max_sum_add(a, v.w);
+    }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) max_sum_add(a, x[i]);
+  }
+  a = block_max_sum(a, sm, ss);
+  const float mx = a.m, s = a.s;
+  if (threadIdx.x == 0 && losses) losses[row] = mx + logf(s) - xy;
+  if (!d) return;
+  const float inv = dscale / s;
+  if (vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* d4 = reinterpret_cast<float4*>(d);
+    for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      float4 p{expf(v.x - mx) * inv, expf(v.y - mx) * inv, expf(v.z - mx) * inv, expf(v.w - mx) * inv};
+      if (i == y / 4) {
+        const int k = y % 4;
+        if (k == 0) p.x -= dscale;
+        if (k == 1) p.y -= dscale;
+        if (k == 2) p.z -= dscale;
+        if (k == 3) p.w -= dscale;
+      }
+      d4[i] = p;
+    }
+  } else {
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
       const float p = expf(x[i] - mx) * inv;
       d[i] = i == y ? p - dscale : p;
@@ -364,8 +460,9 @@ void embedding_backward_wpe(float* dwpe, const float* dout, int B, int T, int C,
   embedding_bwd_wpe_k<<<grid_for(size_t(T) * C, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
 }
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
-                   float dscale, int* bad, cudaStream_t s) {
-  cross_entropy_k<<<N, 512, 0, s>>>(losses, dlogits, logits, targets, V, dscale, bad);
+                   float dscale, int* bad, bool one_pass, cudaStream_t s) {
+  if (one_pass) cross_entropy_one_pass_k<<<N, 512, 0, s>>>(losses, dlogits, logits, targets, V, dscale, bad);
+  else cross_entropy_k<<<N, 512, 0, s>>>(losses, dlogits, logits, targets, V, dscale, bad);
 }
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
            float eps, float decay, float bc1, float bc2_sqrt_inv, cudaStream_t s) {

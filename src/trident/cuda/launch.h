@@ -75,9 +75,10 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 void embedding_backward_wte(float* dwte, const float* dout, const int32_t* tokens, int N, int C, cudaStream_t s);
 void embedding_backward_wpe(float* dwpe, const float* dout, int B, int T, int C, cudaStream_t s);
 
-// bad nullable (targets then unchecked; a bad row gets loss 0 and no gradient).
+// bad nullable (targets then unchecked; a bad row gets loss 0 and no gradient). one_pass: the maximum and the
+// sum of exponentials from one read of the logits (online softmax), else a pass for each.
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
-                   float dscale, int* bad, cudaStream_t s);
+                   float dscale, int* bad, bool one_pass, cudaStream_t s);
 
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
            float eps, float decay, float bc1, float bc2_sqrt_inv, cudaStream_t s);

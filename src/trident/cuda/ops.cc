@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -102,7 +104,83 @@ void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   }
 }
 
+// cuBLASLt's handle for the current device: one per device, shared by every thread and stream (a cuBLASLt
+// handle holds no stream and is safe to use from several threads).
+cublasLtHandle_t lt_handle() {
+  static std::mutex mu;
+  static std::vector<cublasLtHandle_t> handles;
+  int dev = 0;
+  TRIDENT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<size_t>(dev) >= handles.size()) handles.resize(dev + 1, nullptr);
+  if (!handles[dev]) TRIDENT_CUBLAS_CHECK(cublas_lt().create(&handles[dev]));
+  return handles[dev];
+}
+
+// The largest power of two (at most 256) that divides the address: what cuBLASLt may assume of it.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+std::atomic<long> g_bias_epilogue{0}, g_bias_fill{0};
+
+// out[N,OC] = inp[N,C] W[OC,C]^T + bias in one cuBLASLt call: column-major, D[OC,N] = W^T (stored [C,OC])
+// times inp (stored [C,N]), the bias (length OC, the rows of D) added in the epilogue. Operands of `type`
+// (float32 or bfloat16), float32 accumulation and output. Returns false, having launched nothing, where
+// cuBLASLt offers no algorithm for these operands and their alignment.
+bool linear_bias_epilogue(float* out, const void* inp, const void* weight, const float* bias, int N, int C, int OC,
+                          cudaDataType_t type, cudaStream_t stream) {
+  const CublasLtApi& lt = cublas_lt();
+  struct Descs {
+    const CublasLtApi& lt;
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ~Descs() {
+      if (pref) lt.preference_destroy(pref);
+      if (d) lt.layout_destroy(d);
+      if (b) lt.layout_destroy(b);
+      if (a) lt.layout_destroy(a);
+      if (op) lt.matmul_desc_destroy(op);
+    }
+  } ds{lt};
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_create(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const cudaDataType_t bias_type = CUDA_R_32F;
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans));
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_set(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  TRIDENT_CUBLAS_CHECK(lt.matmul_desc_set(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  TRIDENT_CUBLAS_CHECK(lt.layout_create(&ds.a, type, C, OC, C));
+  TRIDENT_CUBLAS_CHECK(lt.layout_create(&ds.b, type, C, N, C));
+  TRIDENT_CUBLAS_CHECK(lt.layout_create(&ds.d, CUDA_R_32F, OC, N, OC));
+  TRIDENT_CUBLAS_CHECK(lt.preference_create(&ds.pref));
+  const uint64_t workspace = 32u << 20;
+  TRIDENT_CUBLAS_CHECK(lt.preference_set(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  const uint32_t al_a = alignment_of(weight), al_b = alignment_of(inp), al_d = alignment_of(out);
+  TRIDENT_CUBLAS_CHECK(lt.preference_set(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+  TRIDENT_CUBLAS_CHECK(lt.preference_set(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+  TRIDENT_CUBLAS_CHECK(lt.preference_set(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+  TRIDENT_CUBLAS_CHECK(lt.preference_set(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  const cublasLtHandle_t h = lt_handle();
+  const cublasStatus_t hs = lt.heuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &best, &found);
+  if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
+  TRIDENT_CUBLAS_CHECK(hs);
+  Scratch<uint8_t> ws(best.workspaceSize, stream);
+  const float one = 1.0f, zero = 0.0f;
+  TRIDENT_CUBLAS_CHECK(lt.matmul(h, ds.op, &one, weight, ds.a, inp, ds.b, &zero, out, ds.d, out, ds.d, &best.algo,
+                                 ws.get(), best.workspaceSize, stream));
+  return true;
+}
+
 }  // namespace
+
+LinearBiasPaths linear_bias_paths() { return {g_bias_epilogue.load(), g_bias_fill.load()}; }
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc, Precision p, cudaStream_t stream) {
@@ -131,6 +209,31 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                     Precision p, cudaStream_t stream) {
   check_dims("linear_forward", N, C, OC);
   if (N == 0 || OC == 0) return;
+  if (bias && C > 0 && env::param_bool("TRIDENT_CUDA_BIAS_EPILOGUE")) {
+    bool done = false;
+    if (p == Precision::kFloat32) {
+      done = linear_bias_epilogue(out, inp, weight, bias, N, C, OC, CUDA_R_32F, stream);
+    } else {
+      const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
+      Scratch<uint16_t> i16(ni, stream), w16(nw, stream);
+      launch::to_bf16(i16.get(), inp, ni, stream);
+      launch::to_bf16(w16.get(), weight, nw, stream);
+      check_launch("to_bf16 (linear_forward operands)");
+      done = linear_bias_epilogue(out, i16.get(), w16.get(), bias, N, C, OC, CUDA_R_16BF, stream);
+      if (!done) {  // the fill + GEMM path, on the copies already made
+        launch::fill_bias_rows(out, bias, N, OC, stream);
+        check_launch("fill_bias_rows");
+        gemm_ex(false, true, N, OC, C, 1.0f, i16.get(), C, w16.get(), C, 1.0f, out, OC, CUDA_R_16BF, stream);
+        ++g_bias_fill;
+        return;
+      }
+    }
+    if (done) {
+      ++g_bias_epilogue;
+      return;
+    }
+  }
+  if (bias) ++g_bias_fill;
   float beta = 0.0f;
   if (bias) {
     launch::fill_bias_rows(out, bias, N, OC, stream);
@@ -437,7 +540,8 @@ void cross_entropy_rows(float* losses, float* dlogits, const float* logits, cons
                         float dscale, cudaStream_t s) {
   check_dims("cross_entropy", N, V);
   if (N == 0) return;
-  launch::cross_entropy(losses, dlogits, logits, targets, N, V, dscale, nullptr, s);
+  launch::cross_entropy(losses, dlogits, logits, targets, N, V, dscale, nullptr,
+                        env::param_bool("TRIDENT_CUDA_XENT_ONE_PASS"), s);
   check_launch("cross_entropy");
 }
 
@@ -447,7 +551,8 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
   if (N == 0) return 0.0;
   Scratch<float> losses(static_cast<size_t>(N), s);
   int bad = run_with_flag(s, "cross_entropy", [&](int* flag) {
-    launch::cross_entropy(losses.get(), dlogits, logits, targets, N, V, dscale, flag, s);
+    launch::cross_entropy(losses.get(), dlogits, logits, targets, N, V, dscale, flag,
+                          env::param_bool("TRIDENT_CUDA_XENT_ONE_PASS"), s);
   });
   if (bad) {
     int32_t y = 0;

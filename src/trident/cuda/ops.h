@@ -40,9 +40,17 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream = nullptr);
 
-// out[N,OC] = inp[N,C] W[OC,C]^T + bias[OC] (bias nullable).
+// out[N,OC] = inp[N,C] W[OC,C]^T + bias[OC] (bias nullable). With a bias, one cuBLASLt call adds it as the
+// product is written (its epilogue); where cuBLASLt has no algorithm for the operands (their alignment), the
+// bias rows are filled first and the GEMM adds onto them.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     Precision p = Precision::kFloat32, cudaStream_t stream = nullptr);
+// How many linear_forward calls with a bias took each path in this process (the tests check the epilogue's).
+struct LinearBiasPaths {
+  long epilogue = 0, fill = 0;
+};
+LinearBiasPaths linear_bias_paths();
+
 // dinp[N,C] = dinp_beta * dinp + dout W (dinp nullable); dweight[OC,C] += dout^T inp; dbias[OC] += column
 // sums of dout (nullable; fixed-order two-stage sum). dinp_mul (nullable, N x C): dinp is then multiplied
 // by it elementwise, as the CPU kernel does (here a separate elementwise pass after the product).

@@ -115,6 +115,13 @@ void HardwareCatalog::merge_json(const nlohmann::json& j, const std::string& ori
     g.hbm_Bps = num(e, "hbm_gbps", g.hbm_Bps / kG, origin) * kG;
     g.matmul_efficiency = num(e, "matmul_efficiency", g.matmul_efficiency, origin);
     g.intra_link = str(e, "intra_link", g.intra_link);
+    g.attention_fwd_efficiency = num(e, "attention_fwd_efficiency", g.attention_fwd_efficiency, origin);
+    g.attention_bwd_efficiency = num(e, "attention_bwd_efficiency", g.attention_bwd_efficiency, origin);
+    g.elementwise_efficiency = num(e, "elementwise_efficiency", g.elementwise_efficiency, origin);
+    for (double f : {g.matmul_efficiency, g.attention_fwd_efficiency, g.attention_bwd_efficiency, g.elementwise_efficiency})
+      if (!(f > 0 && f <= 1))
+        TRIDENT_THROW(IoError, "hardware catalog {}: gpu '{}': every *_efficiency must be in (0, 1] (a fraction of the peak)",
+                      origin, g.name);
     if (g.memory_bytes <= 0 || g.peak_bf16_flops <= 0)
       TRIDENT_THROW(IoError, "hardware catalog {}: gpu '{}' needs memory_gib > 0 and peak_bf16_tflops > 0", origin, g.name);
     upsert(gpus_, g, [](const GpuSpec& x) { return x.name; });
@@ -173,7 +180,10 @@ nlohmann::json HardwareCatalog::to_json() const {
                          {"peak_fp32_tflops", g.peak_fp32_flops / kT},
                          {"hbm_gbps", g.hbm_Bps / kG},
                          {"matmul_efficiency", g.matmul_efficiency},
-                         {"intra_link", g.intra_link}});
+                         {"intra_link", g.intra_link},
+                         {"attention_fwd_efficiency", g.attention_fwd_efficiency},
+                         {"attention_bwd_efficiency", g.attention_bwd_efficiency},
+                         {"elementwise_efficiency", g.elementwise_efficiency}});
   j["links"] = nlohmann::json::array();
   for (auto& l : links_)
     j["links"].push_back({{"name", l.spec.name},

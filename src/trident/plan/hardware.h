@@ -26,6 +26,13 @@ struct GpuSpec {
   double hbm_Bps = 0;
   double matmul_efficiency = 0.7;  // achievable fraction of peak for large GEMMs (calibratable)
   std::string intra_link = "nvlink4";  // default NVLink/NVSwitch link class of this part
+  // trident's own kernels, as fractions of the peaks above (bench_cuda on an H200, 2026-11-28; the same
+  // defaults for every part until measured there): attention's model FLOPs (4 h s per token and layer,
+  // the causal half not subtracted) at T = 1024, head dim 64, forward and backward on tensor cores; and
+  // the elementwise kernels' bytes (layernorm, GELU, softmax + cross-entropy) against hbm.
+  double attention_fwd_efficiency = 0.18;
+  double attention_bwd_efficiency = 0.11;
+  double elementwise_efficiency = 0.47;
 };
 
 struct LinkCatalogEntry {

@@ -21,6 +21,44 @@ double ModelSpec::params_per_layer() const {
   return attn + mlp + extra;
 }
 
+TokenTraffic layer_traffic_per_token(const ModelSpec& m, int tp, double a, double o) {
+  const double C = m.hidden, hd = C / m.heads, kvC = m.kv() * hd;
+  const double F = double(m.ffn()) / tp, Ct = C / tp, kvt = kvC / tp;
+  const double Q = Ct + 2 * kvt;                     // this rank's q, k, v columns
+  auto cv = [&](double n) { return o > 0 ? n * (a + o) : 0.0; };  // read float32, write the rounded copy
+  // A linear layer's output: with a bias, trident fills the bias rows and the GEMM adds onto them (beta 1).
+  auto out = [&](double n) { return m.bias ? 3 * n * a : n * a; };
+  auto dbias = [&](double n) { return m.bias ? n * a : 0.0; };
+  const double norm_f = 2 * C * a, norm_b = 5 * C * a, residual = 3 * C * a;  // norm backward: dx pass + params pass
+  TokenTraffic t;
+  if (!m.gated_mlp) {
+    // ln1, qkv, attention (its operands rounded), proj, residual, ln2, fc, GELU (value and derivative), proj2, residual.
+    t.forward = norm_f + cv(C) + out(Q) + cv(Q) + C * a + cv(Ct) + out(C) + residual + norm_f + cv(C) + out(F) +
+                3 * F * a + cv(F) + out(C) + residual;
+    // proj2, GELU's product, fc, ln2 + residual, proj, attention, qkv, ln1 + residual.
+    t.backward = cv(C) + cv(F) + F * a + dbias(C) + 3 * F * a + cv(F) + cv(C) + C * a + dbias(F) + norm_b + residual +
+                 cv(C) + cv(Ct) + Ct * a + dbias(C) + cv(Q) + cv(Ct) + Q * a + C * a + cv(Q) + cv(C) + C * a +
+                 dbias(Q) + norm_b + residual;
+  } else {
+    // Grouped-query attention copies the shared key/value heads out to every query head and back.
+    const bool expand = m.kv() < m.heads;
+    const double full = expand ? 3 * Ct : Q;
+    const double rope = 2 * (Ct + kvt) * a;  // q and k rotated in place
+    t.forward = norm_f + cv(C) + Q * a + rope + (expand ? (Q + full) * a : 0.0) + cv(full) + Ct * a + cv(Ct) + C * a +
+                residual + norm_f + cv(C) + 2 * F * a + 3 * F * a + cv(F) + C * a + residual;
+    t.backward = cv(C) + cv(F) + F * a + 5 * F * a + cv(2 * F) + cv(C) + C * a + norm_b + residual + cv(C) + cv(Ct) +
+                 Ct * a + cv(full) + cv(Ct) + full * a + (expand ? (full + Q) * a : 0.0) + rope + cv(Q) + cv(C) +
+                 C * a + norm_b + residual;
+  }
+  return t;
+}
+
+TokenTraffic head_traffic_per_token(const ModelSpec& m, int tp, double a, double o) {
+  const double C = m.hidden, V = double(m.vocab) / tp;
+  auto cv = [&](double n) { return o > 0 ? n * (a + o) : 0.0; };
+  return {2 * C * a + cv(C) + V * a + 4 * V * a, 5 * C * a + cv(V) + cv(C) + C * a};
+}
+
 double ModelSpec::embedding_params() const {
   return double(vocab) * hidden + (learned_positions ? double(seq) * hidden : 0.0);
 }

@@ -73,6 +73,22 @@ bool parse_precision(const std::string& s, Precision* out);
 double model_flops_per_iteration(const ModelSpec& m, double tokens);
 double hardware_flops_per_iteration(const ModelSpec& m, double tokens, Recompute r);
 
+// ---- Memory traffic of the elementwise kernels (norms, residual adds, bias fills and sums, activation
+// functions, rotary embeddings, key/value head copies, operand rounding, the classifier's softmax and
+// cross-entropy), as trident's kernels move it: each kernel reads its inputs and writes its outputs once.
+// Attention's and the GEMMs' own operand reads are not counted (their time is the FLOP rate's). ----
+struct TokenTraffic {
+  double forward = 0, backward = 0;  // bytes per token
+};
+// `activation_bytes`: bytes of a stored activation (4: float32, 2: bfloat16). `operand_copy_bytes`: bytes
+// of the rounded copy a GEMM or attention call makes of each float32 operand (2: trident's bf16 GEMMs on
+// float32 activations; 0: the GEMMs read the activations as they are). Column-parallel widths (q/k/v, MLP,
+// vocabulary) are divided by `tp`; the hidden width (norms, residuals, row-parallel outputs) is not.
+TokenTraffic layer_traffic_per_token(const ModelSpec& m, int tp, double activation_bytes, double operand_copy_bytes);
+// The final norm, the LM head's output, softmax + cross-entropy (three passes over the logits and the
+// gradient written in place) and the head's backward.
+TokenTraffic head_traffic_per_token(const ModelSpec& m, int tp, double activation_bytes, double operand_copy_bytes);
+
 // ---- Memory (Rajbhandari et al. 2020 "ZeRO" sec. 3.1 & 5; Korthikanti et al. 2022 table 2) ----
 struct MemoryBreakdown {
   double params = 0;       // working copy (bf16 in mixed precision, fp32 otherwise)

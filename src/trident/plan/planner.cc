@@ -65,6 +65,7 @@ ClusterSpec make_cluster(const HardwareCatalog& cat, const std::string& gpu, int
     const double share = std::min(1.0, double(h.cpu_cores) / ranks_per_host);
     c.peak_flops = (h.sgemm_flops_avx512 > 0 ? h.sgemm_flops_avx512 : h.sgemm_flops_avx2) * share;
     c.matmul_efficiency = 1.0;  // the catalog holds measured (achievable) rates
+    c.attention_fwd_efficiency = c.attention_bwd_efficiency = 1.0;
     c.device_memory_bytes = h.memory_bytes / ranks_per_host;
     c.hbm_Bps = h.memcpy_Bps_per_core * share;
     c.intra = cat.link(intra_link.empty() ? h.intra_link : intra_link).spec;
@@ -80,10 +81,46 @@ ClusterSpec make_cluster(const HardwareCatalog& cat, const std::string& gpu, int
   c.device_memory_bytes = g.memory_bytes;
   c.peak_flops = precision == Precision::kMixed ? g.peak_bf16_flops : g.peak_tf32_flops;
   c.matmul_efficiency = g.matmul_efficiency;
+  // The catalog's attention figures are the bf16 tensor-core kernels'; float32 attention is charged at the
+  // GEMMs' rate.
+  const bool mixed = precision == Precision::kMixed;
+  c.attention_fwd_efficiency = mixed ? g.attention_fwd_efficiency : g.matmul_efficiency;
+  c.attention_bwd_efficiency = mixed ? g.attention_bwd_efficiency : g.matmul_efficiency;
   c.hbm_Bps = g.hbm_Bps;
+  c.elementwise_Bps = g.hbm_Bps * g.elementwise_efficiency;
   c.intra = cat.link(intra_link.empty() ? g.intra_link : intra_link).spec;
   c.nic = cat.link(inter_link.empty() ? n.nic_link : inter_link).spec;
   return c;
+}
+
+ComputeTime compute_time(const TrainSpec& t, const ClusterSpec& c, const Layout& l, int layers, bool head) {
+  const ModelSpec& m = t.model;
+  const double tok = double(l.micro_batch) * m.seq;
+  const double mm = c.peak_flops * c.matmul_efficiency;
+  // Forward seconds of the layers and of the head: GEMMs, attention, elementwise traffic.
+  const double g_layers = 2.0 * m.params_per_layer() * layers * tok / l.tp / mm;
+  const double g_head = head ? 2.0 * m.vocab * double(m.hidden) * tok / l.tp / mm : 0.0;
+  const double attn_flops = 4.0 * m.hidden * double(m.seq) * tok * layers / l.tp;
+  const double a_f = attn_flops / (c.peak_flops * c.attention_fwd_efficiency);
+  const double a_b = 2 * attn_flops / (c.peak_flops * c.attention_bwd_efficiency);
+  TokenTraffic lt, ht;
+  if (c.elementwise_Bps > 0) {
+    const double a = t.activation_bytes > 0 ? t.activation_bytes : (t.precision == Precision::kMixed ? 2.0 : 4.0);
+    lt = layer_traffic_per_token(m, l.tp, a, t.operand_copy_bytes);
+    if (head) ht = head_traffic_per_token(m, l.tp, a, t.operand_copy_bytes);
+  }
+  const double bw = c.elementwise_Bps > 0 ? c.elementwise_Bps : 1.0;
+  const double e_lf = lt.forward * layers * tok / bw, e_lb = lt.backward * layers * tok / bw;
+  const double e_hf = ht.forward * tok / bw, e_hb = ht.backward * tok / bw;
+  ComputeTime r;
+  r.forward_s = g_layers + g_head + a_f + e_lf + e_hf;
+  r.backward_s = 2 * (g_layers + g_head) + a_b + e_lb + e_hb;
+  if (l.recompute == Recompute::kFull) r.backward_s += g_layers + a_f + e_lf;  // the layers' forward again
+  if (l.recompute == Recompute::kSelective) r.backward_s += a_f;               // the attention core again
+  r.gemm_s = 3 * (g_layers + g_head);
+  r.attention_s = a_f + a_b;
+  r.elementwise_s = e_lf + e_lb + e_hf + e_hb;
+  return r;
 }
 
 std::string Layout::str() const {
@@ -160,14 +197,8 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
   e.fits = e.memory.total() <= c.usable_memory();
 
   // ---- compute per microbatch on the last (heaviest) stage ----
-  const double rate = c.peak_flops * c.matmul_efficiency;
-  const double layer_fwd = (2.0 * m.params_per_layer() + 4.0 * m.hidden * double(m.seq)) * tok * lps / l.tp;
-  const double head_fwd = 2.0 * m.vocab * double(m.hidden) * tok / l.tp;
-  double recompute_flops = 0;
-  if (l.recompute == Recompute::kFull) recompute_flops = layer_fwd;
-  if (l.recompute == Recompute::kSelective) recompute_flops = 4.0 * m.hidden * double(m.seq) * tok * lps / l.tp;
-  const double t_f = (layer_fwd + head_fwd) / rate;
-  const double t_b = (2 * (layer_fwd + head_fwd) + recompute_flops) / rate;
+  const ComputeTime ct = compute_time(t, c, l, lps, true);
+  const double t_f = ct.forward_s, t_b = ct.backward_s;
 
   const LinkSpec inter = c.inter_per_rank();
   // A group of ranks that share a host `g` at a time: the device link inside, their part of the NICs across.

@@ -23,6 +23,8 @@ struct ClusterSpec {
   double device_memory_bytes = 80.0 * (1ull << 30);
   double peak_flops = 989e12;       // for the chosen precision (MFU's denominator)
   double matmul_efficiency = 0.7;   // achievable fraction of peak
+  double attention_fwd_efficiency = 0.7, attention_bwd_efficiency = 0.7;  // attention's FLOPs, fraction of peak
+  double elementwise_Bps = 0;       // bytes/s of the elementwise kernels (0: their traffic is not modelled)
   double hbm_Bps = 3.35e12;
   int gpus = 8;
   int gpus_per_node = 8;
@@ -49,7 +51,13 @@ struct TrainSpec {
   int global_batch = 512;  // sequences per optimizer step
   Precision precision = Precision::kMixed;
   bool sequence_parallel = false;
+  // The elementwise kernels' traffic (model.h, layer_traffic_per_token): bytes of a stored activation (0: the
+  // precision's, 2 mixed and 4 fp32) and of the rounded copy each GEMM makes of a float32 operand (0: none).
+  // trident's CUDA bf16 today: float32 activations (4), bf16 copies (2).
+  double activation_bytes = 0;
+  double operand_copy_bytes = 0;
 };
+
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
@@ -61,6 +69,16 @@ struct Layout {
   int interleave = 1;     // virtual stages per rank (interleaved schedule)
   std::string str() const;
 };
+
+// Seconds of one microbatch on one rank: `layers` transformer layers (+ the LM head when `head`); forward,
+// and backward with what the layout recomputes. GEMM FLOPs at peak x matmul_efficiency, attention's at its
+// own efficiencies, the elementwise kernels' bytes at elementwise_Bps. The planner and the simulator both
+// charge compute this way.
+struct ComputeTime {
+  double forward_s = 0, backward_s = 0;
+  double gemm_s = 0, attention_s = 0, elementwise_s = 0;  // forward + backward, the parts of the sum
+};
+ComputeTime compute_time(const TrainSpec& t, const ClusterSpec& c, const Layout& l, int layers, bool head);
 
 struct CommItem {
   std::string kind;   // "tp_all_reduce", "pp_send_recv", "dp_all_reduce", "zero_reduce_scatter", ...

@@ -340,7 +340,7 @@ class StepGraph {
       : opt(opt), t(opt.train), c(opt.cluster), l(opt.layout), m(t.model), tp(l.tp), pp(l.pp), dp(l.dp),
         gpn(c.gpus_per_node), v(l.schedule == Schedule::kInterleaved ? std::max(1, l.interleave) : 1),
         m_mb(l.microbatches), wb(t.precision == Precision::kMixed ? 2 : 4), tok(double(l.micro_batch) * m.seq),
-        rate(c.peak_flops * c.matmul_efficiency), inter(c.inter_per_rank()),
+        inter(c.inter_per_rank()),
         sym(opt.exploit_symmetry && opt.stragglers.empty() && opt.degraded.empty()), nsim(sym ? pp : c.gpus) {
     setup_links();
     precompute_action_costs();
@@ -407,14 +407,15 @@ class StepGraph {
   const Layout& l;
   const ModelSpec& m;
   const int tp, pp, dp, gpn, v, m_mb;
-  const double wb, tok, rate;
+  const double wb, tok;
   const LinkSpec inter;
   const bool sym;
   const int nsim;
   std::vector<double> slow;
   // Precomputed per-action costs.
   int lpc = 0;
-  double layer_fwd = 0, head_fwd = 0, recompute_flops = 0, tp_bytes = 0, p2p_bytes = 0;
+  ComputeTime chunk_time, last_chunk_time;  // a virtual stage's layers; the last one's with the LM head
+  double tp_bytes = 0, p2p_bytes = 0;
   int n_tp_f = 0, n_tp_b = 0;
   // fwd_last[s][idx(chunk, mb)] etc.: the first / last task of that action on sim rank s in this step.
   std::vector<std::vector<int>> fwd_last, bwd_last, fwd_first, bwd_first;
@@ -442,10 +443,8 @@ void StepGraph::setup_links() {
 
 void StepGraph::precompute_action_costs() {
   lpc = m.layers / (pp * v);
-  layer_fwd = (2.0 * m.params_per_layer() + 4.0 * m.hidden * double(m.seq)) * tok * lpc / tp;
-  head_fwd = 2.0 * m.vocab * double(m.hidden) * tok / tp;
-  if (l.recompute == Recompute::kFull) recompute_flops = layer_fwd;
-  if (l.recompute == Recompute::kSelective) recompute_flops = 4.0 * m.hidden * double(m.seq) * tok * lpc / tp;
+  chunk_time = compute_time(t, c, l, lpc, false);
+  last_chunk_time = compute_time(t, c, l, lpc, true);
   tp_bytes = tok * m.hidden * wb;
   p2p_bytes = tok * m.hidden * wb / tp;
   n_tp_f = 2 * lpc;
@@ -518,9 +517,8 @@ void StepGraph::add_rank_step(int s, int step) {
   for (const Action& a : actions) {
     const int vs = a.chunk * pp + st;
     const bool last_vs = vs == pp * v - 1;
-    double flops = layer_fwd + (last_vs ? head_fwd : 0.0);
-    if (!a.fwd) flops = 2 * flops + recompute_flops;
-    const double dur = flops / rate * slow[s];
+    const ComputeTime& ct = last_vs ? last_chunk_time : chunk_time;
+    const double dur = (a.fwd ? ct.forward_s : ct.backward_s) * slow[s];
     const bool bucketed = !a.fwd && a.mb == m_mb - 1 && dp > 1 && l.zero <= 2;
     const int pieces = bucketed ? nb : 1;
     // ZeRO-3: gather this action's parameters (queued one action ahead: prefetch depth one, the

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "trident/comm/process_group.h"
 #include "trident/core/timeline.h"
@@ -103,6 +106,7 @@ struct PredictionLoop::State {
   std::string device_name, gpu_name;  // gpu_name empty: the device is not in the catalog
   double peak_flops = 0;
   plan::Evaluation gpu_eval;
+  std::string gpu_parts;  // the prediction's parts, printed beside it
 
   void before_gpu(const TrainConfig& cfg, Trainer& t, std::FILE* out) {
     gpu = true;
@@ -113,6 +117,10 @@ struct PredictionLoop::State {
     ts.model = plan_model_spec(cfg, t.dataset().tokenizer().vocab_size());
     ts.global_batch = cfg.batch_size * cfg.gradient_accumulation_steps;
     ts.precision = bf16 ? plan::Precision::kMixed : plan::Precision::kFp32;
+    // trident's CUDA kernels keep activations in float32; under bf16 each GEMM and attention call rounds
+    // its operands to a bf16 copy.
+    ts.activation_bytes = 4;
+    ts.operand_copy_bytes = bf16 ? 2 : 0;
     plan::Layout l;
     l.micro_batch = cfg.batch_size;
     l.microbatches = cfg.gradient_accumulation_steps;
@@ -142,6 +150,18 @@ struct PredictionLoop::State {
       rec["mfu"] = gpu_eval.mfu;
       rec["peak_flops"] = peak_flops;
       rec["matmul_efficiency"] = c.matmul_efficiency;
+      rec["attention_efficiency"] = {c.attention_fwd_efficiency, c.attention_bwd_efficiency};
+      rec["elementwise_Bps"] = c.elementwise_Bps;
+      const plan::ComputeTime ct = plan::compute_time(ts, c, l, ts.model.layers, true);
+      rec["gemm_s"] = ct.gemm_s * l.microbatches;
+      rec["attention_s"] = ct.attention_s * l.microbatches;
+      rec["elementwise_s"] = ct.elementwise_s * l.microbatches;
+      gpu_parts = fmt::format("GEMMs {:.1f} ms at {:.0f}% of peak, attention {:.1f} ms at {:.0f}%/{:.0f}% (forward/backward), "
+                              "elementwise kernels {:.1f} ms at {:.0f} GB/s",
+                              1e3 * ct.gemm_s * l.microbatches, 100 * c.matmul_efficiency,
+                              1e3 * ct.attention_s * l.microbatches, 100 * c.attention_fwd_efficiency,
+                              100 * c.attention_bwd_efficiency, 1e3 * ct.elementwise_s * l.microbatches,
+                              c.elementwise_Bps / 1e9);
     }
     t.emit_record(rec);
     if (cfg.json) return;
@@ -150,10 +170,9 @@ struct PredictionLoop::State {
                         "no peak to predict the step or MFU from\n",
                    device_name.c_str());
     } else {
-      std::fprintf(out, "prediction (planner, %s, %s peak %.0f TFLOP/s, GEMMs at %.0f%% of it): step %.1f ms, %.0f "
-                        "tokens/s, MFU %.1f%%\n",
+      std::fprintf(out, "prediction (planner, %s, %s peak %.0f TFLOP/s): step %.1f ms (%s), %.0f tokens/s, MFU %.1f%%\n",
                    gpu_name.c_str(), bf16 ? "bf16 dense" : "fp32 (no TF32)", peak_flops / 1e12,
-                   100 * c.matmul_efficiency, gpu_eval.step_time_s * 1e3, gpu_eval.tokens_per_s, 100 * gpu_eval.mfu);
+                   gpu_eval.step_time_s * 1e3, gpu_parts.c_str(), gpu_eval.tokens_per_s, 100 * gpu_eval.mfu);
     }
     std::fflush(out);
   }

@@ -5,30 +5,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "harness/scoped_env.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 
 namespace trident::env {
 namespace {
 
-// Sets a variable for the scope of one test and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using trident::testing::ScopedEnv;
 
 TEST(Env, EveryDeclaredDefaultParsesWithItsAccessor) {
   for (const auto& p : all_params()) {

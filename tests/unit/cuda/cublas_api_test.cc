@@ -49,6 +49,16 @@ TEST(CublasApi, OpensOnFirstUseAndNamesStatuses) {
   EXPECT_NE(api.set_stream, nullptr);
   EXPECT_NE(api.sgemm, nullptr);
   EXPECT_NE(api.gemm_ex, nullptr);
+  // cuBLASLt (GEMMs with an epilogue) opens the same way, from the library cuBLAS loads.
+  const auto lt_candidates = cublas_lt_library_candidates();
+  ASSERT_EQ(lt_candidates.size(), 2u);
+  EXPECT_NE(lt_candidates[1].find("libcublasLt.so."), std::string::npos) << lt_candidates[1];
+  const CublasLtApi& lt = cublas_lt();
+  EXPECT_EQ(&lt, &cublas_lt()) << "opened twice";
+  for (const void* f : {reinterpret_cast<const void*>(lt.create), reinterpret_cast<const void*>(lt.matmul),
+                        reinterpret_cast<const void*>(lt.heuristic), reinterpret_cast<const void*>(lt.layout_create),
+                        reinterpret_cast<const void*>(lt.preference_set)})
+    EXPECT_NE(f, nullptr);
 }
 
 }  // namespace

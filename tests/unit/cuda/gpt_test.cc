@@ -6,6 +6,7 @@
 // per parameter tensor (floored at 0.1 x the tensor's largest magnitude), float32 only.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -71,7 +72,22 @@ TEST(CudaModel, MatchesCpuModelLossLogitsAndGradients) {
     std::vector<float> lc(size_t(B) * T * V), lg(lc.size());
     cpu->forward_logits(in.data(), B, T, lc.data());
     gpu->forward_logits(in.data(), B, T, lg.data());
-    expect_close(lg, lc, rtol, what + " logits");
+    if (bf16) {
+      // Both devices round GEMM operands to bfloat16, but their float32 sums differ in order (and the CPU's
+      // vdpbf16ps flushes denormals), so an activation can round to the neighbouring bfloat16 (2^-8 relative)
+      // and carry that into the next layer: single logits move by up to about 1% (seen: 5.3e-3 on an H200
+      // against a Xeon's CPU kernels), the logits as a whole far less.
+      expect_close(lg, lc, 3e-2, what + " logits");
+      double d2 = 0, r2 = 0;
+      for (size_t i = 0; i < lc.size(); ++i) {
+        d2 += (double(lg[i]) - lc[i]) * (double(lg[i]) - lc[i]);
+        r2 += double(lc[i]) * lc[i];
+      }
+      std::printf("%s logits: |gpu - cpu| / |cpu| = %.3g\n", what.c_str(), std::sqrt(d2 / r2));
+      EXPECT_LE(std::sqrt(d2 / r2), 5e-3) << what;
+    } else {
+      expect_close(lg, lc, rtol, what + " logits");
+    }
 
     cpu->zero_grad();
     gpu->zero_grad();

@@ -5,9 +5,11 @@
 //   1e-12.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "cuda_test_util.h"
+#include "harness/scoped_env.h"
 #include "harness/temp_dir.h"
 #include "trident/cuda/ops.h"
 #include "trident/kernels/cpu/ops.h"
@@ -88,8 +90,14 @@ TEST(CudaKernels, LinearForwardBackwardAccumulate) {
     bool bias;
   };
   double worst = 0;
-  for (const S s : {S{1, 1, 1, true}, S{7, 13, 5, false}, S{37, 64, 129, true}, S{130, 97, 31, true}}) {
-    for (int prec = 0; prec < 2; ++prec) {
+  const LinearBiasPaths before = linear_bias_paths();
+  // The last shape is GPT-2's qkv projection over 512 tokens (tensor-core algorithms of the bias epilogue).
+  for (const S s : {S{1, 1, 1, true}, S{7, 13, 5, false}, S{37, 64, 129, true}, S{130, 97, 31, true},
+                    S{512, 768, 2304, true}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const int prec = variant & 1;
+      const bool epilogue = variant >= 2;  // the bias added by cuBLASLt, or filled before the GEMM
+      trident::testing::ScopedEnv use_epilogue("TRIDENT_CUDA_BIAS_EPILOGUE", epilogue ? "1" : "0");
       const auto p = prec ? Precision::kBFloat16 : Precision::kFloat32;
       const double tol = prec ? 1e-4 : 1e-5;
       auto x = random_floats(size_t(s.N) * s.C, 1), w = random_floats(size_t(s.OC) * s.C, 2),
@@ -98,15 +106,22 @@ TEST(CudaKernels, LinearForwardBackwardAccumulate) {
       std::vector<float> out(size_t(s.N) * s.OC);
       auto dx = dev(x), dW = dev(w), dB = dev(b), dDout = dev(dout), dDinp = dev(dinp), dDw = dev(dw),
            dDb = dev(db);
-      DeviceBuffer<float> dOut(out.size());
+      // Poisoned: an element the GPU does not write fails the comparison.
+      auto dOut = dev(std::vector<float>(out.size(), std::nanf("")));
       cpu::linear_forward(out.data(), x.data(), w.data(), s.bias ? b.data() : nullptr, s.N, s.C, s.OC, p);
+      const long epilogue_before = linear_bias_paths().epilogue;
       cuda::linear_forward(dOut.data(), dx.data(), dW.data(), s.bias ? dB.data() : nullptr, s.N, s.C, s.OC, p);
+      // At a real layer's shape, with buffers from cudaMalloc (256-byte aligned), cuBLASLt adds the bias.
+      if (s.N == 512 && epilogue) {
+        EXPECT_EQ(linear_bias_paths().epilogue - epilogue_before, 1) << "no bias epilogue at N=512";
+      }
       // dinp_beta = 1 accumulates into dinp; dweight and dbias always accumulate.
       cpu::linear_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), x.data(), w.data(), s.N,
                            s.C, s.OC, 1.0f, p);
       cuda::linear_backward(dDinp.data(), dDw.data(), s.bias ? dDb.data() : nullptr, dDout.data(), dx.data(), dW.data(),
                       s.N, s.C, s.OC, 1.0f, p);
-      const std::string tag = fmt::format("N={} C={} OC={} {}", s.N, s.C, s.OC, prec ? "bf16" : "f32");
+      const std::string tag =
+          fmt::format("N={} C={} OC={} {}{}", s.N, s.C, s.OC, prec ? "bf16" : "f32", epilogue ? " epilogue" : "");
       worst = std::max(worst, expect_close(dOut.to_host(), out, tol, "linear out " + tag));
       worst = std::max(worst, expect_close(dDinp.to_host(), dinp, tol, "linear dinp " + tag));
       worst = std::max(worst, expect_close(dDw.to_host(), dw, tol, "linear dweight " + tag));
@@ -114,6 +129,28 @@ TEST(CudaKernels, LinearForwardBackwardAccumulate) {
     }
   }
   std::printf("linear worst relative error %.3g\n", worst);
+  const LinearBiasPaths after = linear_bias_paths();
+  std::printf("linear_forward with a bias: %ld through the cuBLASLt epilogue, %ld by fill + GEMM\n",
+              after.epilogue - before.epilogue, after.fill - before.fill);
+}
+
+// A bias that starts 4 bytes into a buffer (as a parameter at an odd offset of a flat buffer can): whichever
+// path linear_forward takes, the result is the CPU's.
+TEST(CudaKernels, LinearForwardBiasAtAnyAlignment) {
+  TRIDENT_REQUIRE_GPU();
+  const int N = 64, C = 96, OC = 48;
+  trident::testing::ScopedEnv use_epilogue("TRIDENT_CUDA_BIAS_EPILOGUE", "1");
+  for (int prec = 0; prec < 2; ++prec) {
+    const auto p = prec ? Precision::kBFloat16 : Precision::kFloat32;
+    auto x = random_floats(size_t(N) * C, 11), w = random_floats(size_t(OC) * C, 12), b = random_floats(OC + 1, 13);
+    std::vector<float> out(size_t(N) * OC);
+    cpu::linear_forward(out.data(), x.data(), w.data(), b.data() + 1, N, C, OC, p);
+    auto dx = dev(x), dW = dev(w), dB = dev(b);
+    auto dOut = dev(std::vector<float>(out.size(), std::nanf("")));
+    cuda::linear_forward(dOut.data(), dx.data(), dW.data(), dB.data() + 1, N, C, OC, p);
+    expect_close(dOut.to_host(), out, prec ? 1e-4 : 1e-5,
+                 std::string("linear out, bias at +4 bytes, ") + (prec ? "bf16" : "f32"));
+  }
 }
 
 TEST(CudaKernels, GeluExactAndTanhForwardBackward) {
@@ -389,26 +426,34 @@ TEST(CudaKernels, EmbeddingForwardBackward) {
 TEST(CudaKernels, CrossEntropyFused) {
   TRIDENT_REQUIRE_GPU();
   struct S {
-    int N, V;
+    int N, V, padded;  // the last `padded` ids of each row take -inf logits (a vocabulary padded to a multiple)
   };
-  for (const S s : {S{1, 1}, S{7, 7}, S{37, 257}, S{65, 50257}}) {
-    auto logits = random_floats(size_t(s.N) * s.V, 81, -5.0f, 5.0f);
-    auto targets = random_ints(s.N, 82, 0, s.V);
-    const float dscale = 1.0f / s.N;
-    std::vector<float> dl(logits.size());
-    const double loss = cpu::cross_entropy_forward_backward(dl.data(), logits.data(), targets.data(), s.N, s.V, dscale);
-    auto dlog = dev(logits);
-    auto dt = dev(targets);
-    DeviceBuffer<float> dDl(logits.size());
-    const double gl = cuda::cross_entropy_forward_backward(dDl.data(), dlog.data(), dt.data(), s.N, s.V, dscale);
-    EXPECT_NEAR(gl, loss, 1e-5 * std::max(1.0, std::fabs(loss))) << "N=" << s.N << " V=" << s.V;
-    expect_close(dDl.to_host(), dl, 1e-5, fmt::format("cross_entropy dlogits N={} V={}", s.N, s.V));
-    // In place (dlogits aliases logits), loss only (dlogits null).
-    const double gl2 = cuda::cross_entropy_forward_backward(dlog.data(), dlog.data(), dt.data(), s.N, s.V, dscale);
-    EXPECT_EQ(gl2, gl);
-    expect_close(dlog.to_host(), dl, 1e-5, fmt::format("cross_entropy in place N={} V={}", s.N, s.V));
-    auto dlog2 = dev(logits);
-    EXPECT_EQ(cuda::cross_entropy_forward_backward(nullptr, dlog2.data(), dt.data(), s.N, s.V, dscale), gl);
+  // V a multiple of 4 takes the kernel's 16-byte loads; the others its scalar loop.
+  for (const char* one_pass : {"0", "1"}) {  // passes for the maximum and the sum, or one (online softmax)
+    trident::testing::ScopedEnv kernel("TRIDENT_CUDA_XENT_ONE_PASS", one_pass);
+    for (const S s : {S{1, 1, 0}, S{7, 7, 0}, S{37, 257, 0}, S{65, 50257, 0}, S{9, 128, 0}, S{33, 50304, 47},
+                      S{5, 8, 7}}) {
+      auto logits = random_floats(size_t(s.N) * s.V, 81, -5.0f, 5.0f);
+      for (int r = 0; r < s.N; ++r)
+        for (int i = s.V - s.padded; i < s.V; ++i) logits[size_t(r) * s.V + i] = -INFINITY;
+      auto targets = random_ints(s.N, 82, 0, s.V - s.padded);
+      const float dscale = 1.0f / s.N;
+      std::vector<float> dl(logits.size());
+      const double loss = cpu::cross_entropy_forward_backward(dl.data(), logits.data(), targets.data(), s.N, s.V, dscale);
+      auto dlog = dev(logits);
+      auto dt = dev(targets);
+      DeviceBuffer<float> dDl(logits.size());
+      const double gl = cuda::cross_entropy_forward_backward(dDl.data(), dlog.data(), dt.data(), s.N, s.V, dscale);
+      const std::string tag = fmt::format("N={} V={} one_pass={}", s.N, s.V, one_pass);
+      EXPECT_NEAR(gl, loss, 1e-5 * std::max(1.0, std::fabs(loss))) << tag;
+      expect_close(dDl.to_host(), dl, 1e-5, "cross_entropy dlogits " + tag);
+      // In place (dlogits aliases logits), loss only (dlogits null).
+      const double gl2 = cuda::cross_entropy_forward_backward(dlog.data(), dlog.data(), dt.data(), s.N, s.V, dscale);
+      EXPECT_EQ(gl2, gl);
+      expect_close(dlog.to_host(), dl, 1e-5, "cross_entropy in place " + tag);
+      auto dlog2 = dev(logits);
+      EXPECT_EQ(cuda::cross_entropy_forward_backward(nullptr, dlog2.data(), dt.data(), s.N, s.V, dscale), gl);
+    }
   }
   std::vector<int32_t> bad = {3, -1};
   auto dbad = dev(bad);

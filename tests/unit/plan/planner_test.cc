@@ -77,6 +77,71 @@ TEST(Planner, SingleGpuGpt2Evaluation) {
   EXPECT_NEAR(e.tokens_per_s, 16.0 * 1024 / e.step_time_s, 1e-6 * e.tokens_per_s);
 }
 
+// The elementwise kernels' traffic, counted by hand for a GPT layer without biases at C = 1, F = 4, three
+// heads' q/k/v columns Q = 3, float32 activations (4 bytes) and no operand copies: forward ln1 2, qkv out 3,
+// attention out 1, proj out 1, residual 3, ln2 2, fc out 4, GELU 12, proj2 out 1, residual 3 = 32 elements;
+// backward proj2 dinp 4, GELU product 12, fc dinp 1, ln2 5 + residual 3, proj dinp 1, attention dqkv 3 +
+// dout 1, qkv dinp 1, ln1 5 + residual 3 = 39. bf16 operand copies (2 bytes) add 6 bytes per element each
+// GEMM and attention call rounds.
+TEST(Planner, ElementwiseTrafficCountedByHand) {
+  ModelSpec m;
+  m.hidden = 1;
+  m.heads = 1;
+  m.ffn_hidden = 4;
+  m.bias = false;
+  const TokenTraffic f32 = layer_traffic_per_token(m, 1, 4, 0);
+  EXPECT_DOUBLE_EQ(f32.forward, 32 * 4);
+  EXPECT_DOUBLE_EQ(f32.backward, 39 * 4);
+  // Rounded copies: forward qkv 1 + attention 3 + proj 1 + fc 1 + proj2 4 = 10 elements; backward 2 per
+  // linear (dout and input) plus attention's q/k/v and dout: (1+4) + (4+1) + (1+1) + (3+1) + (3+1) = 20.
+  const TokenTraffic b16 = layer_traffic_per_token(m, 1, 4, 2);
+  EXPECT_DOUBLE_EQ(b16.forward - f32.forward, 10 * 6);
+  EXPECT_DOUBLE_EQ(b16.backward - f32.backward, 20 * 6);
+  // Tensor parallelism splits the column-parallel widths only.
+  m.hidden = 8;
+  m.heads = 2;
+  m.ffn_hidden = 32;
+  EXPECT_LT(layer_traffic_per_token(m, 2, 4, 2).forward, layer_traffic_per_token(m, 1, 4, 2).forward);
+  // Softmax + cross-entropy: the logits written, then three passes and the gradient in place.
+  m.vocab = 100;
+  EXPECT_DOUBLE_EQ(head_traffic_per_token(m, 1, 4, 0).forward, 2 * 8 * 4 + 5 * 100 * 4);
+}
+
+// The step the planner predicts for trident's own CUDA kernels (float32 activations, bf16 GEMM operands)
+// against what `trident train --device cuda --dtype bfloat16` measured on an H200 on 2026-11-28
+// (docs/PERFORMANCE.md, "GPU"): within 20% for each model, where the model of GEMM FLOPs alone predicted
+// 0.30-0.51 of the measured step.
+TEST(Planner, PredictsTheMeasuredH200Steps) {
+  const auto cat = HardwareCatalog::builtin();
+  const ClusterSpec c = make_cluster(cat, "h200", 1, 1, "", "", "", Precision::kMixed);
+  struct Run {
+    const char* model;
+    int vocab, seq, batch;
+    double measured_s;
+  };
+  for (const Run& r : {Run{"gpt2", 50304, 1024, 16, 69.9e-3}, Run{"tinyllama-1.1b", 50304, 1024, 4, 108.0e-3},
+                       Run{"llama3.2-1b", 128256, 2048, 4, 204.9e-3}}) {
+    TrainSpec t;
+    t.model = model_preset(r.model);
+    t.model.vocab = r.vocab;  // GPT-2's tokenizer, padded (to 128,256 for the Llama 3 shape)
+    t.model.seq = r.seq;
+    t.global_batch = r.batch;
+    t.precision = Precision::kMixed;
+    t.activation_bytes = 4;
+    t.operand_copy_bytes = 2;
+    Layout l;
+    l.micro_batch = r.batch;
+    const Evaluation e = evaluate(t, c, l);
+    const ComputeTime ct = compute_time(t, c, l, t.model.layers, true);
+    EXPECT_NEAR(ct.forward_s + ct.backward_s, ct.gemm_s + ct.attention_s + ct.elementwise_s, 1e-12);
+    std::printf("%s: predicted %.1f ms (GEMMs %.1f, attention %.1f, elementwise %.1f), measured %.1f: %.2f\n", r.model,
+                e.step_time_s * 1e3, ct.gemm_s * 1e3, ct.attention_s * 1e3, ct.elementwise_s * 1e3, r.measured_s * 1e3,
+                e.step_time_s / r.measured_s);
+    EXPECT_GT(e.step_time_s, 0.8 * r.measured_s) << r.model;
+    EXPECT_LT(e.step_time_s, 1.2 * r.measured_s) << r.model;
+  }
+}
+
 TEST(Planner, TensorParallelTrafficExample) {
   ModelSpec m;
   m.layers = 96, m.hidden = 8192, m.heads = 64, m.seq = 2048;
@@ -224,9 +289,21 @@ TEST(Catalog, ShareFilesMatchBuiltinsAndUsersCanAdd) {
   user.load_dir(dir.string(), true);
   EXPECT_NEAR(user.gpu("b200").peak_bf16_flops, 2250e12, 1);
   EXPECT_NEAR(user.link("h100-sxm-slow").bidirectional_Bps, 2e9, 1);
+  EXPECT_DOUBLE_EQ(user.gpu("b200").attention_bwd_efficiency, GpuSpec{}.attention_bwd_efficiency);
   std::ofstream(dir / "zbad.json") << R"({"gpus": [{"memory_gib": 1}]})";
   HardwareCatalog bad = builtin;
   EXPECT_THROW(bad.load_dir(dir.string(), true), IoError);
+  // An efficiency is a fraction of a peak: a percentage written as 18 is refused by name.
+  std::filesystem::remove(dir / "zbad.json");
+  std::ofstream(dir / "zbad.json") << R"({"gpus": [{"name": "h200", "attention_fwd_efficiency": 18}]})";
+  HardwareCatalog pct = builtin;
+  try {
+    pct.load_dir(dir.string(), true);
+    ADD_FAILURE() << "an efficiency of 18 was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("h200"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(0, 1]"), std::string::npos) << e.what();
+  }
   std::filesystem::remove_all(dir);
   EXPECT_THROW(bad.load_dir("/nonexistent/trident", true), IoError);
 }
