@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "command.h"
+#include "trident/bench/bench_page.h"
 #include "trident/bench/comm_bench.h"
 #include "trident/comm/process_group.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
+#include "trident/dashboard/page_file.h"
 #include "trident/launch/launcher.h"
 
 namespace cmd_bench {
@@ -50,6 +52,8 @@ struct RawFlags {
   int nproc = 0;
   std::string bind;  // --bind with --nproc ("" = TRIDENT_BIND, else auto)
   std::string tune;
+  std::string html;                // --html FILE: the busbw page (rank 0 writes it)
+  std::vector<std::string> peers;  // --peer LABEL=FILE: results overlaid on it
   // Flags given on the command line (with --tune, the others take --tune's defaults).
   bool given_op = false, given_minbytes = false, given_maxbytes = false, given_stepfactor = false,
        given_iters = false, given_warmup = false, given_algo = false, given_placement = false;
@@ -138,6 +142,21 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(len));
 }
 
+// Rank 0's --html page: this run's busbw per collective and algorithm, with the --peer files' lines.
+void write_page(const RawFlags& f, const trident::bench::CommBenchResult& r) {
+  std::vector<trident::bench::BusbwSource> sources = {trident::bench::busbw_source("trident", r.records)};
+  for (const std::string& p : f.peers) sources.push_back(trident::bench::load_busbw_source(p, "--peer"));
+  std::string subtitle;
+  if (!r.records.empty()) {
+    const auto& first = r.records.front();
+    subtitle = std::to_string(first.world_size) + " ranks over " + first.transport + ", " + f.dtype + " " + f.redop +
+               ", " + first.buffers + " buffers";
+  }
+  const std::string html = trident::dashboard::render_figures(trident::bench::busbw_figures(sources, subtitle));
+  trident::dashboard::write_html_file(f.html, html, "bench comm --html");
+  std::cout << "# busbw page written: " << f.html << "\n";
+}
+
 int run(const RawFlags& f) {
   trident::bench::CommBenchOptions o;
   std::optional<trident::launch::Bind> bind;
@@ -158,6 +177,11 @@ int run(const RawFlags& f) {
       TRIDENT_THROW(InvalidArgument, "--backend mpi takes its ranks from mpirun: run `mpirun -np N trident bench comm "
                     "--backend mpi ...` without --nproc");
     if (f.nproc < 0) TRIDENT_THROW(InvalidArgument, "--nproc must be at least 1, got {}", f.nproc);
+    // The page's path and the peers' files are checked before the run, not found wrong after it.
+    if (!f.peers.empty() && f.html.empty())
+      TRIDENT_THROW(InvalidArgument, "--peer overlays results on the --html page: add --html FILE");
+    if (!f.html.empty()) trident::dashboard::check_html_path(f.html, "--html");
+    for (const std::string& p : f.peers) trident::bench::load_busbw_source(p, "--peer");
     if (f.nproc > 0) {
       if (trident::launch::in_launched_job())
         TRIDENT_THROW(InvalidArgument,
@@ -188,6 +212,7 @@ int run(const RawFlags& f) {
     if (o.timeout_s) g.timeout = trident::Seconds(*o.timeout_s);
     auto pg = trident::init_process_group(g);
     trident::bench::CommBenchResult r = trident::bench::run_comm_bench(*pg, o, std::cout);
+    if (pg->rank() == 0 && !f.html.empty()) write_page(f, r);
     std::cout.flush();
     if (r.wrong > 0) {
       std::fprintf(stderr, "trident bench comm: rank %d: %llu wrong elements (see #wrong)\n", pg->rank(),
@@ -242,6 +267,12 @@ void setup(CLI::App& app) {
                  "verify every element of every iteration against an independently computed reference; exit 1 on "
                  "any wrong element");
   comm->add_option("--json", f->json, "write one JSON record per (row, placement) to FILE");
+  comm->add_option("--html", f->html,
+                   "write FILE: one self-contained HTML page of busbw against size per collective and algorithm "
+                   "(opens offline), with the --peer results overlaid");
+  comm->add_option("--peer", f->peers,
+                   "LABEL=FILE: results to overlay on the --html page (a --json file of another run, OpenMPI's rows as "
+                   "scripts/run_peers.sh writes them, or mpi_bench/gloo_bench's table); repeatable");
   comm->add_flag("--inplace", f->inplace, "run only the in-place form (default: both)");
   comm->add_flag("--outofplace", f->outofplace, "run only the out-of-place form (default: both)");
   comm->add_option("--device", f->device,

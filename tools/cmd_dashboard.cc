@@ -1,13 +1,13 @@
 // `trident dashboard RUN_DIR...`: a live page of the runs' loss, speed, step time, memory and health
 // (dashboard/server.h); `trident report RUN_DIR... --out FILE`: the same page as one self-contained file.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "trident/core/error.h"
+#include "trident/dashboard/page_file.h"
 #include "trident/dashboard/server.h"
 
 namespace trident::cli {
@@ -58,11 +58,9 @@ void setup_report(CLI::App& app) {
       ->check(CLI::Range(2, 1000000))
       ->default_val(5000);
   sub->callback([o] {
+    dashboard::check_html_path(o->out, "--out");
     const std::string html = dashboard::render_report(o->dirs, o->max_points);
-    std::ofstream out(o->out, std::ios::binary | std::ios::trunc);
-    out << html;
-    out.close();
-    if (!out) TRIDENT_THROW(IoError, "report: cannot write '{}': check the folder exists and is writable", o->out);
+    dashboard::write_html_file(o->out, html, "report");
     std::printf("report: %s (%zu run%s, %.1f KB)\n", o->out.c_str(), o->dirs.size(), o->dirs.size() == 1 ? "" : "s",
                 static_cast<double>(html.size()) / 1e3);
     set_exit_code(0);

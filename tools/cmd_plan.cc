@@ -1,16 +1,20 @@
 // `trident plan`: memory, communication, bubble, step time and MFU of parallel layouts from the cost
 // model (src/trident/plan/), and a recommendation. Also holds the model/cluster options shared with
 // `trident simulate` (PlanCommon, declared in plan_cli.h).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "command.h"
 #include "plan_cli.h"
 #include "trident/core/error.h"
+#include "trident/dashboard/page_file.h"
 #include "trident/plan/model.h"
+#include "trident/plan/plan_page.h"
 #include "trident/plan/planner.h"
 
 namespace trident::cli {
@@ -208,7 +212,16 @@ void print_detail(const plan::Evaluation& e) {
   for (auto& w : e.warnings) std::printf("  warning: %s\n", w.c_str());
 }
 
+// The --html page of `evals` (the rows the table shows).
+void write_page(const PlanCommon& o, const plan::TrainSpec& t, const plan::ClusterSpec& c,
+                const std::vector<plan::Evaluation>& evals, const plan::Evaluation* recommended) {
+  dashboard::write_html_file(o.html, dashboard::render_figures(plan::layout_figures(t, c, evals, recommended)),
+                             "plan --html");
+  if (!o.json) std::printf("\nlayouts page written: %s\n", o.html.c_str());
+}
+
 void run_plan(const PlanCommon& o, int top, bool all) {
+  if (!o.html.empty()) dashboard::check_html_path(o.html, "--html");
   plan::HardwareCatalog cat = load_catalog(o);
   plan::TrainSpec t = resolve_train(o);
   plan::ClusterSpec c = resolve_cluster(o, cat, t);
@@ -224,6 +237,7 @@ void run_plan(const PlanCommon& o, int top, bool all) {
       print_row(e);
       print_detail(e);
     }
+    if (!o.html.empty()) write_page(o, t, c, {e}, nullptr);
     set_exit_code(e.fits ? 0 : 3);
     return;
   }
@@ -264,6 +278,11 @@ void run_plan(const PlanCommon& o, int top, bool all) {
     std::printf("\nwhy:\n");
     for (auto& r : rec.reasons) std::printf("  - %s\n", r.c_str());
   }
+  if (!o.html.empty()) {
+    const size_t shown = all ? evals.size() : std::min(evals.size(), static_cast<size_t>(std::max(top, 1)));
+    write_page(o, t, c, std::vector<plan::Evaluation>(evals.begin(), evals.begin() + static_cast<long>(shown)),
+               rec.found ? &rec.best : nullptr);
+  }
   set_exit_code(rec.found ? 0 : 3);
 }
 
@@ -276,6 +295,9 @@ void setup(CLI::App& app) {
   add_plan_common_options(c, o.get());
   c->add_option("--top", *top, "rows of the table to print")->capture_default_str();
   c->add_flag("--all", *all, "print every candidate");
+  c->add_option("--html", o->html,
+                "write FILE: one self-contained HTML page (opens offline) of the --top layouts' memory by component, "
+                "step split into compute, exposed communication and bubble, and bytes sent by kind");
   c->add_flag("--list-hardware", *list, "print the hardware catalog (built-in + --catalog) as JSON");
   c->callback([o, top, all, list] {
     if (*list) {

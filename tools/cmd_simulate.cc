@@ -14,6 +14,8 @@
 #include "command.h"
 #include "plan_cli.h"
 #include "trident/core/error.h"
+#include "trident/dashboard/page_file.h"
+#include "trident/plan/plan_page.h"
 #include "trident/plan/simulator.h"
 
 namespace trident::cli {
@@ -44,6 +46,11 @@ std::vector<int> default_counts(int unit, int max_gpus) {
 }
 
 void run_simulate(const PlanCommon& o, const SimCli& s) {
+  if (!o.html.empty()) {
+    if (s.sweep.empty())
+      TRIDENT_THROW(InvalidArgument, "--html draws the scaling sweep's curves: add --sweep strong, weak or both");
+    dashboard::check_html_path(o.html, "--html");
+  }
   plan::HardwareCatalog cat = load_catalog(o);
   plan::SimOptions opt;
   opt.train = resolve_train(o);
@@ -140,6 +147,15 @@ void run_simulate(const PlanCommon& o, const SimCli& s) {
       }
     }
   }
+  if (!o.html.empty()) {
+    dashboard::write_html_file(
+        o.html,
+        dashboard::render_figures(plan::scaling_figures(
+            j["sweep"], fmt::format("model {}, {} on {} x {}", opt.train.model.name, opt.layout.str(),
+                                    opt.cluster.gpus, opt.cluster.device))),
+        "simulate --html");
+    if (!o.json) std::printf("\nscaling page written: %s\n", o.html.c_str());
+  }
   if (o.json) std::cout << j.dump(2) << "\n";
 }
 
@@ -156,7 +172,10 @@ void setup(CLI::App& app) {
   c->add_option("--sweep", s->sweep, "scaling curve over GPU counts: strong, weak or both");
   c->add_option("--sweep-gpus", s->sweep_gpus, "GPU counts of the sweep (default: powers of two from tp x pp to --gpus)")
       ->delimiter(',');
-  c->add_option("--csv", s->csv, "write the sweep as CSV (for scripts/plot_scaling.py)");
+  c->add_option("--csv", s->csv, "write the sweep as CSV");
+  c->add_option("--html", o->html,
+                "write FILE: one self-contained HTML page (opens offline) of the sweep's step time, tokens/s and "
+                "scaling efficiency against the GPU count");
   c->add_flag("--no-symmetry", s->no_symmetry, "simulate every rank even when symmetric");
   c->add_option("--algo", s->algo, "data-parallel collective algorithm (the native backend's names: auto, ring, rd, rh, tree, direct, hier), where the op has it")->capture_default_str();
   c->add_option("--bucket-mb", s->bucket_mb, "gradient bucket size in MB")->capture_default_str();

@@ -26,6 +26,7 @@ struct PlanCommon {
   int tp = 0, pp = 0, dp = 0, zero = -1, microbatches = 0, interleave = 1;
   std::string recompute, schedule;
   bool json = false;
+  std::string html;  // --html FILE: the figure page (plan: the layouts; simulate: the sweep)
 };
 void add_plan_common_options(CLI::App* c, PlanCommon* o);
 plan::HardwareCatalog load_catalog(const PlanCommon& o);

@@ -479,36 +479,38 @@ void apply_tune_defaults(CommBenchOptions& o) {
   o.outofplace = false;
 }
 
+nlohmann::ordered_json record_json(const BenchRecord& r) {
+  nlohmann::ordered_json j;
+  j["op"] = op_name(r.op);
+  j["algo"] = algo_name(r.algo);
+  j["algo_forced"] = r.algo_forced;
+  j["inplace"] = r.inplace;
+  j["size"] = r.size;
+  j["count"] = r.count;
+  j["count_per_rank"] = r.count_per_rank;
+  j["dtype"] = r.has_dtype ? dtype_name(r.dtype) : "none";
+  j["redop"] = r.has_redop ? reduce_op_name(r.redop) : "none";
+  j["root"] = r.root;
+  j["time_us"] = r.time_us;
+  j["algbw"] = r.algbw;
+  j["busbw"] = r.busbw;
+  j["wrong"] = r.wrong ? nlohmann::ordered_json(*r.wrong) : nlohmann::ordered_json(nullptr);
+  j["lat_min_us"] = r.lat_min_us;
+  j["lat_p50_us"] = r.lat_p50_us;
+  j["lat_p99_us"] = r.lat_p99_us;
+  j["world_size"] = r.world_size;
+  j["transport"] = r.transport;
+  j["transport_requested"] = r.transport_requested;
+  j["buffers"] = r.buffers;
+  return j;
+}
+
 void write_json(const std::string& path, const std::vector<BenchRecord>& records) {
   std::ofstream f(path);
   if (!f) TRIDENT_THROW(IoError, "--json: cannot open '{}' for writing", path);
   f << "[\n";
-  for (size_t i = 0; i < records.size(); ++i) {
-    const BenchRecord& r = records[i];
-    nlohmann::ordered_json j;
-    j["op"] = op_name(r.op);
-    j["algo"] = algo_name(r.algo);
-    j["algo_forced"] = r.algo_forced;
-    j["inplace"] = r.inplace;
-    j["size"] = r.size;
-    j["count"] = r.count;
-    j["count_per_rank"] = r.count_per_rank;
-    j["dtype"] = r.has_dtype ? dtype_name(r.dtype) : "none";
-    j["redop"] = r.has_redop ? reduce_op_name(r.redop) : "none";
-    j["root"] = r.root;
-    j["time_us"] = r.time_us;
-    j["algbw"] = r.algbw;
-    j["busbw"] = r.busbw;
-    j["wrong"] = r.wrong ? nlohmann::ordered_json(*r.wrong) : nlohmann::ordered_json(nullptr);
-    j["lat_min_us"] = r.lat_min_us;
-    j["lat_p50_us"] = r.lat_p50_us;
-    j["lat_p99_us"] = r.lat_p99_us;
-    j["world_size"] = r.world_size;
-    j["transport"] = r.transport;
-    j["transport_requested"] = r.transport_requested;
-    j["buffers"] = r.buffers;
-    f << j.dump() << (i + 1 < records.size() ? ",\n" : "\n");
-  }
+  for (size_t i = 0; i < records.size(); ++i)
+    f << record_json(records[i]).dump() << (i + 1 < records.size() ? ",\n" : "\n");
   f << "]\n";
   if (!f) TRIDENT_THROW(IoError, "--json: failed writing '{}'", path);
 }

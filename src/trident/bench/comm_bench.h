@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "trident/comm/tuning.h"
 #include "trident/comm/types.h"
 
@@ -118,7 +120,10 @@ TuningTable tuning_from_records(const std::vector<BenchRecord>& records, const s
 // 8 B .. 8 MiB by factors of 16, in place, few iterations. The CLI applies them before the user's flags.
 void apply_tune_defaults(CommBenchOptions& o);
 
-// Writes `records` as a JSON array, one record per line (the --json format; scripts/plot_bench.py reads it).
+// One record in the --json format (its fields named as above, op/algo/dtype/redop by name).
+nlohmann::ordered_json record_json(const BenchRecord& r);
+// Writes `records` as a JSON array, one record per line (the --json format; `bench comm --html --peer
+// LABEL=FILE` reads it, bench/bench_page.h).
 void write_json(const std::string& path, const std::vector<BenchRecord>& records);
 
 }  // namespace trident::bench

@@ -9,6 +9,9 @@ namespace trident::dashboard::assets {
 extern const char kIndexHtml[];
 extern const char kDashboardJs[];
 extern const char kDashboardCss[];
+extern const char kChartsJs[];     // the chart code both pages share
+extern const char kFiguresHtml[];  // the figure pages' template (bench comm, plan, simulate --html)
+extern const char kFiguresJs[];
 extern const char kUplotJs[];
 extern const char kUplotCss[];
 extern const bool kHaveUplot;

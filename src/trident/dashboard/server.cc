@@ -14,6 +14,7 @@
 
 #include "trident/core/error.h"
 #include "trident/dashboard/assets.h"
+#include "trident/dashboard/page_file.h"
 #include "trident/dashboard/run_data.h"
 
 namespace trident::dashboard {
@@ -32,27 +33,10 @@ struct Asset {
 const Asset kAssets[] = {
     {"dashboard.js", "text/javascript; charset=utf-8", assets::kDashboardJs},
     {"dashboard.css", "text/css; charset=utf-8", assets::kDashboardCss},
+    {"charts.js", "text/javascript; charset=utf-8", assets::kChartsJs},
     {"uPlot.iife.min.js", "text/javascript; charset=utf-8", assets::kUplotJs},
     {"uPlot.min.css", "text/css; charset=utf-8", assets::kUplotCss},
 };
-
-// JSON safe inside a <script> element: "</" written as "<\/" (the same string to a JSON parser).
-std::string script_json(const nlohmann::json& j) {
-  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    out += s[i];
-    if (s[i] == '<' && i + 1 < s.size() && s[i + 1] == '/') out += '\\';
-  }
-  return out;
-}
-
-std::string replace_once(std::string page, std::string_view marker, const std::string& with) {
-  const size_t at = page.find(marker);
-  if (at != std::string::npos) page.replace(at, marker.size(), with);
-  return page;
-}
 
 // A non-negative integer query parameter: absent gives `fallback`; anything else than decimal digits within
 // [0, max] is an error message naming the parameter.
@@ -80,19 +64,15 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
 bool have_chart_library() { return assets::kHaveUplot; }
 
 std::string served_page() {
-  std::string page = assets::kIndexHtml;
-  page = replace_once(page, "<!--trident:head-->",
-                      "<link rel=\"stylesheet\" href=\"/assets/uPlot.min.css\">\n"
-                      "<link rel=\"stylesheet\" href=\"/assets/dashboard.css\">");
-  return replace_once(page, "<!--trident:scripts-->",
-                      "<script src=\"/assets/uPlot.iife.min.js\"></script>\n"
-                      "<script src=\"/assets/dashboard.js\"></script>");
+  return fill_page(assets::kIndexHtml,
+                   "<link rel=\"stylesheet\" href=\"/assets/uPlot.min.css\">\n"
+                   "<link rel=\"stylesheet\" href=\"/assets/dashboard.css\">",
+                   "<script src=\"/assets/uPlot.iife.min.js\"></script>\n"
+                   "<script src=\"/assets/charts.js\"></script>\n"
+                   "<script src=\"/assets/dashboard.js\"></script>");
 }
 
 std::string render_report(const std::vector<std::string>& run_dirs, size_t max_points) {
-  if (!have_chart_library())
-    TRIDENT_THROW(InvalidArgument, "this trident was built without uPlot, which the page draws its charts with: run "
-                                   "scripts/deps.sh build (npm's uplot), re-run cmake and rebuild");
   nlohmann::json data = {{"runs", nlohmann::json::array()}};
   int id = 0;
   for (const auto& d : run_dirs) {
@@ -102,13 +82,7 @@ std::string render_report(const std::vector<std::string>& run_dirs, size_t max_p
     r["health"] = run.health_since(0, 0, max_points);
     data["runs"].push_back(std::move(r));
   }
-  std::string page = assets::kIndexHtml;
-  page = replace_once(page, "<!--trident:head-->",
-                      std::string("<style>\n") + assets::kUplotCss + "\n</style>\n<style>\n" + assets::kDashboardCss +
-                          "\n</style>");
-  return replace_once(page, "<!--trident:scripts-->",
-                      "<script>window.TRIDENT_REPORT = " + script_json(data) + ";</script>\n<script>\n" +
-                          assets::kUplotJs + "\n</script>\n<script>\n" + assets::kDashboardJs + "\n</script>");
+  return inline_page(assets::kIndexHtml, "TRIDENT_REPORT", data, assets::kDashboardJs);
 }
 
 DashboardServer::DashboardServer(const std::vector<std::string>& run_dirs, ServerOptions options)

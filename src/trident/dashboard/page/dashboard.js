@@ -5,7 +5,8 @@
 // Written by `trident report`, the data comes inlined as window.TRIDENT_REPORT and nothing is fetched.
 // Every chart container records what it drew in data-* attributes (data-points: the loss points per run;
 // data-bars: the per-rank bars of the step-time split; the link matrix's data-step and each cell's
-// data-ratio), which the headless-browser test reads. The health monitor's rounds (health.jsonl) come as
+// data-ratio), which the headless-browser test reads. The chart drawing is charts.js's (TridentCharts), shared
+// with the figure pages of `trident bench comm --html` and `trident plan --html`. The health monitor's rounds (health.jsonl) come as
 // "health" events, /api/runs/<id>/health or the report's runs[i].health.
 (function () {
   "use strict";
@@ -15,16 +16,8 @@
   const healthPick = {};  // run index -> the health round shown in its link matrix (absent: the latest)
   const splitParts = ["compute", "comm", "bubble", "data", "optimizer"];
   const splitColors = ["#4e79a7", "#e15759", "#bab0ac", "#59a14f", "#f28e2b"];
-  const charts = {};  // container id -> {plot, key}
+  const {charts, esc, fmt, plot, bars} = window.TridentCharts;
   const $ = (id) => document.getElementById(id);
-
-  function esc(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-  }
-  function fmt(x, digits) {
-    if (x === null || x === undefined || !isFinite(x)) return "–";
-    return Number(x).toFixed(digits === undefined ? 3 : digits);
-  }
   function mb(bytes) { return bytes === undefined || bytes === null ? null : bytes / 1e6; }
 
   // What the page shows of one run, derived from its records.
@@ -79,54 +72,6 @@
       n += 1;
       return last / (1 - Math.pow(w, n));
     });
-  }
-
-  // Aligns several (x[], y[]) series on the union of their x values, as uPlot wants (null: no point).
-  function align(series) {
-    const xs = new Set();
-    for (const s of series) for (const x of s.x) if (x !== null && x !== undefined) xs.add(x);
-    const xsorted = Array.from(xs).sort((a, b) => a - b);
-    const data = [xsorted];
-    for (const s of series) {
-      const m = new Map();
-      s.x.forEach((x, i) => { if (s.y[i] !== null && s.y[i] !== undefined && isFinite(s.y[i])) m.set(x, s.y[i]); });
-      data.push(xsorted.map((x) => (m.has(x) ? m.get(x) : null)));
-    }
-    return data;
-  }
-
-  // Draws (or updates) one chart: series [{label, x, y, color, dash, points}].
-  function plot(id, series, opts) {
-    const el = $(id);
-    opts = opts || {};
-    if (!series.length || series.every((s) => !s.y.some((v) => v !== null && v !== undefined))) {
-      if (charts[id]) { charts[id].plot.destroy(); delete charts[id]; }
-      el.innerHTML = '<div class="empty">no data in these runs</div>';
-      return;
-    }
-    const data = align(series);
-    const key = JSON.stringify([series.map((s) => s.label), opts.log, opts.xlabel]);
-    const width = Math.max(400, el.clientWidth || 560);
-    if (charts[id] && charts[id].key === key) {
-      charts[id].plot.setData(data);
-    } else {
-      if (charts[id]) charts[id].plot.destroy();
-      el.innerHTML = "";
-      const uopts = {
-        width: width, height: 300,
-        scales: {x: {time: false}, y: opts.log ? {distr: 3} : {}},
-        axes: [{label: opts.xlabel || "step"}, {label: opts.ylabel || ""}],
-        series: [{label: opts.xlabel || "step"}].concat(series.map((s) => ({
-          label: s.label, stroke: s.color, width: s.points ? 0 : 1.5, dash: s.dash, spanGaps: true,
-          paths: s.points ? () => null : undefined,
-          points: s.points ? {show: true, size: 9, fill: s.color, stroke: s.color} : {show: false},
-        }))),
-        legend: {show: true},
-      };
-      charts[id] = {plot: new uPlot(uopts, data, el), key: key};
-    }
-    el.dataset.series = series.map((s) => s.label).join("|");
-    el.dataset.points = series.filter((s) => s.count).map((s) => s.y.filter((v) => v !== null && v !== undefined).length).join(",");
   }
 
   function render() {
@@ -187,11 +132,10 @@
 
   // The step-time split per rank as stacked bars (the mean of each part over a run's last 20 steps that
   // have one, the first step left out: it carries start-up), one group of bars per run, beside the
-  // planner's predicted step. uPlot draws bars, not stacks: each bar is the cumulative sum up to its part,
-  // drawn from the tallest down so every part shows in its own colour.
+  // planner's predicted step.
   function renderSplit(all) {
     const el = $("chart-split");
-    const labels = [], sums = splitParts.map(() => []), predicted = [], raw = [];
+    const labels = [], means = splitParts.map(() => []), predicted = [], raw = [];
     all.forEach(({run, d}) => {
       const recent = d.split.slice(d.split.length > 1 ? Math.max(1, d.split.length - 20) : 0);
       if (!recent.length) return;
@@ -203,34 +147,15 @@
           return v.length ? v.reduce((a, b) => a + b, 0) / v.length : 0;
         });
         labels.push(`${run.summary.name} r${k}`);
-        let acc = 0;
-        mean.forEach((m, p) => { acc += m; sums[p].push(acc); });
+        mean.forEach((m, p) => means[p].push(m));
         raw.push(mean.map((m) => m.toFixed(3)).join(":"));
         predicted.push(d.prediction && d.prediction.step_s ? 1e3 * d.prediction.step_s : null);
       }
     });
-    if (charts["chart-split"]) { charts["chart-split"].plot.destroy(); delete charts["chart-split"]; }
-    el.dataset.bars = String(labels.length);
+    bars("chart-split", labels, splitParts.map((p, k) => ({label: p, color: splitColors[k], values: means[k]})),
+         [{label: "predicted step", values: predicted}],
+         {xlabel: "rank", ylabel: "ms per step", empty: "no step-time split in these runs"});
     el.dataset.split = raw.join("|");
-    if (!labels.length) { el.innerHTML = '<div class="empty">no step-time split in these runs</div>'; return; }
-    el.innerHTML = "";
-    const xs = labels.map((_, i) => i);
-    const bars = uPlot.paths.bars({size: [0.6, 80]});
-    const order = splitParts.map((_, p) => p).reverse();  // the tallest cumulative bar first
-    const series = [{label: "rank"}].concat(order.map((p) => ({
-      label: splitParts[p], fill: splitColors[p], stroke: splitColors[p], width: 0, paths: bars, points: {show: false},
-      value: (u, v, si, i) => (i === null || i === undefined ? "–" : fmt(sums[p][i] - (p ? sums[p - 1][i] : 0), 2)),
-    }))).concat([{label: "predicted step", stroke: "#000", dash: [8, 4], width: 1.5, points: {show: true, size: 7}}]);
-    const data = [xs].concat(order.map((p) => sums[p])).concat([predicted]);
-    const uopts = {
-      width: Math.max(400, el.clientWidth || 560), height: 300,
-      scales: {x: {time: false, range: [-0.6, labels.length - 0.4]}, y: {range: (u, lo, hi) => [0, hi * 1.1 || 1]}},
-      axes: [{label: "rank", splits: () => xs,
-              values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) && labels[t] !== undefined ? labels[t] : ""))},
-             {label: "ms per step"}],
-      series: series, legend: {show: true},
-    };
-    charts["chart-split"] = {plot: new uPlot(uopts, data, el), key: ""};
   }
 
   function median(xs) {

@@ -124,22 +124,30 @@ void gemm_f32_avx2(bool ta, bool tb, int M, int N, int K, const float* A, int ld
                    float* C, int ldc) {
   detail::gemm_avx2(ta, tb, M, N, K, A, lda, B, ldb, acc, C, ldc);
 }
+// How a level multiplies bfloat16 operands.
+enum class Bf16Path {
+  kRounded,  // round the operands to bfloat16 values in float32, then the float32 kernel (or OpenBLAS sbgemm)
+  kDpbf16,   // vdpbf16ps on operands packed once per call and shared by every task (run_packed_dpbf16)
+  kTiles,    // GemmEntry::bf16 per task (AMX tiles; it packs its own operands)
+};
 struct GemmEntry {
   NativeGemm f32;
   const char* f32_name;
-  NativeGemm bf16;  // null: round the operands, then the float32 entry (or OpenBLAS)
+  Bf16Path bf16_path;
+  NativeGemm bf16;  // kTiles only
   const char* bf16_name;
 };
 const GemmEntry kGemmTable[] = {
-    {nullptr, "openblas", nullptr, "bf16-rounded operands on openblas sgemm"},                  // portable
-    {gemm_f32_avx2, "avx2-fma", nullptr, "bf16-rounded operands on avx2-fma"},                  // avx2
-    {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"},  // avx512
-    {gemm_f32_native, "avx512-fma", detail::gemm_avx512_bf16,
-     "avx512bf16-dpbf16 (float32 accumulation)"},                                                     // avx512bf16
-    {gemm_f32_native, "avx512-fma", detail::gemm_amx_bf16, "amx-bf16 tiles (float32 accumulation)"},  // amx
+    {nullptr, "openblas", Bf16Path::kRounded, nullptr, "bf16-rounded operands on openblas sgemm"},  // portable
+    {gemm_f32_avx2, "avx2-fma", Bf16Path::kRounded, nullptr, "bf16-rounded operands on avx2-fma"},  // avx2
+    {gemm_f32_native, "avx512-fma", Bf16Path::kRounded, nullptr, "bf16-rounded operands on avx512-fma"},  // avx512
+    {gemm_f32_native, "avx512-fma", Bf16Path::kDpbf16, nullptr, "avx512bf16-dpbf16 (float32 accumulation)"},  // avx512bf16
+    {gemm_f32_native, "avx512-fma", Bf16Path::kTiles, detail::gemm_amx_bf16,
+     "amx-bf16 tiles (float32 accumulation)"},  // amx
 };
 // Level avx512bf16 where vdpbf16ps is not faster than the FMAs (isa.h, bf16_dot_in_use).
-const GemmEntry kAvx512Bf16OnFma = {gemm_f32_native, "avx512-fma", nullptr, "bf16-rounded operands on avx512-fma"};
+const GemmEntry kAvx512Bf16OnFma = {gemm_f32_native, "avx512-fma", Bf16Path::kRounded, nullptr,
+                                    "bf16-rounded operands on avx512-fma"};
 const GemmEntry& entry_for(int level) {
   if (level == static_cast<int>(Isa::kAvx512Bf16) && !bf16_dot_in_use()) return kAvx512Bf16OnFma;
   return kGemmTable[level];
@@ -153,7 +161,7 @@ TriGemm native_tri_gemm() { return isa_level() >= static_cast<int>(Isa::kAvx512)
 const char* gemm_f32_kernel(Isa isa) { return entry_for(static_cast<int>(isa)).f32_name; }
 const char* gemm_bf16_kernel(Isa isa) {
   const GemmEntry& e = entry_for(static_cast<int>(isa));
-  return cblas_sbgemm != nullptr && e.bf16 == nullptr ? "openblas sbgemm" : e.bf16_name;
+  return cblas_sbgemm != nullptr && e.bf16_path == Bf16Path::kRounded ? "openblas sbgemm" : e.bf16_name;
 }
 }  // namespace detail
 
@@ -388,10 +396,10 @@ void gemm_epilogue(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
     if (native && e.f32 != nullptr) return run_native(e.f32, A, lda, B, ldb, kAvx2FlopsPerTask);
     return run_blas(A, lda, B, ldb);
   }
-  if (native && e.bf16 == detail::gemm_avx512_bf16)
+  if (native && e.bf16_path == Bf16Path::kDpbf16)
     return run_packed_dpbf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc, epi);
   // The AMX kernel packs its operands per call: larger tiles amortize it.
-  if (native && e.bf16 != nullptr) return run_native(e.bf16, A, lda, B, ldb, 4 * kFlopsPerTask);
+  if (native && e.bf16_path == Bf16Path::kTiles) return run_native(e.bf16, A, lda, B, ldb, 4 * kFlopsPerTask);
   // Stored shape of A is (trans_a ? K x M : M x K); of B (trans_b ? N x K : K x N).
   int ar = trans_a ? K : M, ac = trans_a ? M : K;
   int br = trans_b ? N : K, bc = trans_b ? K : N;

@@ -474,26 +474,6 @@ MicroBf16Fn pick_bf16(int mr, int nv, bool pair_rows_a = false) {
 // in L1 while the rows stream past it). The padded tails of the packed operands are zeros.
 constexpr int kBf16PairsPerBlock = 128;
 
-TRIDENT_BF16_FN void dpbf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
-                            int ldb, bool accumulate, float* C, int ldc) {
-  const PackedBf16 pk = pack_bf16_operands(trans_a, trans_b, M, N, K, A, lda, B, ldb);
-  const int kp = pk.Kp / 2;
-  for (int p0 = 0; p0 < kp; p0 += kBf16PairsPerBlock) {
-    const int pc = kp - p0 < kBf16PairsPerBlock ? kp - p0 : kBf16PairsPerBlock;
-    for (int j0 = 0; j0 < N; j0 += kNr) {
-      const int w = N - j0 < kNr ? N - j0 : kNr;
-      const int nv = (w + 15) / 16;
-      const __mmask16 last = static_cast<__mmask16>(w % 16 == 0 ? 0xffffu : (1u << (w % 16)) - 1u);
-      const uint32_t* bp = pk.b + static_cast<ptrdiff_t>(p0) * pk.Np + j0;
-      for (int i0 = 0; i0 < M; i0 += kMr) {
-        const int mr = M - i0 < kMr ? M - i0 : kMr;
-        pick_bf16(mr, nv)(pc, pk.a + static_cast<ptrdiff_t>(i0) * pk.Kp + 2 * p0, pk.Kp, bp, pk.Np, last,
-                          C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, accumulate || p0 > 0);
-      }
-    }
-  }
-}
-
 TRIDENT_AMX_FN void amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                              int ldb, bool accumulate, float* C, int ldc) {
   const PackedBf16 pk = pack_bf16_operands(trans_a, trans_b, M, N, K, A, lda, B, ldb);
@@ -560,11 +540,6 @@ void bf16_entry(Bf16Impl impl, bool trans_a, bool trans_b, int M, int N, int K, 
 void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                    bool accumulate, float* C, int ldc) {
   bf16_entry(amx_bf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
-}
-
-void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                      bool accumulate, float* C, int ldc) {
-  bf16_entry(dpbf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 int dpbf16_pairs(int K) { return K <= 0 ? 0 : (K + 31) / 32 * 16; }
@@ -765,7 +740,6 @@ void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int l
 #else
 
 void gemm_amx_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
-void gemm_avx512_bf16(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 void gemm_avx512(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int, Tri) {}
 size_t gemm_avx512_packed_b_floats(int, int) { return 0; }
 int dpbf16_pairs(int) { return 0; }

@@ -67,11 +67,9 @@ void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int l
                         int j0, bool accumulate, float* C, int ldc);
 
 // bfloat16 products: C = (accumulate ? C : 0) + bf16(op(A)) bf16(op(B)), operands rounded to bfloat16
-// (round-to-nearest-even), products summed in float32. gemm_avx512_bf16 runs on vdpbf16ps (ISA level
-// avx512bf16: each instruction adds two products per lane, pairs along k); gemm_amx_bf16 on the AMX tile
-// unit (level amx; denormals flushed). Only call at those levels.
-void gemm_avx512_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                      bool accumulate, float* C, int ldc);
+// (round-to-nearest-even), products summed in float32. gemm_amx_bf16 runs on the AMX tile unit (level amx;
+// denormals flushed); only call at that level. At level avx512bf16 the dpbf16_* functions below run on
+// vdpbf16ps (each instruction adds two products per lane, pairs along k).
 void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                    bool accumulate, float* C, int ldc);
 
@@ -88,8 +86,7 @@ void gemm_amx_bf16(bool trans_a, bool trans_b, int M, int N, int K, const float*
 //      np = N rounded up to 64, columns past N zero; dpbf16_pack_b writes panels [p0, p1).
 // dpbf16_packed computes C[M, 0..N) (+)= op(A) rows [0, M) times op(B)(:, j0..j0+N), j0 a multiple of 64;
 // a points at this call's row 0 (untransposed: row i0 of the packed A; transposed: word i0 of pair row 0,
-// ma = mp). Same numerics as gemm_avx512_bf16 (each C element a float32 chain over the pairs in order,
-// whatever the tiling). Only call at level avx512bf16 or higher.
+// ma = mp). Each C element is a float32 chain over the pairs in order, whatever the tiling. Only call at level avx512bf16 or higher.
 int dpbf16_pairs(int K);
 size_t dpbf16_packed_a_halves(int M, int K);
 size_t dpbf16_packed_b_words(int N, int K);
