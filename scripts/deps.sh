@@ -7,10 +7,12 @@ what=${1:-build}
 pkgs=(cmake g++ make ninja-build pkg-config libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
       nlohmann-json3-dev libfmt-dev openmpi-bin libopenmpi-dev iproute2 python3
       libtorch-dev pybind11-dev python3-torch python3-dev python3-numpy libpcre2-dev libsentencepiece-dev nodejs
-      fortunes clang-16 libclang-rt-16-dev libcpp-httplib-dev chromium)  # fortunes: the main job's corpus;
+      fortunes clang-16 libclang-rt-16-dev libcpp-httplib-dev chromium slurmd slurmctld slurm-client munge)
+      # fortunes: the main job's corpus;
       # torch/numpy: the tests' independent references; clang-16 + its runtime: the libFuzzer targets
       # (scripts/fuzz.sh); ninja-build: scripts/test.sh builds with it where installed (make otherwise);
-      # cpp-httplib: `trident dashboard`'s server; chromium: the headless browser its page is tested in
+      # cpp-httplib: `trident dashboard`'s server; chromium: the headless browser its page is tested in;
+      # slurmd, slurmctld, slurm-client, munge: the one-host Slurm tests/slurm starts
 case "$what" in
   peers) pkgs+=(libgloo-dev python3-matplotlib) ;;
 esac
