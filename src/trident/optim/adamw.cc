@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "trident/core/error.h"
 
@@ -58,8 +59,34 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
   for (const auto& s : segments_) {
     const size_t i = std::max(s.begin, begin), j = std::min(s.end, end);
     if (i >= j) continue;
-    ops_->adamw_update(p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps,
-                       s.decay ? config_.weight_decay : 0.0f, step_);
+    const float decay = s.decay ? config_.weight_decay : 0.0f;
+    if (config_.offload)
+      offloaded_adamw_update(*ops_, p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps,
+                             decay, step_);
+    else
+      ops_->adamw_update(p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps, decay,
+                         step_);
+  }
+}
+
+void offloaded_adamw_update(const kernels::DeviceOps& device, float* p, const float* g, float* m, float* v, size_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                            size_t chunk) {
+  TRIDENT_CHECK(chunk > 0, InvalidArgument, "offloaded_adamw_update: chunk must be > 0");
+  const kernels::DeviceOps& cpu = kernels::device_ops(kernels::Device::kCpu);
+  // Staging for one chunk of parameters and gradients, kept by the thread between steps.
+  thread_local std::vector<float> hp, hg;
+  const size_t w = std::min(chunk, n);
+  if (hp.size() < w) {
+    hp.resize(w);
+    hg.resize(w);
+  }
+  for (size_t o = 0; o < n; o += chunk) {
+    const size_t k = std::min(chunk, n - o);
+    device.to_host(hp.data(), p + o, k * sizeof(float));
+    device.to_host(hg.data(), g + o, k * sizeof(float));
+    cpu.adamw_update(hp.data(), hg.data(), m + o, v + o, k, lr, beta1, beta2, eps, weight_decay, t);
+    device.to_device(p + o, hp.data(), k * sizeof(float));
   }
 }
 

@@ -12,6 +12,11 @@
 // Device: the update runs through the op table of the model's device (kernels/device.h). On a device
 // other than the CPU the moments live in device memory; exp_avg()/exp_avg_sq() are host copies that
 // sync_state_to_host() refreshes (call it before saving them) and load_state() uploads.
+// Optimizer offload (AdamWConfig::offload, ZeRO-Offload's idea for one process): the moments live in host
+// memory whatever the device (exp_avg()/exp_avg_sq() are the state itself), and each step copies the
+// parameters and gradients to the host in chunks, updates them with the CPU's AdamW kernel and copies the
+// parameters back (offloaded_adamw_update). The device then holds parameters and gradients only: 8 of the
+// 16 bytes per parameter that training keeps.
 // Blocking: step() runs on the calling thread. Not thread-safe. No timeouts.
 #pragma once
 
@@ -30,7 +35,16 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
+  bool offload = false;  // moments in host memory, the update on the CPU (see above)
 };
+
+// One AdamW update (decay `weight_decay`, step count t) of n elements whose parameters p and gradients g live
+// on `device` and whose moments m, v live in host memory: p and g go to the host `chunk` elements at a time,
+// the CPU kernel updates them, p comes back. On the CPU the copies are plain copies, so the result is the
+// CPU kernel's bit for bit. Blocks until the parameters are back on the device.
+void offloaded_adamw_update(const kernels::DeviceOps& device, float* p, const float* g, float* m, float* v, size_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                            size_t chunk = size_t{1} << 20);
 
 class AdamW {
  public:
@@ -63,7 +77,8 @@ class AdamW {
   bool has_state() const { return !exp_avg_.empty() || dev_m_.size() > 0 || model_.num_params() == 0; }
 
  private:
-  bool on_host() const { return ops_->device == kernels::Device::kCpu; }
+  // Where the moments live: host memory on the CPU, and with offload on any device.
+  bool on_host() const { return ops_->device == kernels::Device::kCpu || config_.offload; }
 
   nn::Model& model_;
   AdamWConfig config_;

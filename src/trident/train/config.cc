@@ -133,6 +133,9 @@ const std::vector<Key>& keys() {
        "where the model, its gradients and the optimizer state live (cuda: the GPU LOCAL_RANK modulo the visible GPUs; ranks may share one)"},
       {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
        "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
+      {"offload", &TrainConfig::offload, "none|optimizer",
+       "optimizer: AdamW's moments in host memory and its update on the CPU's kernels, so the device holds "
+       "parameters and gradients only (one process; on the CPU the state is host memory anyway)"},
       {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
       {"pp", &TrainConfig::pp, ">=1", "pipeline-parallel stages (at most n_layer / virtual_stages)"},
       {"dp", &TrainConfig::dp, ">=0", "data-parallel replicas (0: world size / (tp * pp))"},
@@ -439,6 +442,13 @@ void TrainConfig::validate() const {
                   "gradient storage is implemented by the data-parallel wrapper only; use --param_dtype float32 with "
                   "--tp/--pp, or --tp 1 --pp 1 with --param_dtype bfloat16",
                   param_dtype, tp, pp);
+  }
+  if (offload == "optimizer" && tp * pp > 1) {
+    TRIDENT_THROW(Unsupported,
+                  "offload=optimizer runs in one process for now (tp={} x pp={} was asked for): each rank's shard "
+                  "of the optimizer state stays on its device; use --offload none with --tp/--pp, or shard the "
+                  "state over data-parallel ranks with --parallel zero1|zero2|zero3",
+                  tp, pp);
   }
   validate_model_parallel(*this);
 }

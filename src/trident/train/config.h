@@ -70,6 +70,7 @@ struct TrainConfig {
   // system
   int threads = 0;                     // 0 = what the process is given
   std::string param_dtype = "float32"; // float32 | bfloat16: data-parallel storage of parameters and gradients
+  std::string offload = "none";        // none | optimizer: AdamW's moments in host memory, its update on the CPU
   // model parallelism (train_distributed): the device mesh tp x pp x dp = world size
   int tp = 1;                          // tensor-parallel ranks (Megatron: heads and MLP columns split)
   int pp = 1;                          // pipeline stages

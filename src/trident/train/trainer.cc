@@ -212,6 +212,12 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   ac.beta1 = static_cast<float>(cfg_.beta1);
   ac.beta2 = static_cast<float>(cfg_.beta2);
   ac.weight_decay = static_cast<float>(cfg_.weight_decay);
+  ac.offload = cfg_.offload == "optimizer";
+  TRIDENT_CHECK(!ac.offload || hooks_.world == 1, Unsupported,
+                "offload=optimizer runs in one process for now, and this run has {} ranks: each rank's shard of the "
+                "optimizer state stays on its device; use --offload none and shard the state with --parallel "
+                "zero1|zero2|zero3, or train in one process",
+                hooks_.world);
   opt_ = std::make_unique<optim::AdamW>(*model_, ac);
 
   const int global_batch = cfg_.batch_size * hooks_.world;

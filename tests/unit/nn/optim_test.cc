@@ -83,6 +83,62 @@ TEST(AdamW, DecaysOnlyTwoDimensionalWeightsAndKeepsState) {
   EXPECT_EQ(opt.exp_avg(), opt2.exp_avg());
 }
 
+// Optimizer offload: the moments in host memory and the update on the CPU's kernel, through copies in chunks.
+// On the CPU the copies are plain ones, so every step must be the in-place update's bit for bit: a chunk
+// boundary off by one, a segment's decay flag or a moment offset would show.
+TEST(AdamW, OffloadedUpdateIsTheKernelsBitForBit) {
+  const auto& cpu = trident::kernels::device_ops(trident::kernels::Device::kCpu);
+  const size_t n = 53;
+  std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.3f * i);
+    g[i] = std::cos(0.7f * i) * 0.1f;
+  }
+  auto p2 = p, m2 = m, v2 = v;
+  for (int t = 1; t <= 3; ++t) {
+    trident::kernels::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    trident::optim::offloaded_adamw_update(cpu, p2.data(), g.data(), m2.data(), v2.data(), n, 0.01f, 0.9f, 0.95f,
+                                           1e-8f, 0.1f, t, /*chunk=*/7);  // 53 = 7 x 7 + 4
+  }
+  EXPECT_EQ(0, std::memcmp(p.data(), p2.data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(v.data(), v2.data(), n * sizeof(float)));
+  EXPECT_THROW(trident::optim::offloaded_adamw_update(cpu, p2.data(), g.data(), m2.data(), v2.data(), n, 0.01f, 0.9f,
+                                                      0.95f, 1e-8f, 0.1f, 4, 0),
+               trident::InvalidArgument);
+}
+
+TEST(AdamW, OffloadKeepsTheStateOnTheHostAndStepsAsWithout) {
+  auto a = trident::nn::make_model(tiny());
+  auto b = trident::nn::make_model(tiny());
+  const trident::optim::AdamWConfig in_place{.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                             .weight_decay = 0.5f};
+  trident::optim::AdamWConfig offloaded = in_place;
+  offloaded.offload = true;
+  trident::optim::AdamW oa(*a, in_place), ob(*b, offloaded);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < a->num_params(); ++i) a->grad_data()[i] = b->grad_data()[i] = std::sin(0.1f * i + step);
+    if (step < 2) {
+      oa.step(0.05f);
+      ob.step(0.05f);
+    } else {  // a ZeRO-style range across a decay boundary
+      oa.step_range(0.05f, 3, a->num_params() - 5);
+      ob.step_range(0.05f, 3, b->num_params() - 5);
+    }
+  }
+  EXPECT_EQ(0, std::memcmp(a->param_data(), b->param_data(), a->num_params() * sizeof(float)));
+  ASSERT_EQ(ob.exp_avg().size(), b->num_params());  // the host vectors are the state itself
+  EXPECT_EQ(oa.exp_avg(), ob.exp_avg());
+  EXPECT_EQ(oa.exp_avg_sq(), ob.exp_avg_sq());
+  ob.sync_state_to_host();  // a no-op for host state
+  EXPECT_EQ(oa.exp_avg(), ob.exp_avg());
+  // Loaded state is used as it is.
+  std::vector<float> m(b->num_params(), 0.25f), v(b->num_params(), 0.5f);
+  ob.load_state(m, v, 7);
+  EXPECT_EQ(ob.exp_avg(), m);
+  EXPECT_EQ(ob.step_count(), 7);
+}
+
 TEST(Schedule, WarmupThenCosineAsNanoGpt) {
   using trident::optim::lr_at;
   EXPECT_FLOAT_EQ(lr_at(0, 100, 2000, 1e-3f, 1e-4f), 1e-3f * 1 / 101);

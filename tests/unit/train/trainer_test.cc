@@ -100,6 +100,48 @@ TEST(Trainer, SameSeedIsBitIdenticalAndTheLossFalls) {
   EXPECT_EQ(load_checkpoint(find_checkpoint((d.path / "a").string())).meta.step, 30);
 }
 
+// --offload optimizer: the same training bit for bit (on the CPU the offloaded update is the same kernel
+// through plain copies), a checkpoint that resumes exactly, and a refusal, naming the flag, where it does not
+// apply yet (several ranks).
+TEST(Trainer, OffloadedOptimizerTrainsAndResumesBitForBit) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig base = tiny(data, (d.path / "base").string());
+  base.max_iters = 12;
+  base.lr_decay_iters = 12;
+  base.checkpoint_interval = 6;
+  base.keep_checkpoints = 5;  // the step-6 one stays beside the later ones
+  TrainResult plain = Trainer(base, quiet()).run();
+  TrainConfig off = base;
+  off.out_dir = (d.path / "off").string();
+  off.offload = "optimizer";
+  TrainResult offloaded = Trainer(off, quiet()).run();
+  ASSERT_EQ(offloaded.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(offloaded.losses[i], plain.losses[i]) << "step " << i;
+  EXPECT_EQ(offloaded.val_loss, plain.val_loss);
+  // Resume the offloaded run from its step-6 checkpoint: the moments it saved come back.
+  TrainConfig again = off;
+  again.out_dir = (d.path / "again").string();
+  fs::create_directories(again.out_dir);
+  fs::copy(fs::path(off.out_dir) / "ckpt-00000006", fs::path(again.out_dir) / "ckpt-00000006",
+           fs::copy_options::recursive);
+  again.resume = train::Resume::kYes;
+  Trainer resumed(again, quiet());
+  ASSERT_EQ(resumed.start_step(), 6);
+  TrainResult rest = resumed.run();
+  ASSERT_EQ(rest.losses.size(), 6u);
+  for (size_t i = 0; i < rest.losses.size(); ++i) EXPECT_EQ(rest.losses[i], plain.losses[6 + i]) << "step " << 6 + i;
+
+  TrainConfig bad = off;
+  bad.tp = 2;
+  try {
+    bad.validate();
+    ADD_FAILURE() << "offload with tp 2 was accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("offload"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, KillAndResumeReproducesTheLossSequenceBitForBit) {
   TempDir d;
   std::string data = make_corpus(d.path);
