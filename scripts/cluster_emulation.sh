@@ -27,17 +27,19 @@
 #        --checks LIST (default abc; "" with --soak runs the soak alone), --soak MINUTES, --soak-every S,
 #        --timeout S (TRIDENT_TIMEOUT of the ranks, default 15), --cut down|netem, --cut-host K (default 3,
 #        or the last host when H <= 3; not 0, whose launcher hosts the store), --prefix P (default trcl),
-#        --work DIR (kept; default a temporary folder, removed unless a check failed), --rate R (default 1gbit).
-# Needs root, iproute2, jq, cmp; netem for --cut netem. The namespaces are removed on every exit path.
+#        --work DIR (kept; default a temporary folder, removed unless a check failed), --rate R (default 1gbit),
+#        --steps N (ZeRO-2 steps of b and c, default 30; more when few ranks train too fast to cut mid-run).
+# Needs root, iproute2, jq, cmp, bc; netem for --cut netem. The namespaces are removed on every exit path;
+# one run per --prefix at a time (a lock file in /tmp).
 # Exit status: 0 every check passed, 1 a check failed or setup failed, 2 bad usage.
 set -euo pipefail
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,35p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "cluster_emulation.sh: $*" >&2; exit 1; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 hosts=8 ranks=4 bin="$root/build/trident" checks=abc soak=0 soak_every=60 timeout_s=15 cut=down cut_host=""
-prefix=trcl work="" rate=1gbit
+prefix=trcl work="" rate=1gbit zsteps=30
 while [[ $# -gt 0 ]]; do
   case $1 in
     --hosts) hosts=$2; shift 2 ;;
@@ -52,15 +54,17 @@ while [[ $# -gt 0 ]]; do
     --prefix) prefix=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
+    --steps) zsteps=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "cluster_emulation.sh: unknown flag '$1'" >&2; usage ;;
   esac
 done
 num() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "cluster_emulation.sh: $1 '$2': expected a whole number" >&2; exit 2; }; }
-num --hosts "$hosts"; num --ranks "$ranks"; num --soak "$soak"; num --soak-every "$soak_every"; num --timeout "$timeout_s"
+num --hosts "$hosts"; num --ranks "$ranks"; num --steps "$zsteps"; num --soak "$soak"; num --soak-every "$soak_every"; num --timeout "$timeout_s"
 [[ $hosts -ge 2 ]] || { echo "cluster_emulation.sh: --hosts $hosts: need at least 2 hosts" >&2; exit 2; }
 [[ $ranks -ge 2 && $((ranks % 2)) -eq 0 ]] ||
   { echo "cluster_emulation.sh: --ranks $ranks: need an even number >= 2 (TP 2 pairs ranks of one host)" >&2; exit 2; }
+[[ $zsteps -ge 20 ]] || { echo "cluster_emulation.sh: --steps $zsteps: at least 20 (c cuts the link after step 12)" >&2; exit 2; }
 [[ "$checks" =~ ^[abc]*$ ]] || { echo "cluster_emulation.sh: --checks '$checks': letters a, b, c only" >&2; exit 2; }
 [[ $cut == down || $cut == netem ]] || { echo "cluster_emulation.sh: --cut '$cut': down or netem" >&2; exit 2; }
 [[ $timeout_s -ge 5 ]] || { echo "cluster_emulation.sh: --timeout $timeout_s: at least 5 s (rendezvous of all ranks)" >&2; exit 2; }
@@ -69,8 +73,13 @@ num --cut-host "$cut_host"
 [[ $cut_host -ge 1 && $cut_host -lt $hosts ]] ||
   { echo "cluster_emulation.sh: --cut-host $cut_host: pick a host in 1..$((hosts - 1)) (host 0 hosts the store)" >&2; exit 2; }
 [[ -x "$bin" ]] || die "--bin $bin: no trident executable there; build it (ninja -C build trident) or pass --bin"
-for tool in ip tc jq cmp timeout; do command -v $tool >/dev/null || die "'$tool' not found; install it (iproute2, jq, diffutils, coreutils)"; done
+for tool in ip tc jq cmp timeout flock bc; do command -v $tool >/dev/null || die "'$tool' not found; install it (iproute2, jq, diffutils, coreutils)"; done
 [[ $(id -u) -eq 0 ]] || die "network namespaces need root (run as root or with sudo)"
+
+# One run per prefix: a second run would delete the first one's namespaces (netns_hosts.sh up starts clean)
+# and its cleanup would end the first one's processes.
+exec {lock_fd}>"/tmp/cluster_emulation.$prefix.lock"
+flock -n "$lock_fd" || die "another cluster_emulation.sh run uses --prefix $prefix; wait for it to end, or pass another --prefix"
 
 world=$((hosts * ranks))
 subnet=10.77.0
@@ -178,7 +187,7 @@ if [[ $checks == *a* ]]; then
 fi
 
 # ---- b: training parity (the ZeRO-2 run is also c's uninterrupted reference)
-zsteps=30 zinterval=5
+zinterval=5
 zero2=(train "${model[@]}" --parallel zero2 --batch-size 1 --max-iters $zsteps --lr-decay-iters $zsteps
        --eval-interval 1000 --checkpoint-interval $zinterval)
 if [[ $checks == *b* || $checks == *c* ]]; then
@@ -236,6 +245,7 @@ if [[ $checks == *c* ]]; then
     result "c cut link: every rank fails" FAIL "$(since "$t0")" "training never reached step $cut_after; $work/cut.host0.log"
   else
     cut_link; tcut=$(now); cut_step=$(last_step "$out")
+    ended_before=0; for p in "${job_pids[@]}"; do kill -0 "$p" 2>/dev/null || ended_before=1; done
     echo "  link of host $cut_host (ranks $cut_ranks) cut ($cut) after step $cut_step"
     ends=()
     for p in "${job_pids[@]}"; do rc=0; wait "$p" || rc=$?; ends+=("$rc:$(since "$tcut")"); done
@@ -247,16 +257,20 @@ if [[ $checks == *c* ]]; then
       [[ $rc -ne 0 ]] || zero=1
       awk -v t="$t" -v b="$bound" 'BEGIN {exit !(t > b)}' && late=1
       # Every other host must name a rank of the cut host (or the host itself) in its output.
-      if [[ $h -ne $cut_host ]] && ! grep -qE "emu$cut_host|rank ($cut_alt)([^0-9]|$)|ranks? \[?[0-9, ]*\b($cut_alt)\b" "$work/cut.host$h.log"; then
+      if [[ $h -ne $cut_host ]] && ! { grep -E "error|trident launch" "$work/cut.host$h.log" || true; } |
+          grep -qE "emu$cut_host\b|not heard from: rank\(s\) ([0-9]+, )*($cut_alt)([^0-9]|$)"; then
         unnamed+=" $h"
       fi
     done
     echo "  launchers ended (exit status:seconds after the cut): ${ends[*]}"
+    # What each host's launcher reported: its failed rank's error, or why it stopped its ranks.
     for ((h = 0; h < hosts; h++)); do
-      grep -m1 -E "TimeoutError|NetworkError|PeerDied|unreachable|not heard|timed out" "$work/cut.host$h.log" |
-        cut -c1-400 | sed "s/^/  host $h: /" || true
+      { grep -E "^\[rank [0-9]+\] trident: error|^trident launch: node [0-9]+ stopped" "$work/cut.host$h.log" || true; } |
+        head -1 | cut -c1-300 | sed "s/^/  host $h: /"
     done
-    if [[ $zero -eq 0 && $late -eq 0 && -z "$unnamed" ]]; then
+    if [[ $ended_before -eq 1 || $cut_step -ge $((zsteps - 1)) ]]; then
+      result "c cut link: every rank fails" FAIL "$(since "$t0")" "a launcher had ended before the cut (step $cut_step of $zsteps): this layout trains too fast; pass a larger --steps"
+    elif [[ $zero -eq 0 && $late -eq 0 && -z "$unnamed" ]]; then
       result "c cut link: every rank fails" OK "$(since "$t0")" "every launcher failed within $bound s of the cut, the cut host named"
     else
       result "c cut link: every rank fails" FAIL "$(since "$t0")" "exited 0: $zero, later than $bound s: $late, hosts not naming host $cut_host:${unnamed:- none}"
@@ -285,7 +299,7 @@ if [[ $soak -gt 0 ]]; then
   step_s=$(jq -r 'select(.type == "step") | .time_ms.step' "$work/soak_cal/metrics.jsonl" | tail -10 |
            awk '{s += $1} END {print s / NR / 1000}')
   ssteps=$(awk -v m="$soak" -v s="$step_s" 'BEGIN {n = int(m * 60 / s); n -= n % 10; print (n < 20 ? 20 : n)}')
-  echo "  soak: $ssteps steps (${step_s} s each), a rank killed every ${soak_every} s for $soak min, --max-restarts 30"
+  echo "  soak: $ssteps steps (${step_s} s each), a rank killed every ${soak_every} s for $soak min, at most 30 restarts"
   JOB_LIMIT=$((soak * 60 * 3 + 600)) run_job soak_ref "${soak_job[@]}" --max-iters "$ssteps" --lr-decay-iters "$ssteps" \
     --out_dir "$work/soak_ref" || die "the soak's uninterrupted run failed: $work/soak_ref.host0.log"
   echo "  uninterrupted run: $(since "$t0") s"

@@ -9,7 +9,9 @@
 #   TRIDENT=path/to/trident (default build/trident), PEERS_BUILD=the folder ../shared/peers/build.sh built into
 #   (required: cd ../shared/peers && PEERS_BUILD=DIR ./build.sh), TRANSPORTS="shm tcp".
 # Writes OUTDIR/*.json (trident --json; OpenMPI converted to the same record shape), OUTDIR/*.txt (raw
-# tables), OUTDIR/summary.md (the tables with ratios). Plot with scripts/plot_bench.py.
+# tables), OUTDIR/summary.md (the tables with ratios). To see the lines, add to a trident run
+#   --html busbw.html --peer openmpi=OUTDIR/openmpi_tcp.json
+# (one HTML page of busbw against size, this run's algorithms beside OpenMPI's rows).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 trident="${TRIDENT:-$here/../build/trident}"

@@ -20,6 +20,7 @@ struct DashboardCli {
   int port = 8080;
   std::string out;
   size_t max_points = 5000;
+  int max_streams = 64;
 };
 
 void setup_dashboard(CLI::App& app) {
@@ -33,10 +34,15 @@ void setup_dashboard(CLI::App& app) {
   sub->add_option("--port", o->port, "port to listen on (0: any free port, printed)")
       ->check(CLI::Range(0, 65535))
       ->default_val(8080);
+  sub->add_option("--max-streams", o->max_streams,
+                  "event streams served at once (one per open page; past it, and with 0, pages poll instead)")
+      ->check(CLI::Range(0, 1024))
+      ->default_val(64);
   sub->callback([o] {
     dashboard::ServerOptions so;
     so.host = o->host;
     so.port = o->port;
+    so.max_streams = o->max_streams;
     dashboard::DashboardServer server(o->dirs, so);
     const int port = server.bind();
     const std::string shown = o->host.find(':') != std::string::npos ? "[" + o->host + "]" : o->host;

@@ -88,7 +88,7 @@ for line in "${lines[@]}"; do
 done
 [ "$n" -ge 8 ] || { echo "readme_examples: only $n command lines found in README.md" >&2; exit 1; }
 # What the lines said they write is there.
-for f in out/shakespeare-char/latest out/3d/trace.json out/simulate.json; do
+for f in out/shakespeare-char/latest out/3d/trace.json out/simulate.json out/busbw.html out/plan.html; do
   [ -s "$f" ] || { echo "readme_examples: $f was not written" >&2; exit 1; }
 done
 echo "readme_examples: $n README command lines ran"

@@ -49,7 +49,7 @@ bool plottable(const nlohmann::json& r) {
          r["size"].is_number() && r["size"].get<double>() > 0 && r.contains("busbw") && r["busbw"].is_number();
 }
 
-// The line a record belongs to (as scripts/plot_bench.py named them, so old figures read the same).
+// The line a record belongs to, named as the busbw PNGs in docs/img name theirs, so old and new figures read alike.
 std::string series_of(const std::string& label, const nlohmann::json& r) {
   if (!r.contains("algo") || !r["algo"].is_string() || r["algo"] == label) return label;
   if (r.contains("algo_forced") && r["algo_forced"].is_boolean() && !r["algo_forced"].get<bool>())

@@ -9,7 +9,9 @@
 namespace trident::env {
 
 const std::vector<ParamInfo>& all_params() {
-  static const std::vector<ParamInfo> params = {
+  // Never destroyed: threads that outlive static destructors read it (the flight recorder's dump thread
+  // serving the launcher's SIGTERM while the main thread is in exit() after an error).
+  static const auto* params = new std::vector<ParamInfo>{
       {"TRIDENT_LOG_LEVEL", "info", "debug|info|warn|error"},
       {"TRIDENT_DEBUG", "", "comma-separated subsystems to trace: comm,store,launch (or all)"},
       {"TRIDENT_TIMEOUT", "600", "default deadline of every blocking call, seconds (30, 500ms, 10m)"},
@@ -95,7 +97,7 @@ const std::vector<ParamInfo>& all_params() {
        "(TRIDENT_RESTART_COUNT 0)"},
       {"TRIDENT_SHARED_DIR", "", "tests only: the shared test-data folder (default: the source tree's ../shared)"},
   };
-  return params;
+  return *params;
 }
 
 namespace {

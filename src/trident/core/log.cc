@@ -8,13 +8,15 @@
 
 namespace trident {
 namespace {
+// Never destroyed, as env's table: threads that outlive static destructors log (the flight recorder's dump
+// thread writing the dump of the launcher's SIGTERM while the main thread is in exit()).
 std::mutex& prefix_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::string& prefix_storage() {
-  static std::string p;
-  return p;
+  static auto* p = new std::string;
+  return *p;
 }
 LogLevel threshold() {
   static const LogLevel level = [] {

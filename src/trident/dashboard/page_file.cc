@@ -64,8 +64,8 @@ void check_html_path(const std::string& path, const std::string& flag) {
   fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec))
-    TRIDENT_THROW(IoError, "{}: cannot write '{}': the folder '{}' does not exist; create it or pick another path",
-                  flag, path, parent.string());
+    TRIDENT_THROW(IoError, "{}: cannot write '{}': '{}' {}; create the folder or pick another path", flag, path,
+                  parent.string(), fs::exists(parent, ec) ? "is a file, not a folder" : "does not exist");
   if (::access(parent.c_str(), W_OK) != 0 || (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0))
     TRIDENT_THROW(IoError, "{}: cannot write '{}': {}; pick a writable path", flag, path,
                   detail::errno_string(errno));

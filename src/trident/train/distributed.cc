@@ -91,7 +91,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   hooks.defer_initialization = dpo.strategy == parallel::Strategy::kZero3;
   hooks.on_ready = [&](nn::Model& model) {
     loop.before(cfg, *trainer, model, pg.get(), opts, out);  // before DataParallel installs its hooks
-    trainer->emit_record(mesh_record({1, 1, pg->size(), "tp-dp-pp"}));
+    trainer->emit_record(mesh_record({1, 1, pg->size(), "tp-dp-pp"}, rank_hosts(pg.get())));
     dpo.adamw.eps = trainer->optimizer().config().eps;
     dp = std::make_unique<parallel::DataParallel>(model, pg, dpo);
     dp->broadcast_parameters();
@@ -194,14 +194,24 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   return res;
 }
 
-nlohmann::json mesh_record(const parallel::MeshShape& shape) {
+nlohmann::json mesh_record(const parallel::MeshShape& shape, const std::vector<std::string>& hosts) {
   nlohmann::json rec = {{"type", "mesh"}, {"tp", shape.tp}, {"pp", shape.pp}, {"dp", shape.dp}, {"order", shape.order},
                         {"ranks", nlohmann::json::array()}};
-  for (int r = 0; r < shape.tp * shape.pp * shape.dp; ++r) {
+  const int world = shape.tp * shape.pp * shape.dp;
+  for (int r = 0; r < world; ++r) {
     const parallel::MeshCoord c = parallel::mesh_coord(shape, r);
     rec["ranks"].push_back({{"rank", r}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
+    if (static_cast<int>(hosts.size()) == world && !hosts[static_cast<size_t>(r)].empty())
+      rec["ranks"].back()["host"] = hosts[static_cast<size_t>(r)];
   }
   return rec;
+}
+
+std::vector<std::string> rank_hosts(const ProcessGroup* pg) {
+  std::vector<std::string> hosts;
+  if (pg == nullptr) return hosts;
+  for (const PeerTraffic& p : pg->traffic().peers) hosts.push_back(p.host);
+  return hosts;
 }
 
 std::function<std::vector<double>(const std::vector<double>&)> gather_ranks_over(std::shared_ptr<ProcessGroup> world) {

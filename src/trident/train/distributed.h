@@ -54,8 +54,13 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
 // The metrics record of the mesh a run trains on: {"type": "mesh", tp, pp, dp, order, "ranks": [{rank, tp, pp,
 // dp}...]} in world-rank order, each coordinate from parallel::mesh_coord (the arithmetic the DeviceMesh
 // builds its groups with), so a reader shows where each rank sat without knowing the axis order's rule.
-// A data-parallel run is tp 1 x pp 1 x dp world.
-nlohmann::json mesh_record(const parallel::MeshShape& shape);
+// A data-parallel run is tp 1 x pp 1 x dp world. With `hosts` (one per world rank, rank_hosts()), each rank
+// also names the host it runs on ("host"), which the dashboard groups its link matrix by.
+nlohmann::json mesh_record(const parallel::MeshShape& shape, const std::vector<std::string>& hosts = {});
+
+// Each rank's host identity (TRIDENT_HOST_ID, else the hostname: what the native backend's ranks exchanged
+// when the group formed), by group rank; empty for no group, or where the backend does not report its peers (MPI, NCCL).
+std::vector<std::string> rank_hosts(const ProcessGroup* pg);
 
 // TrainerHooks::gather_ranks over `world` (an all-gather of float64s; collective).
 std::function<std::vector<double>(const std::vector<double>&)> gather_ranks_over(std::shared_ptr<ProcessGroup> world);

@@ -243,7 +243,7 @@ void ModelParallelRun::build_around_model(nn::Model& model) {
     };
     loop.before_model_parallel(cfg, *trainer, *pm, *mesh, opts, out, rehearse);
   }
-  trainer->emit_record(mesh_record(mesh->shape()));
+  trainer->emit_record(mesh_record(mesh->shape(), rank_hosts(pg.get())));
   if (dp_size > 1) {
     parallel::DataParallelOptions dpo;
     dpo.strategy = parallel::parse_strategy(opts.parallel);

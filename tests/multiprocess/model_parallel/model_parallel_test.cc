@@ -411,6 +411,9 @@ TEST(ModelParallelCli, TrainTp2Pp2Dp2AndEvalTheCheckpoint) {
     const std::string own = fmt::format("  rank {} (tp {}, pp {}, dp {})", rank, m["tp"].get<int>(), m["pp"].get<int>(),
                                         m["dp"].get<int>());
     EXPECT_EQ(count(r.out, own), 1u) << own << " not in the summary:\n" << r.out;
+    // The host each rank ran on (what the dashboard groups its host x host link matrix by): one machine here.
+    EXPECT_TRUE(m.contains("host") && m["host"].is_string() && !m["host"].get<std::string>().empty()) << mesh;
+    EXPECT_EQ(m.value("host", ""), mesh["ranks"][0].value("host", "")) << mesh;
   }
   // The health monitor's rounds: one per step, every rank's lateness in each.
   {

@@ -5,13 +5,16 @@
 // the records pushed by the event stream and the per-rank bars of where a step's time goes. The finished
 // run's health monitor logs its rounds (health.jsonl, over TCP links so that bandwidth is measured on one
 // host): the file's values are checked, and the page's link matrix and lateness chart drawn from them; the
-// mesh table shows the coordinates the run recorded.
+// mesh table shows the coordinates the run recorded. A figure page (`trident bench comm --html`'s) draws
+// one line per source and algorithm with every point. A run over two hosts shows the host x host matrix. A
+// page whose event stream is refused polls, and still shows the steps a run appends while it is open.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +29,9 @@
 #include "harness/skip.h"
 #include "harness/synthetic_data.h"
 #include "harness/temp_dir.h"
+#include "trident/bench/bench_page.h"
+#include "trident/dashboard/page_file.h"
+#include "trident/dashboard/server.h"
 #include "unit/dashboard/synthetic_run.h"
 #include "unit/launch/process_runner.h"
 
@@ -87,8 +93,9 @@ class DashboardBrowser : public ::testing::Test {
     if (chromium_.empty()) TRIDENT_SKIP_MISSING("chromium (headless browser) not on PATH; apt-get install chromium");
   }
   // Starts `trident dashboard` on a free port; returns its URL.
-  std::string start_dashboard(const std::vector<std::string>& dirs) {
+  std::string start_dashboard(const std::vector<std::string>& dirs, const std::vector<std::string>& flags = {}) {
     std::vector<std::string> argv = {TRIDENT_BIN, "dashboard", "--port", "0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), dirs.begin(), dirs.end());
     server_ = std::make_unique<ProcessRunner>(argv, trident::testing::make_env({}, {}));
     std::smatch m;
@@ -237,8 +244,10 @@ TEST_F(DashboardBrowser, LiveTwoRankRunBesideAFinishedOne) {
   }
   const std::string late = attr_of(dom, "chart-late", "data-series");
   EXPECT_NE(late.find("done rank 0|done rank 1"), std::string::npos) << late;
-  EXPECT_NE(dom.find("<tr data-rank=\"1\"><td>1</td><td>0</td><td>0</td><td>1</td></tr>"), std::string::npos)
-      << "the done run's rank 1 is not shown at dp 1";
+  EXPECT_NE(dom.find("<tr data-rank=\"1\"><td>1</td><td>0</td><td>0</td><td>1</td><td class=\"text\">"),
+            std::string::npos)
+      << "the done run's rank 1 is not shown at dp 1 with its host";
+  EXPECT_EQ(dom.find("<td class=\"text\"></td></tr>"), std::string::npos) << "a rank without its host";
 }
 
 TEST_F(DashboardBrowser, ReportOpensOfflineWithTheSlowLinkAndTheHungRun) {
@@ -278,6 +287,107 @@ TEST_F(DashboardBrowser, ReportOpensOfflineWithTheSlowLinkAndTheHungRun) {
   // The hung run: its status, and `trident inspect`'s explanation of its dumps.
   EXPECT_EQ(status_of(dom, "b"), "hung");
   EXPECT_NE(dom.find("rank 2 never entered all_reduce #3"), std::string::npos);
+}
+
+// The busbw page `trident bench comm --html` writes, opened from a file: each (source, algorithm) line of a
+// collective's chart is drawn (uPlot's legend) with every size's point, the peer's beside trident's.
+TEST_F(DashboardBrowser, BusbwPageDrawsEveryLineAndPointOffline) {
+  bench::BusbwSource trident{"trident", nlohmann::json::array()};
+  for (double size : {8.0, 64.0, 512.0, 4096.0})
+    for (const char* algo : {"ring", "direct"})
+      for (bool inplace : {false, true})
+        trident.records.push_back({{"op", "all_reduce"}, {"algo", algo}, {"algo_forced", true}, {"inplace", inplace},
+                                   {"size", size}, {"busbw", size / 1e3 + (inplace ? 0.1 : 0)}});
+  trident.records.push_back({{"op", "all_reduce"}, {"algo", "ring"}, {"algo_forced", false}, {"inplace", false},
+                             {"size", 4096}, {"busbw", 4.0}});
+  bench::BusbwSource peer{"openmpi", nlohmann::json::array()};
+  for (double size : {8.0, 4096.0}) peer.records.push_back({{"op", "all_reduce"}, {"size", size}, {"busbw", 1.0}});
+  const fs::path html = dir_.path / "busbw.html";
+  write_html_file(html.string(), render_figures(bench::busbw_figures({trident, peer}, "2 ranks")), "test");
+  const std::string dom = dump_dom(chromium_, "file://" + html.string(), dir_.path / "profile", 1000);
+  EXPECT_EQ(attr_of(dom, "fig-busbw-all_reduce", "data-series"), "openmpi|trident auto|trident direct|trident ring")
+      << dom.substr(0, 2000);
+  EXPECT_EQ(attr_of(dom, "fig-busbw-all_reduce", "data-points"), "2,1,4,4");
+  for (const char* label : {"openmpi", "trident auto", "trident direct", "trident ring"})
+    EXPECT_NE(dom.find(std::string("class=\"u-label\">") + label + "<"), std::string::npos) << label;
+  EXPECT_NE(dom.find("data-ready=\"1\""), std::string::npos);
+}
+
+// A 4-rank run over two hosts (ranks 0, 1 on host-a; 2, 3 on host-b, as its mesh record says): beside the
+// rank x rank matrix, the host x host one gathers the links between the hosts and shows each pair by its
+// worst link: a -> b holds 0->2, 0->3, 1->2, 1->3, with 1->3 at 0.40x its baseline and warned about (slow);
+// b -> a holds the reverse four, the worst at 0.90x; links inside a host are left out.
+TEST_F(DashboardBrowser, HostMatrixGroupsLinksByHostAndShowsTheWorst) {
+  const fs::path run = dir_.path / "hosts";
+  fs::create_directories(run);
+  const char* host[4] = {"host-a", "host-a", "host-b", "host-b"};
+  nlohmann::json mesh = {{"type", "mesh"}, {"tp", 1}, {"pp", 1}, {"dp", 4}, {"order", "tp-dp-pp"},
+                         {"ranks", nlohmann::json::array()}};
+  for (int r = 0; r < 4; ++r) mesh["ranks"].push_back({{"rank", r}, {"tp", 0}, {"pp", 0}, {"dp", r}, {"host", host[r]}});
+  std::ofstream m(run / "metrics.jsonl");
+  m << mesh.dump() << "\n";
+  std::ofstream h(run / "health.jsonl");
+  for (int s = 0; s < 4; ++s) {
+    auto step = nlohmann::json::parse(test::synthetic_step(s, 3.0));
+    if (s == 3)  // the monitor's warning, in the step record of the round the matrix shows
+      step["health"] = {{{"kind", "slow_link"}, {"src", 1}, {"dst", 3}, {"ratio", 0.4}, {"since_step", 2},
+                         {"message", "link host-a/rank 1 -> host-b/rank 3 at 0.40x its bandwidth since step 2"}}};
+    m << step.dump() << "\n";
+    nlohmann::json round = {{"step", s}, {"time", 1.8e9 + s}, {"links", nlohmann::json::array()}, {"ranks", nlohmann::json::array()}};
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b) {
+        if (a == b) continue;
+        // 1 -> 3 slows to 0.4x at step 2; 3 -> 1 reads 0.9x; 0 -> 1 (inside host-a) 0.2x, which no host cell shows.
+        const double ratio = a == 1 && b == 3 && s >= 2 ? 0.4 : a == 3 && b == 1 ? 0.9 : a == 0 && b == 1 ? 0.2 : 1.0;
+        round["links"].push_back({{"src", a}, {"dst", b}, {"gbps", ratio}, {"baseline_gbps", 1.0}});
+      }
+    h << round.dump() << "\n";
+  }
+  m.close();
+  h.close();
+  const fs::path html = dir_.path / "hosts.html";
+  write_html_file(html.string(), render_report({run.string()}), "test");
+  const std::string dom = dump_dom(chromium_, "file://" + html.string(), dir_.path / "profile", 1000);
+  EXPECT_NE(dom.find("<table class=\"matrix hosts\" data-run=\"hosts\">"), std::string::npos) << dom.substr(0, 3000);
+  EXPECT_NE(dom.find("<td class=\"slow\" data-hosts=\"host-a|host-b\" data-links=\"4\" data-ratio=\"0.40\""),
+            std::string::npos);
+  EXPECT_NE(dom.find("<td class=\"ok\" data-hosts=\"host-b|host-a\" data-links=\"4\" data-ratio=\"0.90\""),
+            std::string::npos);
+  // The rank x rank matrix still shows every link, the one inside host-a too.
+  EXPECT_NE(dom.find("data-link=\"0-1\" data-ratio=\"0.20\""), std::string::npos);
+  EXPECT_NE(dom.find("<td class=\"slow\" data-link=\"1-3\" data-ratio=\"0.40\""), std::string::npos);
+}
+
+// The polling fallback: a dashboard that serves no event streams (--max-streams 0, as one at its limit
+// answers 503) leaves the page polling, and the steps the run appends while the page is open still arrive:
+// more than one poll brings records (data-polled), none came as pushes (no data-events), and the loss
+// chart holds more points than the file had when the page opened.
+TEST_F(DashboardBrowser, PollsWhenTheStreamIsRefusedAndStillUpdates) {
+  const fs::path run = dir_.path / "polled";
+  test::write_synthetic_run(run, 5, false);
+  const std::string url = start_dashboard({run.string()}, {"--max-streams", "0"});
+  std::atomic<bool> done{false};
+  int appended = 0;
+  std::thread writer([&] {
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ofstream(run / "metrics.jsonl", std::ios::app) << test::synthetic_step(5 + appended, 3.0);
+      ++appended;
+    }
+  });
+  // Virtual time: the page's 1 s poll timer runs at once, the polls' fetches in real time (a few ms each),
+  // while a step is appended every 10 ms.
+  const std::string dom = dump_dom(chromium_, url, dir_.path / "profile", 4000);
+  done = true;
+  writer.join();
+  EXPECT_NE(dom.find("live (polling)"), std::string::npos) << dom.substr(0, 2000);
+  EXPECT_EQ(dom.find("data-events="), std::string::npos) << "records were pushed, not polled";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex("<body[^>]* data-polled=\"([0-9]+)\""))) << dom.substr(0, 2000);
+  EXPECT_GE(std::stoi(m[1]), 2) << "one poll brought records, no later one did";
+  const int points = std::stoi(attr_of(dom, "chart-loss", "data-points"));
+  EXPECT_GT(points, 5);
+  EXPECT_LE(points, 5 + appended);
 }
 
 }  // namespace

@@ -659,10 +659,11 @@ void Engine::check_p2p_deadlines() {
   } else if (!r.is_send) {
     missing.push_back(r.peer);
   }
-  std::string detail = r.is_send      ? fmt::format("rank {} did not drain what was sent to it", r.peer)
+  std::string detail = r.is_send      ? fmt::format("rank {} did not drain what was sent to it{}", r.peer,
+                                                    on_hosts({r.peer}))
                        : r.any_source ? fmt::format("not heard from: rank(s) {} (a receive from any source)",
                                                     fmt::join(missing, ", "))
-                                      : fmt::format("not heard from: rank(s) {}", r.peer);
+                                      : fmt::format("not heard from: rank(s) {}{}", r.peer, on_hosts(missing));
   std::string msg = fmt::format("{} in group '{}' timed out on rank {}; {}", describe(c.args), name_, rank_, detail);
   AbortRecord rec = record(AbortRecord::Kind::kTimeout, msg, -1, missing);
   rec.op = op_name(c.args.op);
@@ -1061,6 +1062,16 @@ ShmWindow* Engine::shm_window() {
 }
 // ---- end shared-memory fast path ----
 
+std::string Engine::on_hosts(const std::vector<int>& ranks) const {
+  bool several = false;
+  for (int h : host_index_) several = several || h != host_index_[rank_];
+  if (!several || ranks.empty()) return {};
+  std::vector<std::string> hosts;
+  for (int r : ranks)
+    if (std::find(hosts.begin(), hosts.end(), peers_[r].host) == hosts.end()) hosts.push_back(peers_[r].host);
+  return fmt::format(" (on host{} {})", hosts.size() == 1 ? "" : "s", fmt::join(hosts, ", "));
+}
+
 [[noreturn]] void Engine::raise_timeout(std::span<const Request> reqs) {
   std::vector<int> missing, stuck;
   for (auto& q : reqs) {
@@ -1072,8 +1083,8 @@ ShmWindow* Engine::shm_window() {
   std::sort(missing.begin(), missing.end());
   std::sort(stuck.begin(), stuck.end());
   std::string detail;
-  if (!missing.empty()) detail = fmt::format("not heard from: rank(s) {}", fmt::join(missing, ", "));
-  else detail = fmt::format("rank(s) {} did not drain what was sent to them", fmt::join(stuck, ", "));
+  if (!missing.empty()) detail = fmt::format("not heard from: rank(s) {}{}", fmt::join(missing, ", "), on_hosts(missing));
+  else detail = fmt::format("rank(s) {} did not drain what was sent to them{}", fmt::join(stuck, ", "), on_hosts(stuck));
   std::string msg = fmt::format("{} (sequence number {}) in group '{}' timed out on rank {}; {}",
                                 in_collective_ ? describe(args_) : describe(args_), seq_, name_, rank_, detail);
   fail_group(record(AbortRecord::Kind::kTimeout, msg, -1, missing));

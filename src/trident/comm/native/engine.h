@@ -154,6 +154,10 @@ class Engine final : public AlgoContext {
   void block_once(Clock::time_point deadline);
   void periodic_checks();
   [[noreturn]] void raise_timeout(std::span<const Request> reqs);
+  // " (on host H)" or " (on hosts H1, H2)": where `ranks` (group ranks) run, by their host identity
+  // (TRIDENT_HOST_ID or the hostname), when the group spans several hosts; "" on one host. On a cluster the
+  // host is what an operator checks first (its link, its power).
+  std::string on_hosts(const std::vector<int>& ranks) const;
   [[noreturn]] void raise_abort_from_peer(int peer, const std::string& channel_error);
   // Aborts the group with `r` and throws it here (the same error every other rank raises).
   [[noreturn]] void fail_group(const AbortRecord& r);

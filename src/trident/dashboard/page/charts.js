@@ -55,7 +55,8 @@ window.TridentCharts = (function () {
       drop(id);
       el.innerHTML = "";
       const xaxis = {label: opts.xlabel || "step"};
-      if (opts.xvalue) xaxis.values = (u, ticks) => ticks.map(opts.xvalue);
+      // uPlot passes null for the ticks a log scale leaves unlabelled.
+      if (opts.xvalue) xaxis.values = (u, ticks) => ticks.map((t) => (t === null ? "" : opts.xvalue(t)));
       const uopts = {
         width: width, height: opts.height || 300,
         scales: {x: opts.logx ? {time: false, distr: 3, log: 2} : {time: false}, y: opts.log ? {distr: 3} : {}},

@@ -267,6 +267,8 @@
         t += "</tr>";
       }
       t += "</table>";
+      const hostOf = d.mesh && d.mesh.ranks.every((x) => x.host) ? d.mesh.ranks.map((x) => x.host) : null;
+      if (hostOf && new Set(hostOf).size > 1) t += hostTable(run.summary.name, hostLinks(hostOf, measured, events));
       if (late.size) {
         t += "<table><tr><th>rank</th><th>state</th><th>late ms</th><th>of collectives</th><th>since step</th></tr>";
         for (const [rank, e] of late)
@@ -284,6 +286,56 @@
     });
     $("health").innerHTML = html.join("");
   }
+  // The links between hosts: ranks grouped by the host the run's mesh record names for each (hostOf[rank]);
+  // the cell of hosts (a, b) gathers every link from a rank on a to a rank on b as of the chosen round
+  // (measured: "src,dst" -> {link}; events: "src,dst" -> the latest slow_link/link_recovered), shown by its
+  // worst link (the lowest bandwidth over baseline): one slow link between two hosts is what to look at.
+  function hostLinks(hostOf, measured, events) {
+    const hosts = Array.from(new Set(hostOf)).sort();
+    const cells = new Map();  // "a|b" -> {links, ratio (worst), worst ("src-dst"), slow}
+    const cell = (src, dst) => {
+      const key = `${hostOf[src]}|${hostOf[dst]}`;
+      if (!cells.has(key)) cells.set(key, {links: 0, ratio: null, worst: null, slow: false});
+      return cells.get(key);
+    };
+    for (const [key, m] of measured) {
+      const [src, dst] = key.split(",").map(Number);
+      if (hostOf[src] === undefined || hostOf[dst] === undefined || hostOf[src] === hostOf[dst]) continue;
+      const c = cell(src, dst);
+      c.links += 1;
+      const r = m.link.baseline_gbps ? m.link.gbps / m.link.baseline_gbps : null;
+      if (r !== null && (c.ratio === null || r < c.ratio)) { c.ratio = r; c.worst = `${src}-${dst}`; }
+    }
+    for (const [key, e] of events) {
+      const [src, dst] = key.split(",").map(Number);
+      if (e.kind !== "slow_link" || hostOf[src] === undefined || hostOf[dst] === undefined || hostOf[src] === hostOf[dst]) continue;
+      const c = cell(src, dst);
+      c.slow = true;
+      if (c.ratio === null) { c.ratio = e.ratio === undefined ? null : e.ratio; c.worst = `${src}-${dst}`; }
+    }
+    return {hosts: hosts, cells: cells};
+  }
+
+  function hostTable(name, hl) {
+    let t = `<table class="matrix hosts" data-run="${esc(name)}"><tr><th>from host \\ to host</th>`;
+    for (const h of hl.hosts) t += `<th>${esc(h)}</th>`;
+    t += "</tr>";
+    for (const a of hl.hosts) {
+      t += `<tr><th>${esc(a)}</th>`;
+      for (const b of hl.hosts) {
+        const c = hl.cells.get(`${a}|${b}`);
+        if (a === b) { t += '<td class="self"></td>'; continue; }
+        if (!c) { t += `<td class="none" data-hosts="${esc(a)}|${esc(b)}">–</td>`; continue; }
+        const ratio = c.ratio !== null && c.ratio !== undefined ? fmt(c.ratio, 2) : null;
+        const style = ratio !== null ? ` style="background:${ratioColor(c.ratio)}"` : "";
+        const title = `${c.links} link${c.links === 1 ? "" : "s"} measured` + (c.worst ? `; worst ${c.worst.replace("-", " -> ")}` : "");
+        t += `<td class="${c.slow ? "slow" : "ok"}" data-hosts="${esc(a)}|${esc(b)}" data-links="${c.links}"` +
+             `${ratio !== null ? ` data-ratio="${ratio}"` : ""}${style} title="${esc(title)}">${ratio !== null ? ratio + "x" : "ok"}</td>`;
+      }
+      t += "</tr>";
+    }
+    return t + "</table>";
+  }
   $("health").addEventListener("change", (ev) => {
     const el = ev.target;
     if (!el.classList.contains("round-pick")) return;
@@ -295,9 +347,12 @@
   // Which rank holds which (tp, pp, dp) coordinate: the run's own mesh record (the trainer writes the
   // coordinates its DeviceMesh used), never recomputed here.
   function meshTable(mesh) {
-    let t = `<table class="mesh" data-order="${esc(mesh.order)}"><tr><th>rank</th><th>tp</th><th>pp</th><th>dp</th></tr>`;
+    const hosts = mesh.ranks.some((r) => r.host);
+    let t = `<table class="mesh" data-order="${esc(mesh.order)}"><tr><th>rank</th><th>tp</th><th>pp</th><th>dp</th>` +
+            `${hosts ? "<th>host</th>" : ""}</tr>`;
     for (const r of mesh.ranks.slice(0, 512))
-      t += `<tr data-rank="${r.rank}"><td>${r.rank}</td><td>${r.tp}</td><td>${r.pp}</td><td>${r.dp}</td></tr>`;
+      t += `<tr data-rank="${r.rank}"><td>${r.rank}</td><td>${r.tp}</td><td>${r.pp}</td><td>${r.dp}</td>` +
+           `${hosts ? `<td class="text">${esc(r.host || "")}</td>` : ""}</tr>`;
     return t + "</table>";
   }
 
@@ -393,17 +448,22 @@
     };
   }
 
+  let pollUpdates = 0;  // polls that brought records (data-polled: the browser test's proof of polling)
   async function poll() {
     try {
       const answer = await (await fetch("/api/runs", {cache: "no-store"})).json();
       setSummaries(answer.runs);
+      let fresh = 0;
       for (const s of answer.runs) {
         const run = runs[s.id];
         const q = `/api/runs/${s.id}/records?generation=${run.generation}&from=${run.next}`;
-        applyRecords(run, await (await fetch(q, {cache: "no-store"})).json());
+        const j = await (await fetch(q, {cache: "no-store"})).json();
+        fresh += j.records.length;
+        applyRecords(run, j);
         const hq = `/api/runs/${s.id}/health?generation=${run.health.generation}&from=${run.health.next}`;
         applyHealth(run, await (await fetch(hq, {cache: "no-store"})).json());
       }
+      if (fresh) document.body.dataset.polled = String(++pollUpdates);
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       render();
     } catch (e) {
