@@ -4,7 +4,8 @@
 // is slowed to 20 mbit (an htb class on host 1 with a filter on host 2's address). Rank 0's records must
 // name that link, and no other, within 20 steps of the slowdown (counted from the step logged once the tc
 // commands have run); the same run without the slowdown names
-// nothing (no link, no rank).
+// nothing (no link, no rank). The slowed run's `trident report`, opened in headless Chromium, marks that link,
+// and only that one, slow in its link matrix (as a user would see it on `trident dashboard`).
 //
 // Skips (with the reason) only where the machine cannot run network namespaces (no root, no privilege);
 // a missing `ip`/`tc` is a missing dependency. The namespaces are removed at scope exit, failure included.
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/chromium.h"
 #include "harness/skip.h"
 #include "harness/synthetic_data.h"
 #include "harness/temp_dir.h"
@@ -31,6 +33,7 @@ struct HostsRun {
   int64_t slowed_at = -1;              // the last step logged when they had ended (the link slow for sure)
   int64_t last_step = -1;
   std::string log;
+  std::string report_dom;  // the run's `trident report` page after Chromium ran it (slowed runs only)
 };
 
 HostsRun train_on_hosts(const std::string& prefix, bool slow) {
@@ -87,6 +90,12 @@ HostsRun train_on_hosts(const std::string& prefix, bool slow) {
   for (int host = 0; host < kHosts; ++host)
     run.log += fmt::format("---- host {}:\n{}", host, slurp(dir.path / fmt::format("host{}.log", host)));
   EXPECT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.log;
+  if (slow) {
+    const std::string html = (dir.path / "report.html").string();
+    auto [rc, out] = sh(fmt::format("{} report {} --out {} 2>&1", TRIDENT_BIN, out_dir, html));
+    EXPECT_EQ(rc, 0) << out;
+    run.report_dom = testing::dump_dom(testing::find_chromium(), "file://" + html, dir.path / "profile", 1500);
+  }
   for (const auto& rec : read_records()) {
     run.last_step = rec.value("step", int64_t{-1});
     if (!rec.contains("health")) continue;
@@ -107,6 +116,7 @@ std::string dump(const std::vector<nlohmann::json>& events) {
 TEST(HealthNetns, SlowedLinkIsNamedAndAnUnshapedRunNamesNothing) {
   if (const std::string tool = missing_tool(); !tool.empty()) TRIDENT_SKIP_MISSING(tool);
   if (const std::string why = no_privilege(); !why.empty()) TRIDENT_SKIP_MACHINE(why);
+  if (testing::find_chromium().empty()) TRIDENT_SKIP_MISSING("chromium (headless browser) not on PATH; apt-get install chromium");
   const std::string prefix = fmt::format("trh{}", ::getpid());
   // A burst of 64 KB (one GSO packet) rather than the script's 256 KB: after an idle spell the rate limit
   // lets a burst through at the veth's speed, and with 256 KB the ring's chunks of a step (181 KB) crossed
@@ -138,6 +148,11 @@ TEST(HealthNetns, SlowedLinkIsNamedAndAnUnshapedRunNamesNothing) {
   }
   EXPECT_EQ(named, 1) << "slowed between steps " << slowed.slowing_from << " and " << slowed.slowed_at << ":\n"
                       << dump(slowed.events) << slowed.log;
+  // The page: the matrix of the last round marks host 1 -> host 2 slow, and no other link.
+  const std::string& dom = slowed.report_dom;
+  EXPECT_NE(dom.find("<td class=\"slow\" data-link=\"1-2\""), std::string::npos) << dom.substr(0, 3000);
+  for (const char* other : {"0-1", "0-2", "1-0", "2-0", "2-1"})
+    EXPECT_EQ(dom.find(std::string("<td class=\"slow\" data-link=\"") + other + "\""), std::string::npos) << other;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 
+#include "harness/chromium.h"
 #include "harness/skip.h"
 #include "harness/synthetic_data.h"
 #include "harness/temp_dir.h"
@@ -41,30 +42,8 @@ namespace {
 namespace fs = std::filesystem;
 using trident::testing::ProcessRunner;
 
-std::string find_chromium() {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "/usr/bin");
-  for (std::string d; std::getline(dirs, d, ':');)
-    for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
-      if (::access((fs::path(d) / name).c_str(), X_OK) == 0) return (fs::path(d) / name).string();
-  return "";
-}
-
-// The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time, or with `live` of real
-// time: an open event stream is a fetch that never ends, and virtual time waits for pending fetches.
-std::string dump_dom(const std::string& chromium, const std::string& url, const fs::path& profile, int budget_ms = 4000,
-                     bool live = false) {
-  ProcessRunner p({chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                   "--no-first-run", "--disable-extensions", "--user-data-dir=" + profile.string(),
-                   "--enable-logging=stderr", "--v=0",  // the page's console (an uncaught exception) on stderr
-                   (live ? "--timeout=" : "--virtual-time-budget=") + std::to_string(budget_ms),
-                   "--window-size=1400,2000", "--dump-dom", url},
-                  trident::testing::make_env({}, {}));
-  p.wait(60);  // to its exit (the guard kills a browser that hangs)
-  for (size_t at = p.err().find("Uncaught"); at != std::string::npos; at = p.err().find("Uncaught", at + 1))
-    ADD_FAILURE() << "the page threw at " << url << ": " << p.err().substr(at, p.err().find('\n', at) - at);
-  return p.out();
-}
+using trident::testing::dump_dom;
+using trident::testing::find_chromium;
 
 // The value of attribute `attr` on the element with id `id` (plain string search: the DOM holds uPlot's
 // minified source in the report, too long for std::regex's recursive matcher).
