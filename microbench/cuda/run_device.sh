@@ -9,6 +9,13 @@
 #   4. bench_cuda: GEMM, kernel, attention, bandwidth and NCCL tables, and the GPT step.
 #   5. Collectives on GPU buffers, 2 ranks on GPU 0: the CUDA IPC device path and staged through host memory
 #      (trident bench comm --device cuda), and GPT-2 124M bf16 with 2 ranks sharing the GPU (DDP, ZeRO-2).
+# On a lent GPU machine that cannot build trident (the workplace's device tool: no Debian packages, no network),
+# pack here and carry the file (about 24 MB), then in one call of about 6-8 minutes:
+#   here:  microbench/cuda/pack.sh build            (binaries of a Release build with -DTRIDENT_BUILD_BENCH=ON)
+#   there: tar xzf .device/trident-gpu.tgz -C /tmp && export LD_LIBRARY_PATH=/tmp/trident-gpu/lib &&
+#          SKIP_BUILD=1 F32=0 COMM=0 TINYLLAMA=0 MPS=1 PROFILE=1 BENCH_ARGS=--quick DATA=/tmp/trident-gpu/data \
+#          OUT=/tmp/o microbench/cuda/run_device.sh /tmp/trident-gpu; tar czf $OUT/run.tgz -C /tmp o
+#   (more than 8 files in $OUT do not come back: tar them.)
 # Usage (repo root): microbench/cuda/run_device.sh [build-dir]
 #   DATA: folder with tinyshakespeare/input.txt and gpt2-bpe/{encoder.json,vocab.bpe} (default ../shared/data)
 #   SKIP_BUILD=1: use the binaries already in build-dir (trident, bench_cuda, tests/test_unit_cuda), for
