@@ -23,7 +23,7 @@
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
-#include "trident/core/timeline.h"
+#include "trident/core/stamp_clock.h"
 
 namespace trident {
 
@@ -71,22 +71,13 @@ const char* error_type_of(std::exception_ptr e, std::string* what, bool* network
   }
 }
 
-// The enqueue stamp: CLOCK_MONOTONIC_COARSE (the last timer tick, 1-4 ms behind, never ahead of
-// CLOCK_MONOTONIC), a vDSO read of ~20 ns where a precise read costs ~200 ns on a kvm-clock VM. The start and
-// end stamps, which time the call, stay precise; arrival (lateness) uses the start where the backend reports it.
-int64_t coarse_now_ns() {
-  timespec ts{};
-  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return Timeline::now_ns();
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
 }  // namespace
 
 FlightRing::FlightRing(std::string group, int rank, int size, int generation, size_t capacity)
     : slots_(capacity), group_(std::move(group)), rank_(rank), size_(size), generation_(generation) {}
 
 uint64_t FlightRing::enqueue(const CollArgs& a) {
-  const int64_t t = coarse_now_ns();
+  const int64_t t = stamp_clock::now_anchored();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
   FlightRecord& r = slots_[(id - 1) % slots_.size()];
@@ -103,25 +94,25 @@ uint64_t FlightRing::enqueue(const CollArgs& a) {
   r.peer = collective ? -1 : a.peer;
   r.tag = collective ? 0 : a.tag;
   r.count = a.count;
-  r.enqueue_ns = t;
-  r.start_ns = 0;
-  r.end_ns = 0;
+  r.enqueue_stamp = t;
+  r.start_stamp = 0;
+  r.end_stamp = 0;
   r.error_type = nullptr;
   if (!r.error.empty()) r.error.clear();
   return id;
 }
 
-void FlightRing::started(uint64_t id, uint64_t seq, Algo algo, int64_t t_ns) {
+void FlightRing::started(uint64_t id, uint64_t seq, Algo algo, int64_t stamp) {
   std::lock_guard<std::mutex> lock(mu_);
   FlightRecord& r = slots_[(id - 1) % slots_.size()];
   if (r.id != id) return;  // overwritten by a newer call (a ring smaller than the calls in flight)
   r.seq = seq;
   r.algo = algo;
-  r.start_ns = t_ns;
+  r.start_stamp = stamp;
   if (r.state == CallState::kQueued) r.state = CallState::kStarted;
 }
 
-void FlightRing::finished(uint64_t id, int64_t t_ns, std::exception_ptr error) {
+void FlightRing::finished(uint64_t id, int64_t stamp, std::exception_ptr error) {
   std::string what;
   bool network = false;
   const char* type = error ? error_type_of(error, &what, &network) : nullptr;
@@ -129,8 +120,8 @@ void FlightRing::finished(uint64_t id, int64_t t_ns, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     FlightRecord& r = slots_[(id - 1) % slots_.size()];
-    if (r.id == id && r.end_ns == 0) {
-      r.end_ns = t_ns;
+    if (r.id == id && r.end_stamp == 0) {
+      r.end_stamp = stamp;
       r.state = error ? CallState::kFailed : CallState::kCompleted;
       if (error) {
         r.error_type = type;
@@ -491,9 +482,9 @@ std::string dump_json(const std::string& reason) {
   const std::vector<FlightRing::Snapshot> groups = snapshots();
   // Monotonic stamps become wall-clock microseconds, so dumps of several hosts line up (to NTP's accuracy).
   const int64_t offset_ns = clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC);
-  auto wall_us = [&](int64_t mono_ns) -> json {
-    if (mono_ns == 0) return nullptr;
-    return (mono_ns + offset_ns) / 1000;
+  auto wall_us = [&](int64_t stamp) -> json {
+    if (stamp == 0) return nullptr;
+    return (stamp_clock::to_ns(stamp) + offset_ns) / 1000;
   };
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -531,9 +522,9 @@ std::string dump_json(const std::string& reason) {
       jr["tag"] = r.tag;
       jr["algo"] = r.algo == Algo::kAuto ? json(nullptr) : json(algo_name(r.algo));
       jr["state"] = call_state_name(r.state);
-      jr["enqueue_us"] = wall_us(r.enqueue_ns);
-      jr["start_us"] = wall_us(r.start_ns);
-      jr["end_us"] = wall_us(r.end_ns);
+      jr["enqueue_us"] = wall_us(r.enqueue_stamp);
+      jr["start_us"] = wall_us(r.start_stamp);
+      jr["end_us"] = wall_us(r.end_stamp);
       if (r.error_type) {
         jr["error_type"] = r.error_type;
         jr["error"] = r.error;

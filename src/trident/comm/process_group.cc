@@ -15,6 +15,7 @@
 #include "trident/comm/reduce.h"
 #include "trident/core/env.h"
 #include "trident/core/error.h"
+#include "trident/core/stamp_clock.h"
 #include "trident/core/timeline.h"
 
 namespace trident {
@@ -386,7 +387,7 @@ uint64_t ProcessGroup::record_enqueue(const CollArgs& a) {
 }
 
 void ProcessGroup::record_started(const CollArgs& a, uint64_t seq, Algo algo) {
-  if (flight_ && a.record) flight_->started(a.record, seq, algo, Timeline::now_ns());
+  if (flight_ && a.record) flight_->started(a.record, seq, algo, stamp_clock::now());
 }
 
 void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
@@ -408,10 +409,10 @@ void ProcessGroup::run_recorded(CollArgs& a, const CallOptions& o) {
     try {
       run_blocking(a, o);
     } catch (...) {
-      flight_->finished(a.record, Timeline::now_ns(), std::current_exception());
+      flight_->finished(a.record, stamp_clock::now(), std::current_exception());
       throw;
     }
-    flight_->finished(a.record, Timeline::now_ns(), nullptr);
+    flight_->finished(a.record, stamp_clock::now(), nullptr);
   }
   if (staged) staged->copy_back();
 }
@@ -492,7 +493,7 @@ std::shared_ptr<Work> ProcessGroup::submit(CollArgs args, const CallOptions& opt
     try {
       work = post(args, opts, blocking);
     } catch (...) {
-      flight_->finished(args.record, Timeline::now_ns(), std::current_exception());
+      flight_->finished(args.record, stamp_clock::now(), std::current_exception());
       throw;
     }
     work->record_to(flight_, args.record);

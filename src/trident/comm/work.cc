@@ -2,6 +2,7 @@
 
 #include "trident/comm/flight_recorder.h"
 #include "trident/core/error.h"
+#include "trident/core/stamp_clock.h"
 #include "trident/core/timeline.h"
 
 namespace trident {
@@ -40,7 +41,7 @@ void Work::finish(std::exception_ptr error) {
   if (std::shared_ptr<FlightRing> ring = std::move(ring_)) {
     // Before done_: a failure's dump is written before any waiter sees the error (and perhaps exits).
     lock.unlock();
-    ring->finished(record_, t, error);
+    ring->finished(record_, stamp_clock::now(), error);
     lock.lock();
   }
   done_ = true;
@@ -70,7 +71,7 @@ void Work::record_to(std::shared_ptr<FlightRing> ring, uint64_t id) {
   }
   const std::exception_ptr error = error_;
   lock.unlock();
-  ring->finished(id, finished_ns(), error);
+  ring->finished(id, stamp_clock::from_ns(finished_ns()), error);
 }
 
 }  // namespace trident

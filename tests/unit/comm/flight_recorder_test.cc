@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -29,6 +31,7 @@
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/core/stamp_clock.h"
 
 namespace trident {
 namespace {
@@ -64,8 +67,8 @@ TEST(FlightRing, KeepsTheLastCallsAcrossWraparound) {
         EXPECT_EQ(s.records[k].count, id - 1);
         EXPECT_EQ(s.records[k].state, CallState::kCompleted);
         EXPECT_EQ(s.records[k].algo, Algo::kRing);
-        EXPECT_EQ(s.records[k].start_ns, 100 + static_cast<int64_t>(id - 1));
-        EXPECT_EQ(s.records[k].end_ns, 200 + static_cast<int64_t>(id - 1));
+        EXPECT_EQ(s.records[k].start_stamp, 100 + static_cast<int64_t>(id - 1));
+        EXPECT_EQ(s.records[k].end_stamp, 200 + static_cast<int64_t>(id - 1));
       }
     }
   }
@@ -91,7 +94,7 @@ TEST(FlightRing, UpdatesOfOverwrittenCallsAreIgnored) {
   EXPECT_EQ(s.records[0].peer, 2);
   EXPECT_EQ(s.records[0].tag, 9u);
   EXPECT_EQ(s.records[0].state, CallState::kQueued);
-  EXPECT_EQ(s.records[0].start_ns, 0);
+  EXPECT_EQ(s.records[0].start_stamp, 0);
   // The failure is recorded with its type on a call still in the ring.
   ring.finished(b, 7, std::make_exception_ptr(PeerDiedError("gone", 1, 2, "send", 0)));
   s = ring.snapshot();
@@ -125,7 +128,7 @@ TEST(FlightRecorder, GroupRecordsEveryCallAndDumpsParseBack) {
     uint64_t seq = 0;
     for (const auto& r : s.records) {
       TRIDENT_RANK_CHECK(r.state == CallState::kCompleted, "state {}", call_state_name(r.state));
-      TRIDENT_RANK_CHECK(r.enqueue_ns > 0 && r.start_ns >= r.enqueue_ns && r.end_ns >= r.start_ns, "times of {}",
+      TRIDENT_RANK_CHECK(r.enqueue_stamp > 0 && r.start_stamp >= r.enqueue_stamp && r.end_stamp >= r.start_stamp, "times of {}",
                          op_name(r.op));
       if (r.op == OpKind::kSend || r.op == OpKind::kRecv) {
         TRIDENT_RANK_CHECK(r.seq == 0 && r.count == 3 && r.tag == 4, "p2p record");
@@ -152,6 +155,41 @@ TEST(FlightRecorder, GroupRecordsEveryCallAndDumpsParseBack) {
   RankDump d = parse_flight_dump(ss.str(), path);
   EXPECT_EQ(d.reason, "test request");
   EXPECT_EQ(d.pid, getpid());
+}
+
+// The dump's times are wall-clock microseconds of when the calls happened: the ring's stamps (time-stamp
+// counter ticks where available) are converted on the way out, within a few microseconds of clock reads
+// taken on either side of the call.
+TEST(FlightRecorder, DumpTimesAreWallClockOfTheCalls) {
+  ASSERT_GT(flight_recorder::capacity(), 0u) << "TRIDENT_FLIGHT_RECORDER_SIZE=0 in the test environment";
+  testing::TempDir dir("flight_times");
+  auto wall_us = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+  };
+  std::shared_ptr<FlightRing> ring = flight_recorder::make_ring("stamped", 0, 1);
+  ring->describe("test", {0});
+  const int64_t before = wall_us();
+  const uint64_t id = ring->enqueue(all_reduce_args(3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ring->started(id, 1, Algo::kRing, stamp_clock::now());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ring->finished(id, stamp_clock::now(), nullptr);
+  const int64_t after = wall_us();
+  const json doc = json::parse(flight_recorder::dump_json("times"));
+  const json* rec = nullptr;
+  for (const auto& g : doc["groups"])
+    if (g["name"] == "stamped") rec = &g["records"][0];
+  ASSERT_NE(rec, nullptr);
+  const int64_t enq = (*rec)["enqueue_us"], start = (*rec)["start_us"], end = (*rec)["end_us"];
+  constexpr int64_t kSlackUs = 200;  // CLOCK_REALTIME against CLOCK_MONOTONIC read at different instants
+  EXPECT_GE(enq, before - kSlackUs);
+  EXPECT_LE(end, after + kSlackUs);
+  EXPECT_GE(start - enq, 20000 - kSlackUs) << "a 20 ms sleep between enqueue and start";
+  EXPECT_GE(end - start, 20000 - kSlackUs) << "a 20 ms sleep between start and end";
+  EXPECT_LE(enq, start);
+  EXPECT_LE(start, end);
 }
 
 // Dumps of one process can overlap: a failure's dump on the caller's thread and the dump thread's on the
