@@ -8,12 +8,17 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
+#include <string>
+#include <thread>
+#include <chrono>
 
 #include "harness/collective_sweep.h"
 #include "harness/multiproc.h"
 #include "trident/comm/native/native_pg.h"
 #include "trident/comm/process_group.h"
 #include "trident/comm/store/store.h"
+#include "trident/core/error.h"
 
 namespace trident {
 namespace {
@@ -86,6 +91,37 @@ TEST(FakeHosts, AutoChoosesHierarchyAcrossHostsOnly) {
       for (size_t i = 0; i < x.size(); ++i)
         TRIDENT_RANK_CHECK(x[i] == static_cast<float>(10 * (i % 97)), "x[{}] = {}", i, x[i]);
     }, {.deadline_s = 120, .env = {}});
+    EXPECT_EQ(testing::failures(res), "") << l.name;
+  }
+}
+
+// A rank that never enters a collective is named by every rank's timeout, not the healthy peer each rank
+// happened to wait on: under the hierarchical all_reduce a rank waits on its host's leader, the leader on
+// the other hosts' leaders, and only those wait on the silent rank. Each timed-out rank publishes whom it
+// waits for in the store; the ranks waited for that never publish are the cause. Layouts 2 x 2 (the silent
+// rank a non-leader of host 1) and 3 x 2.
+TEST(FakeHosts, TimeoutNamesTheSilentRankNotAHealthyPeerWaitingOnIt) {
+  for (const Layout& l : {Layout{"h2x2", {0, 0, 1, 1}}, Layout{"h3x2", {0, 0, 1, 1, 2, 2}}}) {
+    const int n = static_cast<int>(l.hosts.size());
+    const int silent = n - 1;
+    auto res = testing::run_processes(n, [&](int r, int size, std::shared_ptr<Store> st) {
+      ::setenv("TRIDENT_HOST_ID", fmt::format("fakehost{}", l.hosts[r]).c_str(), 1);
+      GroupOptions go;
+      go.timeout = Seconds(2);
+      auto pg = new_process_group(st, r, size, go);
+      std::vector<float> x(5, 1.0f);
+      pg->all_reduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum);  // everyone connected
+      if (r == silent) std::this_thread::sleep_for(std::chrono::seconds(5));  // alive, but not in the call
+      const std::string want = fmt::format("not heard from: rank(s) {} (on host fakehost{})", silent, l.hosts[silent]);
+      try {
+        pg->all_reduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
+        testing::rank_fail(fmt::format("the all_reduce without rank {} completed", silent));
+      } catch (const NetworkError& e) {
+        const std::string w = e.what();
+        TRIDENT_RANK_CHECK(w.find(want) != std::string::npos, "{}: the error does not say '{}': {}", l.name, want, w);
+        if (r == 0) std::printf("%s, rank 0: %s\n", l.name, w.c_str());
+      }
+    }, {.deadline_s = 60, .env = {{"TRIDENT_ALGO", "hier"}}});
     EXPECT_EQ(testing::failures(res), "") << l.name;
   }
 }

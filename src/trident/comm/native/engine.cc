@@ -1072,6 +1072,123 @@ std::string Engine::on_hosts(const std::vector<int>& ranks) const {
   return fmt::format(" (on host{} {})", hosts.size() == 1 ? "" : "s", fmt::join(hosts, ", "));
 }
 
+// Whom a timed-out rank names. A rank waits on the peers its algorithm needs next, and across hosts those
+// are often healthy ranks blocked in turn on the real cause (under the hierarchical all_reduce a rank waits
+// on its host's leader, the leader on the other hosts' leaders, and only one of them on the silent rank).
+// So each rank that times out in a collective publishes whom it waits for (store key waits/<seq>/<rank>),
+// then follows the published edges from its own: the ranks reached that never publish (unreachable, dead,
+// stopped, or not in this collective) are the cause, as c10d's monitoredBarrier reasons. Ranks reached
+// time out within moments of each other (they entered the collective together), so it waits for their
+// edges at most kWaitsGrace; a record another rank stored meanwhile ends the wait (every rank then raises
+// the same record). Groups on one host keep the direct answer: process liveness names the dead there. The
+// walk reads at most kWaitsMaxReads ranks' edges (a ring's chain at thousands of ranks would load the store
+// with ranks squared reads); past that, or without a store, the direct answer stands.
+namespace {
+constexpr auto kWaitsGrace = std::chrono::seconds(2);
+constexpr auto kWaitsPoll = std::chrono::milliseconds(100);
+constexpr size_t kWaitsMaxReads = 64;
+
+std::string encode_ranks(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ",")); }
+std::vector<int> decode_ranks(const Bytes& b) {
+  std::vector<int> out;
+  int v = 0;
+  bool any = false;
+  for (uint8_t c : b) {
+    if (c >= '0' && c <= '9') {
+      v = v * 10 + (c - '0');
+      any = true;
+    } else if (c == ',') {
+      if (any) out.push_back(v);
+      v = 0;
+      any = false;
+    }
+  }
+  if (any) out.push_back(v);
+  return out;
+}
+}  // namespace
+
+std::vector<int> Engine::pooled_cause(const std::vector<int>& missing, std::string* how) {
+  bool several_hosts = false;
+  for (int h : host_index_) several_hosts = several_hosts || h != host_index_[rank_];
+  if (!store_ || missing.empty() || !in_collective_ || !several_hosts) return missing;
+  const std::string prefix = fmt::format("waits/{}/", seq_);
+  // Store calls fail where the store is unreachable from here (this rank's link is the one cut): then the
+  // direct answer.
+  try {
+    const std::string mine = encode_ranks(missing);
+    store_->set(prefix + std::to_string(rank_), Bytes(mine.begin(), mine.end()));
+  } catch (const std::exception&) {
+    return missing;
+  }
+  {
+    std::vector<std::optional<std::vector<int>>> edges(static_cast<size_t>(size_));
+    edges[static_cast<size_t>(rank_)] = missing;
+    std::vector<int> parent(static_cast<size_t>(size_), -1);
+    size_t reads = 0;
+    const auto until = Clock::now() + kWaitsGrace;
+    for (;;) {
+      // Walk from this rank over the edges known so far; read the edges of ranks reached but not yet known.
+      std::vector<int> unknown, order{rank_};
+      std::vector<bool> seen(static_cast<size_t>(size_), false);
+      seen[static_cast<size_t>(rank_)] = true;
+      std::fill(parent.begin(), parent.end(), -1);
+      for (size_t i = 0; i < order.size(); ++i) {
+        const int r = order[i];
+        if (!edges[static_cast<size_t>(r)]) {
+          unknown.push_back(r);
+          continue;
+        }
+        for (int q : *edges[static_cast<size_t>(r)]) {
+          if (q < 0 || q >= size_ || seen[static_cast<size_t>(q)]) continue;
+          seen[static_cast<size_t>(q)] = true;
+          parent[static_cast<size_t>(q)] = r;
+          order.push_back(q);
+        }
+      }
+      for (int r : unknown) {
+        if (reads >= kWaitsMaxReads) return missing;
+        const std::string key = prefix + std::to_string(r);
+        try {
+          if (!store_->check({key})) continue;
+          edges[static_cast<size_t>(r)] = decode_ranks(store_->get(key, Seconds(1)));
+        } catch (const std::exception&) {
+          return missing;
+        }
+        ++reads;
+      }
+      bool grew = false;
+      for (int r : unknown) grew = grew || edges[static_cast<size_t>(r)].has_value();
+      if (grew) continue;  // walk again over the new edges before waiting
+      if (unknown.empty()) return missing;  // everyone reached is waiting too (a cycle): the direct answer
+      if (Clock::now() >= until) {
+        std::sort(unknown.begin(), unknown.end());
+        if (unknown != missing) {
+          // How this rank's wait leads to each silent rank: "rank 0 waits for rank 2, rank 2 for rank 5".
+          std::vector<std::string> steps;
+          for (int r : unknown) {
+            std::vector<int> path{r};
+            while (parent[static_cast<size_t>(path.back())] >= 0) path.push_back(parent[static_cast<size_t>(path.back())]);
+            std::reverse(path.begin(), path.end());
+            std::vector<std::string> hops;
+            for (size_t i = 0; i + 1 < path.size(); ++i)
+              hops.push_back(i == 0 ? fmt::format("rank {} waits for rank {}", path[i], path[i + 1])
+                                    : fmt::format("rank {} for rank {}", path[i], path[i + 1]));
+            steps.push_back(fmt::format("{}", fmt::join(hops, ", ")));
+          }
+          *how = fmt::format("; the timed-out ranks' waits, pooled: {}", fmt::join(steps, "; "));
+        }
+        return unknown;
+      }
+      if (auto stored = stored_abort(0)) {  // another rank decided first: pass its record on and raise it
+        abort(*stored);
+        raise_recorded(*stored);
+      }
+      std::this_thread::sleep_for(kWaitsPoll);
+    }
+  }
+}
+
 [[noreturn]] void Engine::raise_timeout(std::span<const Request> reqs) {
   std::vector<int> missing, stuck;
   for (auto& q : reqs) {
@@ -1082,9 +1199,13 @@ std::string Engine::on_hosts(const std::vector<int>& ranks) const {
   }
   std::sort(missing.begin(), missing.end());
   std::sort(stuck.begin(), stuck.end());
-  std::string detail;
-  if (!missing.empty()) detail = fmt::format("not heard from: rank(s) {}{}", fmt::join(missing, ", "), on_hosts(missing));
-  else detail = fmt::format("rank(s) {} did not drain what was sent to them{}", fmt::join(stuck, ", "), on_hosts(stuck));
+  std::string detail, how;
+  if (!missing.empty()) {
+    missing = pooled_cause(missing, &how);
+    detail = fmt::format("not heard from: rank(s) {}{}{}", fmt::join(missing, ", "), on_hosts(missing), how);
+  } else {
+    detail = fmt::format("rank(s) {} did not drain what was sent to them{}", fmt::join(stuck, ", "), on_hosts(stuck));
+  }
   std::string msg = fmt::format("{} (sequence number {}) in group '{}' timed out on rank {}; {}",
                                 in_collective_ ? describe(args_) : describe(args_), seq_, name_, rank_, detail);
   fail_group(record(AbortRecord::Kind::kTimeout, msg, -1, missing));

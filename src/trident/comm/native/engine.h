@@ -154,6 +154,9 @@ class Engine final : public AlgoContext {
   void block_once(Clock::time_point deadline);
   void periodic_checks();
   [[noreturn]] void raise_timeout(std::span<const Request> reqs);
+  // The ranks a timeout names: `missing` (whom this rank waited for), or across hosts the ranks at the end
+  // of the timed-out ranks' pooled wait-for edges (engine.cc); `how` gets the chain when they differ.
+  std::vector<int> pooled_cause(const std::vector<int>& missing, std::string* how);
   // " (on host H)" or " (on hosts H1, H2)": where `ranks` (group ranks) run, by their host identity
   // (TRIDENT_HOST_ID or the hostname), when the group spans several hosts; "" on one host. On a cluster the
   // host is what an operator checks first (its link, its power).
