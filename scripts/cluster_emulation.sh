@@ -13,15 +13,15 @@
 #   b  a tiny GPT (corpus written by this script) trained under ZeRO-2 and under TP 2 x DP over all ranks;
 #      each step's loss equals a one-process run at the same global batch within 1e-4 relative.
 #   c  one host's link cut completely mid-training (its veth set down on the switch, or netem loss 100%
-#      with --cut netem): every launcher must exit within 2 x TRIDENT_TIMEOUT + 15 s of the cut, the cut
-#      host's ranks named in the other hosts' output; then the link is restored and the job restarted with
-#      --resume: it must resume from the last checkpoint and end with the uninterrupted run's losses, bit
-#      for bit. (`trident launch --max-restarts` refuses --nnodes > 1, so the script restarts the job, as
-#      the launcher's message tells a user to.)
+#      with --cut netem) under `trident launch --max-restarts 1`: every launcher must stop its ranks within
+#      2 x TRIDENT_TIMEOUT + 15 s of the cut, the cut host (its ranks or the host) named in the other hosts'
+#      output, the healthy launchers waiting for it to rejoin; then the link is restored, the cut host's
+#      launcher rejoins, and the job must resume from the last checkpoint and end with the uninterrupted
+#      run's losses, bit for bit, every launcher exiting 0.
 #   --soak MINUTES (not run by default): ZeRO-2 training long enough to last MINUTES uninterrupted, with a
-#      random rank SIGKILLed every --soak-every seconds (default 60) for MINUTES minutes; each failure
-#      restarts the job from its last checkpoint (at most 30 restarts), and the final weights and optimizer
-#      state must equal an uninterrupted run's bit for bit.
+#      random rank SIGKILLed every --soak-every seconds (default 60) for MINUTES minutes, under one
+#      `trident launch --max-restarts 30` per host (every failure restarts all hosts from the last
+#      checkpoint), and the final weights and optimizer state must equal an uninterrupted run's bit for bit.
 #
 # Flags: --hosts H (default 8), --ranks R per host (default 4), --bin PATH (default build/trident),
 #        --checks LIST (default abc; "" with --soak runs the soak alone), --soak MINUTES, --soak-every S,
@@ -119,7 +119,8 @@ echo "== $hosts hosts x $ranks ranks = $world ranks; work folder $work"
 head -1 "$work/hosts.log"
 
 # start_job NAME ARGS...: one `trident launch` per host, in the background, each host's output in
-# NAME.hostH.log; the command after -- is trident with ARGS. Extra environment: JOB_ENV.
+# NAME.hostH.log; the command after -- is trident with ARGS. Extra environment: JOB_ENV; extra launcher
+# flags: LAUNCH_FLAGS.
 start_job() {
   local name=$1; shift
   port=$((port + 1))
@@ -127,7 +128,7 @@ start_job() {
   for ((h = 0; h < hosts; h++)); do
     ip netns exec "$prefix-h$h" env TRIDENT_HOST_ID="emu$h" TRIDENT_STORE_TOKEN="cluster-emulation" \
       TRIDENT_TIMEOUT="$timeout_s" ${JOB_ENV:-} timeout -k 5 "${JOB_LIMIT:-600}" "$bin" launch --nnodes "$hosts" \
-      --node-rank "$h" -n "$ranks" --master-addr "$master" --master-port "$port" -- "$bin" "$@" \
+      --node-rank "$h" -n "$ranks" --master-addr "$master" --master-port "$port" ${LAUNCH_FLAGS:-} -- "$bin" "$@" \
       >"$work/$name.host$h.log" 2>&1 &
     job_pids+=($!)
   done
@@ -233,7 +234,7 @@ if [[ $checks == *c* ]]; then
   cut_ranks="$((cut_host * ranks))-$((cut_host * ranks + ranks - 1))"
   cut_alt=$(seq -s '|' $((cut_host * ranks)) $((cut_host * ranks + ranks - 1)))
   out="$work/cut"
-  JOB_LIMIT=300 start_job cut "${zero2[@]}" --out_dir "$out"
+  LAUNCH_FLAGS="--max-restarts 1 --join-timeout 300" JOB_LIMIT=600 start_job cut "${zero2[@]}" --out_dir "$out"
   # Cut once a checkpoint exists and a few steps past it have run.
   cut_after=$((2 * zinterval + 2)) reached=0
   for ((i = 0; i < 1200; i++)); do
@@ -247,43 +248,53 @@ if [[ $checks == *c* ]]; then
     cut_link; tcut=$(now); cut_step=$(last_step "$out")
     ended_before=0; for p in "${job_pids[@]}"; do kill -0 "$p" 2>/dev/null || ended_before=1; done
     echo "  link of host $cut_host (ranks $cut_ranks) cut ($cut) after step $cut_step"
-    ends=()
-    for p in "${job_pids[@]}"; do rc=0; wait "$p" || rc=$?; ends+=("$rc:$(since "$tcut")"); done
-    job_pids=()
-    restore_link
-    bound=$((2 * timeout_s + 15)) late=0 zero=0 unnamed=""
+    # Every launcher stops its ranks and prints its restart line; the healthy ones then wait for the cut host.
+    bound=$((2 * timeout_s + 15)) stops=() pending=$hosts
+    for ((h = 0; h < hosts; h++)); do stops+=(""); done
+    while [[ $pending -gt 0 ]] && awk -v t="$(since "$tcut")" -v b="$((bound + 60))" 'BEGIN {exit !(t < b)}'; do
+      pending=0
+      for ((h = 0; h < hosts; h++)); do
+        if [[ -z "${stops[$h]}" ]]; then
+          if grep -q "(restart 1 of 1)" "$work/cut.host$h.log" 2>/dev/null; then stops[$h]=$(since "$tcut"); else pending=$((pending + 1)); fi
+        fi
+      done
+      sleep 0.2
+    done
+    # The healthy launchers name the host they wait for (after 5 s of waiting) before the link comes back.
+    for ((i = 0; i < 100; i++)); do
+      grep -q "waiting for node $cut_host (host emu$cut_host)" "$work/cut.host0.log" && break; sleep 0.2
+    done
+    restore_link; echo "  link restored $(since "$tcut") s after the cut"
+    late=0 unnamed=""
     for ((h = 0; h < hosts; h++)); do
-      rc=${ends[$h]%%:*} t=${ends[$h]#*:}
-      [[ $rc -ne 0 ]] || zero=1
-      awk -v t="$t" -v b="$bound" 'BEGIN {exit !(t > b)}' && late=1
+      t=${stops[$h]:-never}
+      [[ $t != never ]] && awk -v t="$t" -v b="$bound" 'BEGIN {exit !(t > b)}' && late=1
+      [[ $t == never ]] && late=1
       # Every other host must name a rank of the cut host (or the host itself) in its output.
       if [[ $h -ne $cut_host ]] && ! { grep -E "error|trident launch" "$work/cut.host$h.log" || true; } |
           grep -qE "emu$cut_host\b|not heard from: rank\(s\) ([0-9]+, )*($cut_alt)([^0-9]|$)"; then
         unnamed+=" $h"
       fi
     done
-    echo "  launchers ended (exit status:seconds after the cut): ${ends[*]}"
-    # What each host's launcher reported: its failed rank's error, or why it stopped its ranks.
+    echo "  launchers stopped their ranks (seconds after the cut): ${stops[*]}"
     for ((h = 0; h < hosts; h++)); do
-      { grep -E "^\[rank [0-9]+\] trident: error|^trident launch: node [0-9]+ stopped" "$work/cut.host$h.log" || true; } |
-        head -1 | cut -c1-300 | sed "s/^/  host $h: /"
+      { grep -E "^\[rank [0-9]+\] trident: error|^trident launch: node [0-9]+ stopped|^trident launch: node [0-9]+ waiting" "$work/cut.host$h.log" || true; } |
+        head -2 | cut -c1-300 | sed "s/^/  host $h: /"
     done
     if [[ $ended_before -eq 1 || $cut_step -ge $((zsteps - 1)) ]]; then
       result "c cut link: every rank fails" FAIL "$(since "$t0")" "a launcher had ended before the cut (step $cut_step of $zsteps): this layout trains too fast; pass a larger --steps"
-    elif [[ $zero -eq 0 && $late -eq 0 && -z "$unnamed" ]]; then
-      result "c cut link: every rank fails" OK "$(since "$t0")" "every launcher failed within $bound s of the cut, the cut host named"
+    elif [[ $late -eq 0 && -z "$unnamed" ]]; then
+      result "c cut link: every rank fails" OK "$(since "$t0")" "every launcher stopped its ranks within $bound s of the cut, the cut host named"
     else
-      result "c cut link: every rank fails" FAIL "$(since "$t0")" "exited 0: $zero, later than $bound s: $late, hosts not naming host $cut_host:${unnamed:- none}"
+      result "c cut link: every rank fails" FAIL "$(since "$t0")" "later than $bound s (or never): $late, hosts not naming host $cut_host:${unnamed:- none}"
     fi
-    # Restart from the last checkpoint with the link back.
+    # The cut host's launcher rejoins once its link is back; the job resumes from the last checkpoint.
     t0=$(now)
-    if run_job resume "${zero2[@]}" --out_dir "$out" --resume true &&
-        grep -q "resuming from" "$work/resume.host0.log" &&
-        detail=$(same_losses "$out" "$work/zero2" 0); then
-      from=$(grep -o 'resuming from .*' "$work/resume.host0.log" | head -1)
+    if wait_job && grep -q "resuming from" "$work/cut.host0.log" && detail=$(same_losses "$out" "$work/zero2" 0); then
+      from=$(grep -o 'resuming from .*' "$work/cut.host0.log" | head -1)
       result "c restored link: the job resumes" OK "$(since "$t0")" "$from; $detail (bit for bit with the uninterrupted run)"
     else
-      result "c restored link: the job resumes" FAIL "$(since "$t0")" "${detail:-the resumed job failed or did not resume}; $work/resume.host0.log"
+      result "c restored link: the job resumes" FAIL "$(since "$t0")" "${detail:-launcher exit statuses ${job_rcs[*]}, or no resume}; $work/cut.host0.log"
     fi
   fi
 fi
@@ -303,34 +314,30 @@ if [[ $soak -gt 0 ]]; then
   JOB_LIMIT=$((soak * 60 * 3 + 600)) run_job soak_ref "${soak_job[@]}" --max-iters "$ssteps" --lr-decay-iters "$ssteps" \
     --out_dir "$work/soak_ref" || die "the soak's uninterrupted run failed: $work/soak_ref.host0.log"
   echo "  uninterrupted run: $(since "$t0") s"
-  t1=$(now) restarts=0 kills=0 done=0 sout="$work/soak"
+  t1=$(now) kills=0 done=0 sout="$work/soak"
+  LAUNCH_FLAGS="--max-restarts 30 --join-timeout 300" JOB_LIMIT=$((soak * 60 * 3 + 600)) start_job soak \
+    "${soak_job[@]}" --max-iters "$ssteps" --lr-decay-iters "$ssteps" --out_dir "$sout"
+  next_kill=$(( $(date +%s) + soak_every ))
   while :; do
-    resume=false; [[ $restarts -gt 0 ]] && resume=auto
-    JOB_LIMIT=$((soak * 60 * 3 + 600)) start_job "soak$restarts" "${soak_job[@]}" --max-iters "$ssteps" \
-      --lr-decay-iters "$ssteps" --out_dir "$sout" --resume $resume
-    next_kill=$(( $(date +%s) + soak_every ))
-    while :; do
-      alive=0; for p in "${job_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-      [[ $alive -eq 1 ]] || break
-      if [[ $(date +%s) -ge $next_kill && $(echo "$(now) - $t1 < $soak * 60" | bc) -eq 1 ]]; then
-        # A random rank: a trident train process whose parent is a launcher, in a random host's namespace.
-        h=$((RANDOM % hosts)) victims=()
-        for p in $(ip netns pids "$prefix-h$h" 2>/dev/null); do
-          if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q " train " && grep -qz '^RANK=' "/proc/$p/environ" 2>/dev/null; then victims+=("$p"); fi
-        done
-        if [[ ${#victims[@]} -gt 0 ]]; then
-          v=${victims[$((RANDOM % ${#victims[@]}))]}
-          r=$(tr '\0' '\n' <"/proc/$v/environ" 2>/dev/null | sed -n 's/^RANK=//p')
-          kill -KILL "$v" 2>/dev/null && { kills=$((kills + 1)); echo "  $(since "$t1") s: killed rank $r (host $h, pid $v) at step $(last_step "$sout")"; }
-        fi
-        next_kill=$(( $(date +%s) + soak_every ))
+    alive=0; for p in "${job_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [[ $alive -eq 1 ]] || break
+    if [[ $(date +%s) -ge $next_kill && $(echo "$(now) - $t1 < $soak * 60" | bc) -eq 1 ]]; then
+      # A random rank: a trident train process whose parent is a launcher, in a random host's namespace.
+      h=$((RANDOM % hosts)) victims=()
+      for p in $(ip netns pids "$prefix-h$h" 2>/dev/null); do
+        if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q " train " && grep -qz '^RANK=' "/proc/$p/environ" 2>/dev/null; then victims+=("$p"); fi
+      done
+      if [[ ${#victims[@]} -gt 0 ]]; then
+        v=${victims[$((RANDOM % ${#victims[@]}))]}
+        r=$(tr '\0' '\n' <"/proc/$v/environ" 2>/dev/null | sed -n 's/^RANK=//p')
+        kill -KILL "$v" 2>/dev/null && { kills=$((kills + 1)); echo "  $(since "$t1") s: killed rank $r (host $h, pid $v) at step $(last_step "$sout")"; }
       fi
-      sleep 0.5
-    done
-    if wait_job; then done=1; break; fi
-    restarts=$((restarts + 1))
-    [[ $restarts -le 30 ]] || break
+      next_kill=$(( $(date +%s) + soak_every ))
+    fi
+    sleep 0.5
   done
+  wait_job && done=1
+  restarts=$(grep -c "(restart [0-9]* of 30)" "$work/soak.host0.log" || true)
   if [[ $done -eq 1 ]] && detail=$(same_losses "$sout" "$work/soak_ref" 0) &&
       ck=$(printf 'ckpt-%08d' "$ssteps") && cmp -s "$sout/$ck/model.safetensors" "$work/soak_ref/$ck/model.safetensors" &&
       cmp -s "$sout/$ck/optimizer.safetensors" "$work/soak_ref/$ck/optimizer.safetensors"; then

@@ -179,7 +179,7 @@ run_pair \
   tsan_test_unit_comm "env $tsan_env build-tsan/tests/test_unit_comm --gtest_filter=-Tuning.BenchTune* --gtest_brief=1" \
   tsan_test_unit_store "env $tsan_env build-tsan/tests/test_unit_store --gtest_brief=1" \
   tsan_launch "env $tsan_env build-tsan/tests/tsan_launch --gtest_brief=1 \
-    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*'" \
+    --gtest_filter='Supervisor.*:BindSupervisor.*:BindMapping.*:Launcher.*:JobRounds.*'" \
   tsan_test_multiprocess_comm "env $tsan_env build-tsan/tests/test_multiprocess_comm --gtest_brief=1 \
     --gtest_filter='$tsan_comm_filter'" \
   tsan_parallel "env $tsan_env $one_cpu build-tsan/tests/tsan_parallel --gtest_brief=1 \

@@ -21,8 +21,9 @@ void setup(CLI::App& app) {
       "Exit status: 0 if every rank exits 0; else the first failed rank's exit code (128+N if signal N killed\n"
       "it); 128+N when the launcher gets signal N; 1 when another node failed; 127 if COMMAND cannot run.\n"
       "--bind (or TRIDENT_BIND) sets each rank's CPU affinity before it starts; auto is the default.\n"
-      "--max-restarts N: when a rank fails, stop every rank and start them all again, up to N times (each\n"
-      "round's ranks get TRIDENT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT and a fresh store namespace).");
+      "--max-restarts N: when a rank fails on any node, every node stops its ranks and, once all nodes have\n"
+      "rejoined (--join-timeout), starts them again, up to N times for the job (each round's ranks get\n"
+      "TRIDENT_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT and a fresh store namespace).");
   sub->add_option("-n,--nproc-per-node,--nproc", opts->nproc_per_node, "processes (ranks) on this node")
       ->capture_default_str();
   sub->add_option("--nnodes", opts->nnodes, "number of nodes")->capture_default_str();
@@ -40,8 +41,12 @@ void setup(CLI::App& app) {
                   "CPU binding of local ranks: none | core (rank i on the i-th allowed CPU, round-robin) | auto "
                   "(a share of the allowed CPUs each when ranks <= CPUs, else none); default TRIDENT_BIND, else auto");
   sub->add_option("--max-restarts,--max_restarts", opts->max_restarts,
-                  "restart every rank up to N times after a rank fails (single node)")
+                  "restart every rank of every node up to N times after a rank fails (all nodes restart together)")
       ->capture_default_str();
+  auto join_timeout = std::make_shared<double>(0);
+  sub->add_option("--join-timeout", *join_timeout,
+                  "seconds every node's launcher may take to join the job and each restart round (default "
+                  "TRIDENT_TIMEOUT); a node missing after that is named and the job stops");
   sub->add_option("--flight-recorder-dir", opts->flight_recorder_dir,
                   "the job's folder of flight-recorder dumps: every rank gets TRIDENT_FLIGHT_RECORDER_DIR=DIR "
                   "(created), so a hang or failure leaves all ranks' dumps there for `trident inspect DIR`");
@@ -63,8 +68,9 @@ void setup(CLI::App& app) {
             return !rest.empty() && rest.front() == "--" ? std::string() : std::string("not after --");
           },
           "", "after --"));
-  sub->callback([opts, sub, command, bind] {
+  sub->callback([opts, sub, command, bind, join_timeout] {
     if (!bind->empty()) opts->bind = trident::launch::parse_bind(*bind);
+    if (sub->count("--join-timeout") > 0) opts->join_timeout_seconds = *join_timeout;
     std::vector<std::string> rest = sub->remaining(false);
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     opts->command = *command;

@@ -153,6 +153,7 @@ plan::Layout resolve_layout(const PlanCommon& o, const plan::TrainSpec& t, const
   if (!o.schedule.empty() && !plan::parse_schedule(o.schedule, &l.schedule))
     TRIDENT_THROW(InvalidArgument, "--schedule '{}': allowed gpipe, 1f1b, interleaved", o.schedule);
   l.interleave = l.schedule == plan::Schedule::kInterleaved ? o.interleave : 1;
+  l.offload = o.offload == "optimizer";
   if (l.schedule == plan::Schedule::kInterleaved && l.interleave < 2)
     TRIDENT_THROW(InvalidArgument, "--interleave {}: the interleaved schedule needs >= 2 virtual stages per rank", l.interleave);
   return l;
@@ -204,6 +205,9 @@ void print_detail(const plan::Evaluation& e) {
   std::printf("\nmemory per GPU: %.2f GB = params %.2f + grads %.2f + optimizer %.2f + master %.2f + activations %.2f + buffers %.2f\n",
               b.total() / kGB, b.params / kGB, b.grads / kGB, b.optimizer / kGB, b.master / kGB, b.activations / kGB,
               b.buffers / kGB);
+  std::printf("host memory per GPU: %.2f GB = optimizer %.2f + master %.2f (%s)\n", b.host_total() / kGB,
+              b.host_optimizer / kGB, b.host_master / kGB,
+              e.layout.offload ? "optimizer offload" : "no offload: --offload optimizer moves the optimizer state here");
   std::printf("step %.4f s: compute %.4f s, bubble %.4f s (%.1f%%); %.0f tokens/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n",
               e.step_time_s, e.compute_s, e.bubble_s, 100 * e.bubble_fraction, e.tokens_per_s, e.tflops_per_gpu, 100 * e.mfu);
   for (auto& c : e.comm)
@@ -222,6 +226,8 @@ void write_page(const PlanCommon& o, const plan::TrainSpec& t, const plan::Clust
 
 void run_plan(const PlanCommon& o, int top, bool all) {
   if (!o.html.empty()) dashboard::check_html_path(o.html, "--html");
+  if (o.offload != "none" && o.offload != "optimizer")
+    TRIDENT_THROW(InvalidArgument, "--offload '{}': allowed none, optimizer", o.offload);
   plan::HardwareCatalog cat = load_catalog(o);
   plan::TrainSpec t = resolve_train(o);
   plan::ClusterSpec c = resolve_cluster(o, cat, t);
@@ -243,6 +249,12 @@ void run_plan(const PlanCommon& o, int top, bool all) {
   }
   if (o.micro_batch < 1) TRIDENT_THROW(InvalidArgument, "--micro-batch {}: must be >= 1", o.micro_batch);
   auto evals = plan::enumerate_layouts(t, c, o.micro_batch);
+  if (o.offload == "optimizer")  // every candidate with its optimizer state in host memory
+    for (auto& e : evals) {
+      plan::Layout l = e.layout;
+      l.offload = true;
+      e = plan::evaluate(t, c, l);
+    }
   if (evals.empty())
     TRIDENT_THROW(InvalidArgument, "no layout divides --gpus {} and --global-batch {} with --micro-batch {}; try a global "
                   "batch that is a multiple of the GPU count", c.gpus, t.global_batch, o.micro_batch);
@@ -299,6 +311,10 @@ void setup(CLI::App& app) {
                 "write FILE: one self-contained HTML page (opens offline) of the --top layouts' memory by component, "
                 "step split into compute, exposed communication and bubble, and bytes sent by kind");
   c->add_flag("--list-hardware", *list, "print the hardware catalog (built-in + --catalog) as JSON");
+  c->add_option("--offload", o->offload,
+                "optimizer: each GPU's Adam moments and master weights (its ZeRO shard) in host memory, as `trident "
+                "train --offload optimizer`; memory is then printed for the device and the host")
+      ->capture_default_str();
   c->callback([o, top, all, list] {
     if (*list) {
       std::cout << load_catalog(*o).to_json().dump(2) << "\n";

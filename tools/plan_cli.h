@@ -27,6 +27,7 @@ struct PlanCommon {
   std::string recompute, schedule;
   bool json = false;
   std::string html;  // --html FILE: the figure page (plan: the layouts; simulate: the sweep)
+  std::string offload = "none";  // plan --offload: none | optimizer (Layout::offload)
 };
 void add_plan_common_options(CLI::App* c, PlanCommon* o);
 plan::HardwareCatalog load_catalog(const PlanCommon& o);

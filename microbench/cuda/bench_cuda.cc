@@ -134,8 +134,8 @@ void bench_attention(int iters) {
     fill(dout.data(), nc, 0.01f);
     for (const Precision p : {Precision::kFloat32, Precision::kBFloat16}) {
       const double tf = median_ms(
-          [&] { attention_forward(att.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, p); }, iters);
-      const double tb = median_ms([&] { attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(),
+          [&] { trident::cuda::attention_forward(att.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, p); }, iters);
+      const double tb = median_ms([&] { trident::cuda::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(),
                                                            lse.data(), s.B, s.T, s.C, s.NH, p); }, iters);
       const double flop = 4.0 * s.B * s.NH * (s.C / s.NH) * (double(s.T) * (s.T + 1) / 2);
       std::printf("| B=%d T=%d C=%d NH=%d | %d | %s | %.4f | %.1f | %.4f | %.1f |\n", s.B, s.T, s.C, s.NH,

@@ -20,8 +20,9 @@
 #   DATA: folder with tinyshakespeare/input.txt and gpt2-bpe/{encoder.json,vocab.bpe} (default ../shared/data)
 #   SKIP_BUILD=1: use the binaries already in build-dir (trident, bench_cuda, tests/test_unit_cuda), for
 #     example those microbench/cuda/pack.sh packed on a machine that builds trident.
-#   F32=0, COMM=0, PARITY=0, TINYLLAMA=0, BENCH=0, RANKS2=0: leave out the float32 GPT-2 run, the collective
-#     benchmarks, the cpu/cuda parity runs, the TinyLlama run, bench_cuda, the 2-rank runs (shorter device time).
+#   F32=0, COMM=0, PARITY=0, TINYLLAMA=0, LLAMA8B=0, BENCH=0, RANKS2=0: leave out the float32 GPT-2 run, the
+#     collective benchmarks, the cpu/cuda parity runs, the TinyLlama run, the Llama 3 8B offload runs,
+#     bench_cuda, the 2-rank runs (shorter device time).
 #   PROFILE=1: Nsight Compute's time of every kernel of one GPT-2 124M bf16 step (batch 4), summed by kernel
 #     name (ncu --clock-control none: the clocks as found).
 #   MPS=1: the 2-rank runs again under CUDA's Multi-Process Service (nvidia-cuda-mps-control), which lets
@@ -111,6 +112,23 @@ timeout 300 "$T" train ${L/--block_size 1024/--block_size 2048} --vocab_multiple
   --max_iters 12 --log_interval 4 --out_dir "$W/llama1b" 2>&1 | while IFS= read -r line; do echo "$(date -u +%T) $line"; done \
   > "$OUT/llama1b_bf16.txt"
 echo "llama3.2-1b bf16 rc=${PIPESTATUS[0]}"; cat "$OUT/llama1b_bf16.txt"
+# Llama 3 8B on one GPU: without offload the planner's device memory is over the H200's and the run must stop
+# before allocating, naming the bytes; with --offload optimizer (moments on the host, AdamW on the CPU) it
+# must train, its GPU memory within 10% of the printed prediction (nvidia-smi's peak sampled beside it). No
+# checkpoint: weights and moments (96 GB) are more than the machine's disk.
+if [ "${LLAMA8B:-1}" != 0 ]; then
+  stamp llama3-8b
+  L8="${G/--model gpt2/--model llama3-8b} --vocab_multiple 128256 --batch_size 1 --dtype bfloat16 --activation_checkpointing true --save_final false"
+  timeout 120 "$T" train $L8 --max_iters 2 --out_dir "$W/l8_refused" > "$OUT/llama8b_no_offload.txt" 2>&1
+  echo "llama3-8b without offload rc=$? (expected: refused before allocating)"; tail -3 "$OUT/llama8b_no_offload.txt"
+  (while sleep 2; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done) > "$OUT/llama8b_mem.txt" &
+  smi=$!
+  timeout 420 "$T" train $L8 --offload optimizer --max_iters 4 --log_interval 1 --out_dir "$W/l8_offload" \
+    > "$OUT/llama8b_offload.txt" 2>&1
+  echo "llama3-8b --offload optimizer rc=$?"; grep -E "^(prediction|measured|done)|memory|step" "$OUT/llama8b_offload.txt" | tail -12
+  kill $smi 2>/dev/null
+  echo "llama3-8b GPU memory peak (MiB, nvidia-smi every 2 s): $(sort -n "$OUT/llama8b_mem.txt" | tail -1)"
+fi
 rm -rf "$W"
 
 

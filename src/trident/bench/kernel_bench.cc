@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trident/core/error.h"
+#include "trident/kernels/cpu/attention_bf16.h"
 #include "trident/kernels/cpu/ops.h"
 
 namespace trident::bench {
@@ -221,19 +222,23 @@ int run_kernel_bench(const KernelBenchOptions& f) {
     std::printf("%-11s %-34s %10s %10s %7s\n", "isa", "kernel", "measured", "peak", "of peak");
   for (kc::Isa l : levels) {
     const kc::Isa before = kc::set_isa(l);
-    auto flops_row = [&](const char* name, double flops, bool bf16, const std::function<void()>& fn) {
+    // peak_level: the level whose peak the row is held to (-1: this one). bfloat16 attention runs
+    // vdpbf16ps, not AMX tiles, so at amx it is held to avx512bf16's.
+    auto flops_row = [&](const char* name, double flops, bool bf16, const std::function<void()>& fn,
+                         int peak_level = -1) {
+      const kc::Isa pl = peak_level < 0 ? l : static_cast<kc::Isa>(peak_level);
       if (multi) {
         const auto [s1, sn] = time_threads(fn, f.seconds, f.threads);
-        const double gf = flops / sn / 1e9, peak = f.threads * ghz * flops_per_cycle(l, bf16);
+        const double gf = flops / sn / 1e9, peak = f.threads * ghz * flops_per_cycle(pl, bf16);
         std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%% %5.1f GF/s %7.2fx\n", kc::isa_name(l), name, gf, peak,
                     100 * gf / peak, flops / s1 / 1e9, s1 / sn);
         return;
       }
       const double s = time_call(fn, f.seconds);
-      const double gf = flops / s / 1e9, peak = ghz * flops_per_cycle(l, bf16);
+      const double gf = flops / s / 1e9, peak = ghz * flops_per_cycle(pl, bf16);
       // Rows whose products run on zmm FMAs: float32 at avx512 and up, bfloat16 where it is rounded onto them.
       const bool on_fmas = fma_loop > 0 && static_cast<int>(l) >= static_cast<int>(kc::Isa::kAvx512) &&
-                           flops_per_cycle(l, bf16) == flops_per_cycle(kc::Isa::kAvx512, false);
+                           flops_per_cycle(pl, bf16) == flops_per_cycle(kc::Isa::kAvx512, false);
       if (on_fmas)
         std::printf("%-11s %-34s %6.1f GF/s %6.1f GF/s %6.0f%%  (%.0f%% of the FMA loop)\n", kc::isa_name(l), name, gf,
                     peak, 100 * gf / peak, 100 * gf / fma_loop);
@@ -280,6 +285,21 @@ int run_kernel_bench(const KernelBenchOptions& f) {
     kc::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
     flops_row("attention backward", 2.5 * attn, false,
               [&] { kc::attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH); });
+    // bfloat16 operands: the flash-style vdpbf16ps kernel where it runs (levels avx512bf16 and amx where
+    // vdpbf16ps pays, T past one 64-key tile; the summary line names it), held to vdpbf16ps's peak (not the
+    // AMX tiles'), else the float32 kernel, held to the float32 peak.
+    const bool flash = static_cast<int>(l) >= static_cast<int>(kc::Isa::kAvx512Bf16) && kc::bf16_dot_in_use() &&
+                       T >= kc::detail::flash_bf16_min_t();
+    const int attn_peak = std::min(static_cast<int>(l), static_cast<int>(kc::Isa::kAvx512Bf16));
+    const auto bf = kc::Precision::kBFloat16;
+    flops_row(
+        flash ? "attention bf16 fwd (flash)" : "attention bf16 fwd (f32 kernel)", attn, flash,
+        [&] { kc::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, bf); }, attn_peak);
+    kc::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, bf);
+    flops_row(
+        flash ? "attention bf16 bwd (flash)" : "attention bf16 bwd (f32 kernel)", 2.5 * attn, flash,
+        [&] { kc::attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, bf); },
+        attn_peak);
     const double row = 4.0 * N * C;
     bytes_row("layernorm forward", 2 * row,
               [&] { kc::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C); });

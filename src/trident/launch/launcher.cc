@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/core/log.h"
+#include "trident/launch/job_rounds.h"
 #include "trident/launch/supervisor.h"
 
 extern char** environ;
@@ -66,42 +68,55 @@ void print_error_line(const std::string& text) {
   [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
 }
 
-constexpr const char* kFailedKey = "trident_launch/failed";  // "node N: rank R (pid P) exited with code C"
-constexpr const char* kDoneKey = "trident_launch/done";      // nodes whose ranks have all ended
-constexpr double kWatchSeconds = 0.25;                        // how often a node looks for others' failures
-constexpr double kLinkRequestSeconds = 10.0;                  // deadline of each launcher-to-launcher request
+constexpr const char* kDoneKey = "trident_launch/done";  // nodes whose launchers are leaving the job
+constexpr double kWatchSeconds = 0.25;                    // how often a node looks for others' failures
+constexpr double kLinkRequestSeconds = 10.0;              // deadline of each launcher-to-launcher request
 
 // Marks this node done; node 0 then keeps serving the store until every node is done (their ranks and
-// launchers may still need it), at most `timeout` seconds. Never throws.
-void finish_node(TCPStore& link, const LaunchOptions& o, bool hosting, double timeout) {
+// launchers may still need it), at most `timeout` seconds, or grace + 10 s when the job failed (the others
+// then only need the time to notice it and stop their ranks). Never throws.
+// `expected`: the nodes that will report (those that never joined the last round, `round`, will not).
+void finish_node(JobRounds& rounds, const LaunchOptions& o, bool hosting, double timeout, bool failed,
+                 int round, int expected) {
   try {
+    Store& link = rounds.store(std::min(timeout, kLinkRequestSeconds));
     int64_t done = link.add(kDoneKey, 1);
     log_debug("launch", "trident launch: node {} done ({} of {} nodes)", o.node_rank, done, o.nnodes);
     if (!hosting) return;
     const auto start = std::chrono::steady_clock::now();
     bool told = false;
-    double limit = timeout;
-    while (done < o.nnodes) {
+    const double short_limit = std::min(timeout, o.grace_seconds + 10.0);
+    double limit = failed ? short_limit : timeout;
+    while (done < expected) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      // After a failure the others only need the time to notice it and stop their ranks.
-      if (limit == timeout && link.check({kFailedKey})) limit = std::min(timeout, o.grace_seconds + 10.0);
+      if (limit > short_limit && !rounds.failure(round).why.empty()) limit = short_limit;  // failed since
       if (waited >= limit) {
         print_error_line(fmt::format("trident launch: gave up waiting for {} of {} nodes to finish after {:.0f} s "
                                      "; stopping the store",
-                                     o.nnodes - done, o.nnodes, waited));
+                                     expected - done, expected, waited));
         return;
       }
       if (!told && waited > 5) {
         print_error_line(fmt::format("trident launch: node 0 keeps the store up until the other {} node{} finish",
-                                     o.nnodes - done, o.nnodes - done == 1 ? "" : "s"));
+                                     expected - done, expected - done == 1 ? "" : "s"));
         told = true;
       }
       ::usleep(50 * 1000);
       done = link.add(kDoneKey, 0);
     }
   } catch (const Error& e) {
+    rounds.drop_store();
     log_warn("trident launch: exit barrier: {}", e.what());
   }
+}
+
+// This node's name in the others' messages: TRIDENT_HOST_ID, TRIDENT_HOSTNAME, else the hostname.
+std::string host_name() {
+  if (std::string id = env::host_id(); !id.empty()) return id;
+  if (std::string h = env::hostname_override(); !h.empty()) return h;
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
 }
 
 std::string join_command(const std::vector<std::string>& command) {
@@ -190,10 +205,8 @@ void validate(const LaunchOptions& o) {
   TRIDENT_CHECK(o.grace_seconds >= 0, InvalidArgument, "--grace-period {}: must be >= 0 seconds", o.grace_seconds);
   TRIDENT_CHECK(o.max_restarts >= 0, InvalidArgument, "--max-restarts {}: must be >= 0 (0: no restarts)",
                 o.max_restarts);
-  TRIDENT_CHECK(o.max_restarts == 0 || o.nnodes == 1, InvalidArgument,
-                "--max-restarts {} with --nnodes {}: restarts are supported on a single node only; use --nnodes 1, "
-                "or --max-restarts 0 and restart the job from its checkpoint",
-                o.max_restarts, o.nnodes);
+  TRIDENT_CHECK(!o.join_timeout_seconds || *o.join_timeout_seconds > 0, InvalidArgument,
+                "--join-timeout {}: must be > 0 seconds", o.join_timeout_seconds.value_or(0));
   if (!o.bind) default_bind();  // a bad TRIDENT_BIND is an error before anything starts
   TRIDENT_CHECK(!o.command.empty() && !o.command[0].empty(), InvalidArgument,
                 "no command to launch; usage: trident launch -n N [options] -- COMMAND [ARGS...]");
@@ -290,30 +303,26 @@ int launch(const LaunchOptions& o) {
     if (!o.port_file.empty()) write_port_file(o.port_file, port);
   }
 
-  // With several nodes, the launchers talk through the same store: the first failure anywhere stops every
-  // node, and node 0 keeps the store up until every node is done.
-  std::unique_ptr<TCPStore> link;
-  if (o.nnodes > 1) {
-    try {
-      link = std::make_unique<TCPStore>(o.master_addr, port, token, Seconds(timeout));
-      // Connecting may wait for node 0 (up to TRIDENT_TIMEOUT); later requests are quick checks, and a store
-      // that does not answer them within this bound is treated as gone.
-      link->set_timeout(Seconds(std::min(timeout, kLinkRequestSeconds)));
-    } catch (const Error& e) {
-      TRIDENT_THROW(StoreError,
-                    "trident launch (node {}) cannot reach node 0's store at {}:{}: {}; start node 0 with the same "
-                    "--master-addr, --master-port and TRIDENT_STORE_TOKEN",
-                    o.node_rank, o.master_addr, port, e.what());
-    }
-  }
-  auto publish = [&](const std::string& what) {
-    try {
-      const std::string text = fmt::format("node {}: {}", o.node_rank, what);
-      link->compare_set(kFailedKey, {}, Bytes(text.begin(), text.end()));  // the first failure of the job wins
-    } catch (const Error& e) {
-      log_warn("trident launch: could not tell the other nodes about the failure: {}", e.what());
-    }
-  };
+  // Every launcher, node 0's included, takes part in the job's rounds through a client of that store
+  // (node 0's over loopback, so it keeps its store even when its own link to the others is cut). A single
+  // node runs the same rounds with itself.
+  const double join_timeout = o.join_timeout_seconds.value_or(timeout);
+  const double request_timeout = std::min(timeout, kLinkRequestSeconds);
+  std::string link_host = o.master_addr;
+  if (server) link_host = bind_host(o.master_addr) == "0.0.0.0" ? "127.0.0.1" : bind_host(o.master_addr);
+  RoundsOptions ro;
+  ro.nnodes = o.nnodes;
+  ro.node_rank = o.node_rank;
+  ro.host = host_name();
+  ro.join_timeout = join_timeout;
+  ro.request_timeout = request_timeout;
+  ro.store_where = fmt::format("node 0's store at {}:{}", o.master_addr, port);
+  JobRounds rounds(ro, [link_host, port, token, request_timeout](double wait) -> std::unique_ptr<Store> {
+    auto client = std::make_unique<TCPStore>(link_host, port, token, Seconds(wait));
+    // Later requests are quick checks; a store that does not answer one within this bound is treated as gone.
+    client->set_timeout(Seconds(request_timeout));
+    return client;
+  });
   auto describe_rank = [&](const ChildResult& c, int local) {
     return fmt::format("rank {} (pid {}) {}", o.node_rank * o.nproc_per_node + local, c.pid, c.describe());
   };
@@ -326,31 +335,31 @@ int launch(const LaunchOptions& o) {
     if (ours.count(kv.substr(0, kv.find('='))) == 0) base_env.push_back(std::move(kv));
   }
 
-  std::string remote_failure;  // why another node's failure stopped this node
-  bool published = false;
+  int round = 0;           // the restart round every node is in (the job's restart count)
+  RoundFailure remote;     // why another node's failure (or a lost store) stopped this node's ranks
+  bool published = false;  // this node's failure of the round is in the store
   double next_watch = 0;
   SuperviseOptions sopts;
   sopts.grace_seconds = o.grace_seconds;
   sopts.tail_lines = 20;
   sopts.stop_on_failure = true;
   sopts.forward_signals = true;
-  if (link) {
-    sopts.on_tick = [&](Supervisor& s) {
-      if (!published && s.first_failure() >= 0) {
-        publish(describe_rank(s.child(static_cast<size_t>(s.first_failure())), s.first_failure()));
-        published = true;
-      }
-      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-      if (s.stopping() || now < next_watch) return;
-      next_watch = now + kWatchSeconds;
-      try {
-        if (link->check({kFailedKey})) remote_failure = link->get_string(kFailedKey);
-      } catch (const Error& e) {
-        remote_failure = fmt::format("node 0's store at {}:{} is gone ({})", o.master_addr, port, e.what());
-      }
-      if (!remote_failure.empty()) s.stop_all(SIGTERM);
-    };
-  }
+  sopts.on_tick = [&](Supervisor& s) {
+    if (!published && s.first_failure() >= 0) {
+      const ChildResult& c = s.child(static_cast<size_t>(s.first_failure()));
+      rounds.publish_failure(round, describe_rank(c, s.first_failure()), c.term_signal != 0);
+      published = true;
+    }
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (s.stopping() || now < next_watch) return;
+    next_watch = now + kWatchSeconds;
+    try {
+      remote = rounds.failure(round);
+    } catch (const Error& e) {
+      remote = {e.what(), false};
+    }
+    if (!remote.why.empty()) s.stop_all(SIGTERM);
+  };
 
   const Bind bind = o.bind ? *o.bind : default_bind();
   const std::vector<int> allowed = bind == Bind::kNone ? std::vector<int>{} : allowed_cpus();
@@ -403,46 +412,141 @@ int launch(const LaunchOptions& o) {
     return text;
   };
 
-  SuperviseResult result;
-  int restart = 0;
-  for (;; ++restart) {
-    if (!run_round(restart, result)) {
-      if (link) {
-        publish(start_error);
-        finish_node(*link, o, server != nullptr, timeout);
+  auto ranks_word = [&](int n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s"); };
+  auto stopped_count = [](const SuperviseResult& r) {
+    int n = 0;
+    for (const auto& c : r.children) n += c.sent_stop ? 1 : 0;
+    return n;
+  };
+  // The round's cause as every node reads it, when it is another node's (the cause of this node's own rank
+  // failing, as a rule): appended to this node's report.
+  // Before a restart, a local rank that exited with a code (not a signal) is often the consequence of a rank
+  // killed on another node whose launcher has not published that yet (ranks notice a dead peer before its
+  // launcher reaps it): this node waits up to kCauseWait for it, so its restart line names the cause and not
+  // the rank it provoked. (The final report does not wait: a job that ends should end within its bound.)
+  auto first_elsewhere = [&](const SuperviseResult& r, bool restarting) -> std::string {
+    constexpr double kCauseWait = 1.0;
+    const bool local_by_code = restarting && r.first_failure >= 0 &&
+                               r.children[static_cast<size_t>(r.first_failure)].term_signal == 0;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(local_by_code ? kCauseWait : 0.0));
+    for (;;) {
+      try {
+        RoundFailure f = rounds.failure(round);
+        if (!f.why.empty() && !f.why.starts_with(fmt::format("node {}: ", o.node_rank)))
+          return "; the round's cause: " + f.why;
+      } catch (const Error&) {
+        return {};
       }
+      if (std::chrono::steady_clock::now() >= until) return {};
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
+  // A rendezvous of round `joining` that failed (a node missing, the store unreachable, the job stopped
+  // elsewhere): this node leaves with status 1 and one line saying why. Node 0 keeps the store up for the
+  // nodes that joined that round.
+  auto leave = [&](int joining, const std::string& why) {
+    const int expected = server ? o.nnodes - static_cast<int>(rounds.absent(joining, "node").size()) : o.nnodes;
+    finish_node(rounds, o, server != nullptr, timeout, true, joining, expected);
+    rounds.drop_store();
+    if (server) server->stop();
+    print_error_line(fmt::format("trident launch: node {} stops: {}", o.node_rank, why));
+    return 1;
+  };
+
+  // Round 0: every node joins before any rank starts (as torchrun's rendezvous).
+  try {
+    if (std::string abort = rounds.join(0); !abort.empty()) return leave(0, abort);
+  } catch (const TimeoutError& e) {
+    return leave(0, e.what());
+  } catch (const Error& e) {
+    TRIDENT_THROW(StoreError,
+                  "trident launch (node {}) cannot reach node 0's store at {}:{}: {}; start node 0 with the same "
+                  "--master-addr, --master-port and TRIDENT_STORE_TOKEN",
+                  o.node_rank, o.master_addr, port, e.what());
+  }
+
+  SuperviseResult result;
+  RoundFailure ended;  // why the last round failed (empty: it succeeded)
+  for (;; ++round) {
+    remote = {};
+    published = false;
+    next_watch = 0;
+    if (!run_round(round, result)) {
+      rounds.publish_failure(round, start_error);
+      rounds.publish_abort(start_error);
+      finish_node(rounds, o, server != nullptr, timeout, true, round, o.nnodes);
       return 127;
     }
-    // A rank that failed on its own is restarted while restarts are left; a signal to the launcher is not a
-    // rank failure, and another node's failure cannot happen (restarts are single-node).
-    const bool restartable = result.first_failure >= 0 && result.received_signal == 0 && remote_failure.empty();
-    if (!restartable || restart >= o.max_restarts) break;
-    print_error_line(failure_report(result) +
-                     fmt::format("; restarting all {} rank{} (restart {} of {}){}", o.nproc_per_node,
-                                 o.nproc_per_node == 1 ? "" : "s", restart + 1, o.max_restarts,
-                                 output_tail(result)));
-  }
-  if (link) {
-    if (!published && result.first_failure >= 0) {
-      publish(describe_rank(result.children[static_cast<size_t>(result.first_failure)], result.first_failure));
-    } else if (!published && result.received_signal != 0) {
-      publish(fmt::format("its launcher received {}", signal_name(result.received_signal)));
+    if (result.received_signal != 0) {  // a signal to a launcher stops the whole job: no restart
+      rounds.publish_abort(fmt::format("its launcher received {}", signal_name(result.received_signal)));
+      ended = {"signal", true};
+      break;
     }
-    finish_node(*link, o, server != nullptr, timeout);
+    std::string restart_line;
+    if (result.first_failure >= 0) {
+      const std::string what = describe_rank(result.children[static_cast<size_t>(result.first_failure)],
+                                             result.first_failure);
+      const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
+      // A later death by a signal may replace the first failure the tick published (Supervisor's rule).
+      if (!published || c.term_signal != 0) rounds.publish_failure(round, what, c.term_signal != 0);
+      ended = {what, false};
+      restart_line = failure_report(result) + first_elsewhere(result, round < o.max_restarts);
+    } else if (!remote.why.empty()) {
+      // Read again now that this node's ranks are stopped: a death by a signal elsewhere, published since,
+      // is the round's cause rather than the failure it provoked.
+      try {
+        if (RoundFailure again = rounds.failure(round); !again.why.empty()) remote = again;
+      } catch (const Error&) {
+      }
+      ended = remote;
+      restart_line = fmt::format("trident launch: node {} stopped {} because {}", o.node_rank,
+                                 ranks_word(stopped_count(result)), remote.why);
+    } else {
+      // Every local rank exited 0. Another node may still fail this round, and then every node restarts;
+      // without a restart left, nothing waits on that.
+      ended = {};
+      if (round < o.max_restarts) {
+        std::vector<int> unfinished;
+        ended = rounds.await_success(round, join_timeout, &unfinished);
+        if (!unfinished.empty()) {
+          std::string names;
+          for (int k : unfinished) names += (names.empty() ? "" : ", ") + rounds.node_name(k);
+          print_error_line(fmt::format("trident launch: node {}'s ranks finished; {} did not finish within {:.0f} s",
+                                       o.node_rank, names, join_timeout));
+        }
+        if (!ended.why.empty()) {
+          restart_line = fmt::format("trident launch: node {}'s {} finished, but {}", o.node_rank,
+                                     ranks_word(o.nproc_per_node), ended.why);
+        }
+      }
+    }
+    if (ended.why.empty() || ended.final || round >= o.max_restarts) break;
+    print_error_line(restart_line +
+                     fmt::format("; restarting all {} (restart {} of {}){}", ranks_word(o.nproc_per_node), round + 1,
+                                 o.max_restarts, result.first_failure >= 0 ? output_tail(result) : std::string()));
+    // Every node joins the next round once its ranks have ended; none starts before all have.
+    try {
+      if (std::string abort = rounds.join(round + 1); !abort.empty()) return leave(round + 1, abort);
+    } catch (const Error& e) {
+      return leave(round + 1, e.what());
+    }
   }
-  link.reset();
+  const int restart = round;
+  const std::string elsewhere = result.first_failure >= 0 ? first_elsewhere(result, false) : std::string();
+  finish_node(rounds, o, server != nullptr, timeout, !result.ok() || !ended.why.empty(), round, o.nnodes);
+  rounds.drop_store();
   if (server) server->stop();
 
-  int stopped = 0;
-  for (const auto& c : result.children) stopped += c.sent_stop ? 1 : 0;
+  const int stopped = stopped_count(result);
+  const std::string restarts_note =
+      o.max_restarts > 0 ? fmt::format("; no restart left (--max-restarts {}: restarted {} time{})", o.max_restarts,
+                                       restart, restart == 1 ? "" : "s")
+                         : std::string();
   if (result.first_failure >= 0) {
     const ChildResult& c = result.children[static_cast<size_t>(result.first_failure)];
-    std::string line = failure_report(result);
-    if (o.max_restarts > 0) {
-      line += fmt::format("; no restart left (--max-restarts {}: restarted {} time{})", o.max_restarts, restart,
-                          restart == 1 ? "" : "s");
-    }
-    print_error_line(line + dumps_note() + output_tail(result));
+    print_error_line(failure_report(result) + restarts_note + elsewhere + dumps_note() + output_tail(result));
     if (c.exited) return c.exit_code != 0 ? c.exit_code : 1;
     if (c.term_signal != 0) return 128 + c.term_signal;
     return 1;
@@ -453,9 +557,9 @@ int launch(const LaunchOptions& o) {
                                  join_command(o.command)));
     return 128 + result.received_signal;
   }
-  if (!remote_failure.empty() && !result.ok()) {
-    print_error_line(fmt::format("trident launch: node {} stopped {} rank{} because {}", o.node_rank, stopped,
-                                 stopped == 1 ? "" : "s", remote_failure));
+  if (!ended.why.empty()) {
+    print_error_line(fmt::format("trident launch: node {} stopped {} because {}{}", o.node_rank, ranks_word(stopped),
+                                 ended.why, ended.final ? std::string() : restarts_note));
     return 1;
   }
   if (result.ok() && restart > 0) {

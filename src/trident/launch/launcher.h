@@ -28,29 +28,47 @@
 //         CPUs (measured faster than leaving oversubscribed ranks to the scheduler: launcher.cc).
 // Why binding is the default: docs/ARCHITECTURE.md ("The life of one training step", step 2).
 //
-// Restarts (--max-restarts N, torchrun's flag; single node): when a rank fails on its own (not when the
-// launcher itself is signalled), every rank is stopped as above and all of them are started again, up to N
-// times. Each round's ranks get TRIDENT_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT = the round (0 first),
-// and TRIDENT_MAX_RESTARTS / TORCHELASTIC_MAX_RESTARTS = N; round r > 0 rendezvouses under the store prefix
-// "restart<r>/" (connect_store), so no key of a failed round is visible to the next. The store, its port and
-// token stay the same across rounds. Each restart prints one line naming the failed rank, its cause and
-// "restart k of N"; when a rank fails with no restart left, the report below adds how many were used.
+// Rounds (torchrun's elastic agent with a static rendezvous; job_rounds.h has the keys): every launcher,
+// node 0's included (over loopback), takes part in the job's rounds through the store node 0 hosts. Round 0
+// is the first start, each restart the next round. A launcher starts its ranks only once every node has
+// joined the round (within --join-timeout, default TRIDENT_TIMEOUT), so all nodes agree on the round, which is
+// the job's restart count. One node is the same mechanism with itself.
+//
+// Failures (a rank of any node failing on its own, not when a launcher itself is signalled): the node whose
+// rank failed stops its other ranks (SIGTERM, then SIGKILL after grace_seconds) and publishes why for the
+// round; every other node notices within ~0.25 s and stops its ranks the same way. A store that stops
+// answering a launcher (10 s, or TRIDENT_TIMEOUT if less, per request) counts as a failure of the round on
+// that node. Then, while restarts are left (--max-restarts N, up to N for the job), every launcher prints one
+// line naming the failed rank (or the node and rank that stopped it), its cause and "restart k of N", and
+// joins the next round: each round's ranks get TRIDENT_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT = the
+// round, TRIDENT_MAX_RESTARTS / TORCHELASTIC_MAX_RESTARTS = N, and round r > 0 rendezvouses under the store
+// prefix "restart<r>/" (connect_store), so no key of a failed round is visible to the next. A node whose
+// ranks all exited 0 while restarts are left waits until every node's did (or one failed: then it restarts
+// with the others). A launcher that cannot reach the store keeps reconnecting until the join deadline, so a
+// node whose link was cut rejoins once it is back. A node missing from a round at the deadline is named
+// ("node 2 (host emu2) did not join restart round 1 within 60 s") by the launchers that waited, which then
+// exit 1; one that never reached the store exits 1 naming node 0's store. A signal to any launcher while its
+// ranks run stops the whole job (no restart); while it waits to join a round (no rank runs then) the signal
+// ends it at once, and the others name it as missing at the deadline. The store, its port and token stay the
+// same across rounds.
+//
+// The store lives in node 0's launcher: while node 0's host is cut off, the other launchers wait (up to the
+// join deadline) to rejoin and resume once it is back, but if node 0's launcher dies the store dies with it
+// and every node fails naming it (torchrun's static c10d rendezvous endpoint has the same limit). Node 0
+// keeps the store up after its own ranks end until every node has reported done (bounded by TRIDENT_TIMEOUT,
+// or by grace + 10 s once the job failed), so other nodes' ranks never lose the store early.
 //
 // Several nodes (nnodes > 1): one launcher per node, all given the same --nnodes, --master-addr,
-// --master-port and TRIDENT_STORE_TOKEN. Node 0 hosts the store; every launcher also connects to it (waiting
-// up to TRIDENT_TIMEOUT for node 0) and uses keys under "trident_launch/": the first node whose rank fails (or
-// whose launcher gets SIGINT/SIGTERM) publishes why, and every other node notices within ~0.25 s and stops its
-// ranks the same way (SIGTERM, then SIGKILL), exiting 1 with one line naming the remote node, rank and cause.
-// A store that stops answering (10 s per request) counts as such a failure. Node 0 keeps the store up after
-// its own ranks end until every node has reported done (bounded by TRIDENT_TIMEOUT, or by grace + 10 s once a
-// failure is known), so other nodes' ranks never lose the store early.
+// --master-port and TRIDENT_STORE_TOKEN, and the same --max-restarts and --join-timeout.
 //
-// Exit status of launch(): 0 when every rank exited 0. When a rank fails first, that rank's exit code, or
-// 128 + signal when a signal killed it (as a shell reports it); one line on stderr names the rank, its pid and
-// what happened, followed by its last lines of output. 128 + signal when the launcher itself was stopped by
+// Exit status of launch() (of the last round): 0 when every rank exited 0. When a rank fails first, that
+// rank's exit code, or 128 + signal when a signal killed it (as a shell reports it); one line on stderr names
+// the rank, its pid and what happened (and the round's cause when it was another node's),
+// followed by its last lines of output. 128 + signal when the launcher itself was stopped by
 // SIGINT/SIGTERM/SIGHUP (a second signal skips the grace period). 1 when another node's failure stopped this
-// node. 127 when the command cannot be executed. Bad options, and a store that cannot be hosted or reached,
-// throw (InvalidArgument, StoreError).
+// node with no restart left, or a round's rendezvous failed (a node missing, the store unreachable). 127
+// when the command cannot be executed. Bad options, and a store that cannot be hosted or reached at the
+// start (round 0), throw (InvalidArgument, StoreError).
 #pragma once
 
 #include <optional>
@@ -83,7 +101,10 @@ struct LaunchOptions {
   bool tag_output = false;   // prefix every output line with "[rank R] "
   double grace_seconds = 3.0;  // SIGTERM -> SIGKILL when stopping ranks
   std::optional<Bind> bind;    // CPU binding of local ranks; unset: TRIDENT_BIND (default auto)
-  int max_restarts = 0;        // restart every rank up to this many times after a rank fails (single node)
+  int max_restarts = 0;        // restart every rank of every node up to this many times after a rank fails
+  // How long a launcher waits for every node to join a round (the first start and each restart); unset:
+  // TRIDENT_TIMEOUT. torchrun's rdzv join_timeout.
+  std::optional<double> join_timeout_seconds;
   // The job's folder of flight-recorder dumps: every rank gets TRIDENT_FLIGHT_RECORDER_DIR = it (created by
   // launch()), so a hang or a failure leaves every rank's dump in one place for `trident inspect DIR`.
   // "" = the ranks inherit the launcher's TRIDENT_FLIGHT_RECORDER_DIR, if any.

@@ -62,7 +62,7 @@ void AdamW::step_range(float lr, size_t begin, size_t end) {
     const float decay = s.decay ? config_.weight_decay : 0.0f;
     if (config_.offload)
       offloaded_adamw_update(*ops_, p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps,
-                             decay, step_);
+                             decay, step_, config_.offload_chunk);
     else
       ops_->adamw_update(p + i, g + i, m + i, v + i, j - i, lr, config_.beta1, config_.beta2, config_.eps, decay,
                          step_);

@@ -12,11 +12,12 @@
 // Device: the update runs through the op table of the model's device (kernels/device.h). On a device
 // other than the CPU the moments live in device memory; exp_avg()/exp_avg_sq() are host copies that
 // sync_state_to_host() refreshes (call it before saving them) and load_state() uploads.
-// Optimizer offload (AdamWConfig::offload, ZeRO-Offload's idea for one process): the moments live in host
-// memory whatever the device (exp_avg()/exp_avg_sq() are the state itself), and each step copies the
-// parameters and gradients to the host in chunks, updates them with the CPU's AdamW kernel and copies the
-// parameters back (offloaded_adamw_update). The device then holds parameters and gradients only: 8 of the
-// 16 bytes per parameter that training keeps.
+// Optimizer offload (AdamWConfig::offload, ZeRO-Offload): the moments live in host memory whatever the
+// device (exp_avg()/exp_avg_sq() are the state itself), and each step copies the parameters and gradients
+// to the host in chunks, updates them with the CPU's AdamW kernel and copies the parameters back
+// (offloaded_adamw_update). The device then holds parameters and gradients only: 8 of the 16 bytes per
+// parameter that training keeps. Under data parallelism the same config makes each rank offload its own
+// shard (parallel/dp_storage.h); with tensor/pipeline parallelism each rank's AdamW covers its own slices.
 // Blocking: step() runs on the calling thread. Not thread-safe. No timeouts.
 #pragma once
 
@@ -36,6 +37,9 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
   bool offload = false;  // moments in host memory, the update on the CPU (see above)
+  // With offload: elements per host copy of parameters and gradients (a testability knob: small values
+  // make small tests cross chunk ends).
+  size_t offload_chunk = size_t{1} << 20;
 };
 
 // One AdamW update (decay `weight_decay`, step count t) of n elements whose parameters p and gradients g live

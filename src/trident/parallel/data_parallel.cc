@@ -56,7 +56,7 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
   if (ctx_.rank == 0) {
     const auto& bs = engine_->buckets();
     log_info("data parallel: {} on {} ranks ({}), {} parameters ({} padded), {} gradient buckets of <= {} MiB{}, {} "
-             "storage{}",
+             "storage{}{}",
              strategy_name(options_.strategy), ctx_.world, kernels::device_name(ctx_.ops.device), n,
              sharding_->shards_gradients() ? sharding_->shard_numel() * ctx_.world : ctx_.padded, bs.size(),
              options_.bucket_bytes / double(1 << 20),
@@ -64,7 +64,9 @@ DataParallel::DataParallel(nn::Model& model, std::shared_ptr<ProcessGroup> pg, D
                  ? fmt::format(" (first {:.2f} MiB)", (bs[0].end - bs[0].begin) * 4 / double(1 << 20))
                  : std::string(),
              dtype_name(options_.storage_dtype),
-             gradients_shared_ ? ", gradients in shared memory (reduced in place, zero copy)" : "");
+             gradients_shared_ ? ", gradients in shared memory (reduced in place, zero copy)" : "",
+             options_.adamw.offload ? ", optimizer offloaded (this rank's moments and master weights in host memory)"
+                                    : "");
   }
 }
 
@@ -301,7 +303,13 @@ void DataParallel::release_all_units() {
 void DataParallel::write_master_to_model() {
   for (size_t u = 0; u < punits_.size(); ++u)  // no gather may still be writing into the buffer
     if (param_state_[u] == ParamState::kInFlight) wait_unit(u);
-  sharding_->gather_state(storage_->master(), model_.param_data());
+  if (storage_->offloaded() && !ctx_.on_cpu()) {  // a host master: gathered on the host, then uploaded
+    std::vector<float> full(ctx_.n);
+    sharding_->gather_state(storage_->state_ops(), storage_->master(), full.data());
+    ctx_.ops.to_device(model_.param_data(), full.data(), ctx_.n * sizeof(float));
+    return;
+  }
+  sharding_->gather_state(ctx_.ops, storage_->master(), model_.param_data());
 }
 
 void DataParallel::gather_full_parameters() {
@@ -392,8 +400,12 @@ nlohmann::json DataParallel::report() const {
                                 ? 0.0
                                 : static_cast<double>(engine_->buckets()[0].end - engine_->buckets()[0].begin) * 4;
   j["gradients_shared"] = gradients_shared_;
-  for (auto& [k, v] : memory().bytes) j["memory_bytes"][k] = v;
-  for (auto& [k, v] : resident_memory().bytes) j["resident_bytes"][k] = v;
+  j["offload"] = options_.adamw.offload ? "optimizer" : "none";
+  const MemoryReport held = memory(), res = resident_memory();
+  for (auto& [k, v] : held.bytes) j["memory_bytes"][k] = v;
+  for (auto& [k, v] : res.bytes) j["resident_bytes"][k] = v;
+  for (auto& [k, v] : held.host_bytes) j["host_memory_bytes"][k] = v;
+  for (auto& [k, v] : res.host_bytes) j["host_resident_bytes"][k] = v;
   for (auto& [k, v] : last_stats_.bytes) j["comm_bytes_per_step"][k] = v;
   for (auto& [k, v] : last_stats_.calls) j["comm_calls_per_step"][k] = v;
   // Gradient collectives against backward, means over the synced steps (fraction: of the summed times).
@@ -428,12 +440,12 @@ void DataParallel::read_checkpoint_range(int which, size_t begin, size_t count, 
 
 void DataParallel::gather_state_to_host(const float* state, std::vector<float>* out) {
   out->assign(ctx_.n, 0.0f);
-  if (ctx_.on_cpu()) {
-    sharding_->gather_state(state, out->data());
+  if (ctx_.on_cpu() || storage_->offloaded()) {  // the state is host memory
+    sharding_->gather_state(storage_->state_ops(), state, out->data());
     return;
   }
   kernels::DeviceArray<float> full(ctx_.ops, ctx_.n);
-  sharding_->gather_state(state, full.data());
+  sharding_->gather_state(ctx_.ops, state, full.data());
   ctx_.ops.to_host(out->data(), full.data(), ctx_.n * sizeof(float));
 }
 
@@ -461,12 +473,12 @@ void DataParallel::load_optimizer_state(const std::vector<float>& m, const std::
     TRIDENT_THROW(InvalidArgument, "optimizer state has {} / {} elements; the model has {} parameters", m.size(),
                   v.size(), n);
   for (auto [src, dst] : {std::pair{&m, storage_->exp_avg()}, std::pair{&v, storage_->exp_avg_sq()}}) {
-    if (ctx_.on_cpu()) {
-      sharding_->scatter_state(src->data(), dst);
+    if (ctx_.on_cpu() || storage_->offloaded()) {  // the state is host memory
+      sharding_->scatter_state(storage_->state_ops(), src->data(), dst);
     } else {
       kernels::DeviceArray<float> full(ctx_.ops, n);
       ctx_.ops.to_device(full.data(), src->data(), n * sizeof(float));
-      sharding_->scatter_state(full.data(), dst);
+      sharding_->scatter_state(ctx_.ops, full.data(), dst);
     }
   }
   storage_->step() = step;

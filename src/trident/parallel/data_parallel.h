@@ -14,6 +14,9 @@
 // resident_memory() measures resident pages with mincore()), plus padding per unit:
 //   float32   ddp 16 Psi, zero1 8 Psi + 8 Psi/N,  zero2 4 Psi + 12 Psi/N, zero3 16 Psi/N
 //   bfloat16  ddp 16 Psi, zero1 4 Psi + 12 Psi/N, zero2 2 Psi + 14 Psi/N, zero3 16 Psi/N
+// Optimizer offload (options.adamw.offload): each rank's moments (and bf16 storage's master weights) of
+// the pieces it owns live in host memory and its update runs on the CPU's AdamW kernel over chunked copies
+// (dp_storage.h); memory() reports them under host_bytes. Checkpoints hold the same full state either way.
 // Checkpoints: gather_optimizer_state() (collective) writes the float32 master weights into the model's flat
 // buffer (zero3: the full parameters, materialised until the next backward or step()); broadcast_parameters()
 // takes master and bfloat16 copies from it, so a float32 checkpoint loads into a bfloat16 run and back.

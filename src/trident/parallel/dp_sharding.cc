@@ -55,9 +55,9 @@ char* bytes(void* p) { return static_cast<char*>(p); }
 
 }  // namespace
 
-void ShardingStrategy::scatter_state(const float* full, float* state) const {
-  c_.ops.memset_zero(state, state_numel_ * sizeof(float));
-  for (const auto& p : owned_) c_.ops.copy(state + p.offset, full + p.flat_begin, p.count * sizeof(float));
+void ShardingStrategy::scatter_state(const kernels::DeviceOps& mem, const float* full, float* state) const {
+  mem.memset_zero(state, state_numel_ * sizeof(float));
+  for (const auto& p : owned_) mem.copy(state + p.offset, full + p.flat_begin, p.count * sizeof(float));
 }
 
 std::shared_ptr<Work> ShardingStrategy::gather_param_unit(size_t, StoragePolicy&) {
@@ -138,8 +138,8 @@ class Ddp : public ShardingStrategy {
     s.update(owned_[0], bytes(s.params_full()) + owned_[0].flat_begin * s.elem(), lr);
   }
 
-  void gather_state(const float* state, float* full) override {
-    c_.ops.copy(full, state, c_.n * sizeof(float));
+  void gather_state(const kernels::DeviceOps& mem, const float* state, float* full) override {
+    mem.copy(full, state, c_.n * sizeof(float));
   }
 
  protected:
@@ -186,12 +186,12 @@ class Zero1 : public Ddp {
     c_.account(OpKind::kAllGather, static_cast<double>(c_.padded * e));
   }
 
-  void gather_state(const float* state, float* full) override {
+  void gather_state(const kernels::DeviceOps& mem, const float* state, float* full) override {
     const size_t s = c_.padded / c_.world;
-    kernels::DeviceArray<float> stage(c_.ops, s), all(c_.ops, c_.padded);
-    c_.ops.copy(stage.data(), state, state_numel_ * sizeof(float));
+    kernels::DeviceArray<float> stage(mem, s), all(mem, c_.padded);
+    mem.copy(stage.data(), state, state_numel_ * sizeof(float));
     c_.pg->all_gather(stage.data(), all.data(), s, DType::kFloat32);
-    c_.ops.copy(full, all.data(), c_.n * sizeof(float));
+    mem.copy(full, all.data(), c_.n * sizeof(float));
   }
 };
 
@@ -250,7 +250,7 @@ class Zero2 : public ShardingStrategy {
     for (auto& w : works) w->wait();
   }
 
-  void gather_state(const float* state, float* full) override {
+  void gather_state(const kernels::DeviceOps&, const float* state, float* full) override {
     for (size_t i = 0; i < units_.size(); ++i)
       c_.pg->all_gatherv(state + units_[i].shard_offset, full + units_[i].begin, counts_[i], DType::kFloat32);
   }

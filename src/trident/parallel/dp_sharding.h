@@ -103,15 +103,16 @@ class ShardingStrategy {
   // AdamW on the owned pieces; then the stored parameters made whole where this strategy keeps them
   // whole (zero1/zero2: all-gather; ddp: every rank updated everything; zero3: the block gathers do it).
   virtual void update(StoragePolicy& s, float lr) = 0;
-  // state (owned pieces, state_numel() float32 elements of the model's device) -> full flat float32
-  // `full` (n elements) on every rank. Collective for zero*.
-  virtual void gather_state(const float* state, float* full) = 0;
+  // state (owned pieces, state_numel() float32 elements) -> full flat float32 `full` (n elements) on every
+  // rank; both live in the memory of `mem` (the model's device, or the host for offloaded state: the
+  // collectives take either). Collective for zero*.
+  virtual void gather_state(const kernels::DeviceOps& mem, const float* state, float* full) = 0;
   // zero2/zero3: flat elements [begin, begin + count) of a state kept in pieces of the units (moments,
   // zero3's parameter shard), which must lie inside one unit, gathered into dst on every rank: each rank
   // sends only the part of its piece inside the range (collective; every rank calls with the same range).
   void gather_state_range(const float* state, size_t begin, size_t count, float* dst);
-  // The owned pieces of full (n float32) -> state (zeroed first). Local.
-  void scatter_state(const float* full, float* state) const;
+  // The owned pieces of full (n float32) -> state (zeroed first), both in the memory of `mem`. Local.
+  void scatter_state(const kernels::DeviceOps& mem, const float* full, float* state) const;
   // zero3: starts the all-gather of parameter unit ui from the storage's shard into the model's buffer.
   virtual std::shared_ptr<Work> gather_param_unit(size_t ui, StoragePolicy& s);
 

@@ -13,6 +13,18 @@ double MemoryReport::total() const {
   return t;
 }
 
+std::map<std::string, double> MemoryReport::merged() const {
+  std::map<std::string, double> m = bytes;
+  for (const auto& [k, v] : host_bytes) m[k] += v;
+  return m;
+}
+
+double MemoryReport::host_total() const {
+  double t = 0;
+  for (auto& [k, v] : host_bytes) t += v;
+  return t;
+}
+
 StoragePolicy::StoragePolicy(detail::DpContext& c, const optim::AdamWConfig& adamw) : c_(c), adamw_(adamw) {
   const auto& params = c_.model.parameters();
   std::vector<uint8_t> mask(c_.n, 0);
@@ -26,30 +38,58 @@ StoragePolicy::StoragePolicy(detail::DpContext& c, const optim::AdamWConfig& ada
   }
 }
 
-void StoragePolicy::allocate_moments(size_t count) {
-  exp_avg_ = kernels::DeviceArray<float>(c_.ops, count);
-  exp_avg_sq_ = kernels::DeviceArray<float>(c_.ops, count);
+const kernels::DeviceOps& StoragePolicy::state_ops() const {
+  return offloaded() ? kernels::device_ops(kernels::Device::kCpu) : c_.ops;
 }
 
-void StoragePolicy::adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count,
-                                float lr) {
-  const auto& c = adamw_;
+void StoragePolicy::allocate_moments(size_t count) {
+  exp_avg_ = kernels::DeviceArray<float>(state_ops(), count);
+  exp_avg_sq_ = kernels::DeviceArray<float>(state_ops(), count);
+}
+
+template <class Fn>
+void StoragePolicy::for_each_decay_run(size_t flat_begin, size_t count, Fn&& fn) const {
   const size_t flat_end = flat_begin + count;
   auto it = std::upper_bound(decay_segments_.begin(), decay_segments_.end(), flat_begin,
                              [](size_t x, const Segment& s) { return x < s.end; });
   for (; it != decay_segments_.end() && it->begin < flat_end; ++it) {
     const size_t i = std::max(it->begin, flat_begin), j = std::min(it->end, flat_end);
     if (i >= j) continue;
-    const size_t o = i - flat_begin;
-    c_.ops.adamw_update(p + o, g + o, m + o, v + o, j - i, lr, c.beta1, c.beta2, c.eps,
-                        it->decay ? c.weight_decay : 0.0f, step_);
+    fn(i - flat_begin, j - i, it->decay ? adamw_.weight_decay : 0.0f);
   }
+}
+
+void StoragePolicy::adamw_range(const kernels::DeviceOps& ops, float* p, const float* g, float* m, float* v,
+                                size_t flat_begin, size_t count, float lr) {
+  const auto& c = adamw_;
+  for_each_decay_run(flat_begin, count, [&](size_t o, size_t k, float decay) {
+    ops.adamw_update(p + o, g + o, m + o, v + o, k, lr, c.beta1, c.beta2, c.eps, decay, step_);
+  });
+}
+
+void StoragePolicy::offloaded_adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin,
+                                          size_t count, float lr) {
+  const auto& c = adamw_;
+  for_each_decay_run(flat_begin, count, [&](size_t o, size_t k, float decay) {
+    optim::offloaded_adamw_update(c_.ops, p + o, g + o, m + o, v + o, k, lr, c.beta1, c.beta2, c.eps, decay, step_,
+                                  c.offload_chunk);
+  });
 }
 
 namespace {
 
 double resident(const detail::DpContext& c, const void* p, size_t bytes) {
   return c.on_cpu() ? static_cast<double>(nn::resident_bytes(p, bytes)) : static_cast<double>(bytes);
+}
+
+double host_resident(const void* p, size_t bytes) { return static_cast<double>(nn::resident_bytes(p, bytes)); }
+
+// Offloaded state is host memory: its held bytes move from the device's categories to the host's.
+void move_offloaded_to_host(MemoryReport& m) {
+  for (const char* k : {"optimizer_state", "master_weights"}) {
+    m.host_bytes[k] = m.bytes[k];
+    m.bytes[k] = 0;
+  }
 }
 
 class Fp32Storage : public StoragePolicy {
@@ -104,7 +144,11 @@ class Fp32Storage : public StoragePolicy {
   void update(const OwnedPiece& p, void* out, float lr) override {
     float* master = sharded_params_ ? shard_params_.data() + p.offset : c_.model.param_data() + p.flat_begin;
     const float* g = sharded_grads_ ? shard_grads_.data() + p.offset : c_.model.grad_data() + p.flat_begin;
-    adamw_range(master, g, exp_avg_.data() + p.offset, exp_avg_sq_.data() + p.offset, p.flat_begin, p.count, lr);
+    float* m = exp_avg_.data() + p.offset;
+    float* v = exp_avg_sq_.data() + p.offset;
+    // The parameters are their own master: offload moves the moments only.
+    if (offloaded()) offloaded_adamw_range(master, g, m, v, p.flat_begin, p.count, lr);
+    else adamw_range(c_.ops, master, g, m, v, p.flat_begin, p.count, lr);
     if (out != master) c_.ops.copy(out, master, p.count * sizeof(float));
   }
 
@@ -125,6 +169,7 @@ class Fp32Storage : public StoragePolicy {
     m.bytes["optimizer_state"] = static_cast<double>(exp_avg_.size() + exp_avg_sq_.size()) * 4;
     m.bytes["master_weights"] = 0;
     m.bytes["comm_buffers"] = static_cast<double>(rs_stage_.size()) * 4;
+    if (offloaded()) move_offloaded_to_host(m);
   }
 
   void resident(MemoryReport& m) const override {
@@ -135,6 +180,12 @@ class Fp32Storage : public StoragePolicy {
     m.bytes["optimizer_state"] = res(exp_avg_) + res(exp_avg_sq_);
     m.bytes["master_weights"] = 0;
     m.bytes["comm_buffers"] = res(rs_stage_);
+    if (offloaded()) {
+      m.bytes["optimizer_state"] = 0;
+      m.host_bytes["optimizer_state"] = host_resident(exp_avg_.data(), exp_avg_.size() * 4) +
+                                        host_resident(exp_avg_sq_.data(), exp_avg_sq_.size() * 4);
+      m.host_bytes["master_weights"] = 0;
+    }
   }
 
  private:
@@ -145,7 +196,13 @@ class Fp32Storage : public StoragePolicy {
 class Bf16Storage : public StoragePolicy {
  public:
   Bf16Storage(detail::DpContext& c, const optim::AdamWConfig& adamw)
-      : StoragePolicy(c, adamw), scratch_f_(c.ops, kChunk), scratch_h_(c.ops, kChunk) {}
+      : StoragePolicy(c, adamw), scratch_f_(c.ops, kChunk), scratch_h_(c.ops, kChunk) {
+    if (offloaded()) {  // host staging of one chunk: the bf16 gradients in, the float32 ones, the bf16 result out
+      host_g16_.resize(kChunk);
+      host_f_.resize(kChunk);
+      host_out16_.resize(kChunk);
+    }
+  }
   DType dtype() const override { return DType::kBFloat16; }
 
   bool allocate(const ShardingStrategy& s,
@@ -153,7 +210,7 @@ class Bf16Storage : public StoragePolicy {
     sharded_grads_ = s.shards_gradients();
     sharded_params_ = s.shards_parameters();
     allocate_moments(s.state_numel());
-    master_ = kernels::DeviceArray<float>(c_.ops, s.state_numel());
+    master_ = kernels::DeviceArray<float>(state_ops(), s.state_numel());
     params16_ = kernels::DeviceArray<uint16_t>(c_.ops, sharded_params_ ? s.shard_numel() : c_.padded);
     bool in_shared = false;
     // ddp/zero1 reduce the persistent bf16 gradients (in registered memory when shared); zero2/zero3
@@ -223,12 +280,27 @@ class Bf16Storage : public StoragePolicy {
     float* m = exp_avg_.data() + p.offset;
     float* v = exp_avg_sq_.data() + p.offset;
     auto* out16 = static_cast<uint16_t*>(out);
+    if (offloaded()) {
+      // The master and moments are host memory: the bf16 gradients come over, the CPU's kernels run the
+      // same steps as below on the host, the bf16 result goes back.
+      const kernels::DeviceOps& cpu = state_ops();
+      for (size_t o = 0; o < p.count; o += kChunk) {
+        const size_t w = std::min(kChunk, p.count - o);
+        c_.ops.to_host(host_g16_.data(), g16 + o, w * 2);
+        cpu.from_bf16(host_f_.data(), host_g16_.data(), w);
+        if (clip_coef_ != 1.0f) cpu.scale_inplace(host_f_.data(), clip_coef_, w);
+        adamw_range(cpu, master + o, host_f_.data(), m + o, v + o, p.flat_begin + o, w, lr);
+        cpu.to_bf16(host_out16_.data(), master + o, w);
+        c_.ops.to_device(out16 + o, host_out16_.data(), w * 2);
+      }
+      return;
+    }
     float* g = scratch_f_.data();
     for (size_t o = 0; o < p.count; o += kChunk) {
       const size_t w = std::min(kChunk, p.count - o);
       c_.ops.from_bf16(g, g16 + o, w);
       if (clip_coef_ != 1.0f) c_.ops.scale_inplace(g, clip_coef_, w);
-      adamw_range(master + o, g, m + o, v + o, p.flat_begin + o, w, lr);
+      adamw_range(c_.ops, master + o, g, m + o, v + o, p.flat_begin + o, w, lr);
       c_.ops.to_bf16(out16 + o, master + o, w);
     }
   }
@@ -236,7 +308,8 @@ class Bf16Storage : public StoragePolicy {
   void take_params(const ShardingStrategy& s) override {
     const float* w = c_.model.param_data();
     for (const auto& p : s.owned()) {
-      c_.ops.copy(master_.data() + p.offset, w + p.flat_begin, p.count * sizeof(float));
+      if (offloaded()) c_.ops.to_host(master_.data() + p.offset, w + p.flat_begin, p.count * sizeof(float));
+      else c_.ops.copy(master_.data() + p.offset, w + p.flat_begin, p.count * sizeof(float));
       if (sharded_params_) c_.ops.to_bf16(params16_.data() + p.offset, w + p.flat_begin, p.count);
     }
     if (!sharded_params_) c_.ops.to_bf16(params16_.data(), w, c_.n);
@@ -260,6 +333,7 @@ class Bf16Storage : public StoragePolicy {
     m.bytes["master_weights"] = static_cast<double>(master_.size()) * 4;
     m.bytes["optimizer_state"] = static_cast<double>(exp_avg_.size() + exp_avg_sq_.size()) * 4;
     m.bytes["comm_buffers"] = stage;
+    if (offloaded()) move_offloaded_to_host(m);
   }
 
   void resident(MemoryReport& m) const override {
@@ -272,6 +346,12 @@ class Bf16Storage : public StoragePolicy {
     double stage = 0;
     for (const auto& s : stage16_) stage += res(s.data(), s.size() * 2);
     m.bytes["comm_buffers"] = stage;
+    if (offloaded()) {
+      m.bytes["optimizer_state"] = m.bytes["master_weights"] = 0;
+      m.host_bytes["optimizer_state"] = host_resident(exp_avg_.data(), exp_avg_.size() * 4) +
+                                        host_resident(exp_avg_sq_.data(), exp_avg_sq_.size() * 4);
+      m.host_bytes["master_weights"] = host_resident(master_.data(), master_.size() * 4);
+    }
   }
 
  private:
@@ -307,6 +387,8 @@ class Bf16Storage : public StoragePolicy {
   std::vector<kernels::DeviceArray<uint16_t>> stage16_;  // per unit; empty unless world * piece > 2 x its length
   kernels::DeviceArray<float> scratch_f_;
   kernels::DeviceArray<uint16_t> scratch_h_;
+  std::vector<uint16_t> host_g16_, host_out16_;  // offload: one chunk's bf16 gradients in, parameters out
+  std::vector<float> host_f_;                     // offload: one chunk's float32 gradients
   float clip_coef_ = 1.0f;
 };
 

@@ -13,6 +13,13 @@
 // Every buffer lives on the model's device (kernels::DeviceArray) and every copy, conversion and
 // elementwise kernel goes through its DeviceOps, so one policy serves the CPU and CUDA. The registered
 // (shm) gradient buffer exists only on the CPU.
+// Optimizer offload (AdamWConfig::offload, ZeRO-Offload): the AdamW moments and, with bfloat16 storage,
+// the float32 master weights of this rank's owned pieces live in host memory instead (the CPU table's
+// allocations; state_ops() is the table of the memory they are in). The update copies the owned pieces'
+// gradients (and float32 parameters, which are their own master) to the host in chunks, runs the CPU's
+// AdamW kernel there and copies the new stored parameters back; the device keeps parameters and
+// gradients only. The same kernels on the same values: the result is bit for bit the one without offload
+// wherever the device's kernels are the CPU's.
 //
 // Ownership: borrows the DpContext; owns its buffers. Thread-safety: the training loop's thread only.
 #pragma once
@@ -35,8 +42,14 @@ namespace trident::parallel {
 
 // Persistent bytes held per category on this rank.
 struct MemoryReport {
-  std::map<std::string, double> bytes;  // parameters, gradients, optimizer_state, master_weights, comm_buffers
-  double total() const;
+  // On the model's device: parameters, gradients, optimizer_state, master_weights, comm_buffers.
+  std::map<std::string, double> bytes;
+  // In host memory because of optimizer offload: optimizer_state, master_weights (empty without offload).
+  std::map<std::string, double> host_bytes;
+  double total() const;  // of `bytes`: the device's
+  double host_total() const;
+  // bytes + host_bytes per category: what the process holds wherever it lives (on the CPU, all of it is RAM).
+  std::map<std::string, double> merged() const;
 };
 
 namespace detail {
@@ -119,11 +132,21 @@ class StoragePolicy {
   float* exp_avg() { return exp_avg_.data(); }
   float* exp_avg_sq() { return exp_avg_sq_.data(); }
   int64_t& step() { return step_; }
+  // Optimizer offload: the moments (and master weights) are in host memory (see the header comment).
+  bool offloaded() const { return adamw_.offload; }
+  // The table of the memory the moments and master weights live in: the CPU's when offloaded, else the
+  // model's device's.
+  const kernels::DeviceOps& state_ops() const;
 
  protected:
   void allocate_moments(size_t count);
-  // AdamW over `count` float32 elements whose flat indices start at flat_begin (decay flag per flat run).
-  void adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count, float lr);
+  // AdamW over `count` float32 elements whose flat indices start at flat_begin (decay flag per flat run),
+  // all four arrays in the memory of `ops`.
+  void adamw_range(const kernels::DeviceOps& ops, float* p, const float* g, float* m, float* v, size_t flat_begin,
+                   size_t count, float lr);
+  // The same with p and g on the model's device and m, v in host memory (offload): chunked copies
+  // through optim::offloaded_adamw_update.
+  void offloaded_adamw_range(float* p, const float* g, float* m, float* v, size_t flat_begin, size_t count, float lr);
 
   detail::DpContext& c_;
   optim::AdamWConfig adamw_;
@@ -136,6 +159,9 @@ class StoragePolicy {
     size_t begin, end;
     bool decay;
   };
+  // The decay runs of [flat_begin, flat_begin + count): fn(offset from flat_begin, length, weight decay).
+  template <class Fn>
+  void for_each_decay_run(size_t flat_begin, size_t count, Fn&& fn) const;
   std::vector<Segment> decay_segments_;  // the flat buffer as runs of equal decay flag
 };
 

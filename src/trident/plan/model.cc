@@ -1,6 +1,7 @@
 #include "trident/plan/model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "trident/core/error.h"
 
@@ -212,7 +213,7 @@ double hardware_flops_per_iteration(const ModelSpec& m, double tokens, Recompute
   return f;
 }
 
-MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision p) {
+MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision p, bool offload) {
   MemoryBreakdown b;
   const double n = std::max(1, dp);
   const bool mixed = p == Precision::kMixed;
@@ -227,6 +228,10 @@ MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision 
   }
   if (zero_stage >= 2) b.grads /= n;
   if (zero_stage >= 3) b.params /= n;
+  if (offload) {
+    b.host_optimizer = std::exchange(b.optimizer, 0.0);
+    b.host_master = std::exchange(b.master, 0.0);
+  }
   return b;
 }
 

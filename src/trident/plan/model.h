@@ -90,6 +90,8 @@ TokenTraffic layer_traffic_per_token(const ModelSpec& m, int tp, double activati
 TokenTraffic head_traffic_per_token(const ModelSpec& m, int tp, double activation_bytes, double operand_copy_bytes);
 
 // ---- Memory (Rajbhandari et al. 2020 "ZeRO" sec. 3.1 & 5; Korthikanti et al. 2022 table 2) ----
+// Bytes per rank. The first six fields are the device's (GPU) memory; host_* are what optimizer offload
+// keeps in the host's memory instead.
 struct MemoryBreakdown {
   double params = 0;       // working copy (bf16 in mixed precision, fp32 otherwise)
   double grads = 0;
@@ -97,14 +99,21 @@ struct MemoryBreakdown {
   double master = 0;       // fp32 master weights (mixed precision only)
   double activations = 0;  // stored activations of the in-flight microbatches (+ logits)
   double buffers = 0;      // ZeRO-3 gathered-parameter buffers
-  double total() const { return params + grads + optimizer + master + activations + buffers; }
+  double host_optimizer = 0;  // Adam m and v in host memory (optimizer offload)
+  double host_master = 0;     // fp32 master weights in host memory (optimizer offload, mixed precision)
+  double total() const { return params + grads + optimizer + master + activations + buffers; }  // the device's
+  double host_total() const { return host_optimizer + host_master; }
 };
 
 // Model-state bytes per rank for `psi` parameters held by this rank's model-parallel shard, data-parallel
 // degree `dp`, ZeRO stage 0..3 and Adam. Mixed: 2 + 2 + 12 bytes/param (ZeRO's K = 12: fp32 master,
 // m, v); fp32: 4 + 4 + 8. Stage 1 shards optimizer+master, 2 also grads, 3 also params:
 //   16 psi; 4 psi + 12 psi/N; 2 psi + 14 psi/N; 16 psi/N   (mixed precision).
-MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision p);
+// `offload` (ZeRO-Offload, Ren et al. 2021; trident's --offload optimizer): the optimizer state and the
+// master weights, sharded as above, move from the device to the host (host_optimizer, host_master); the
+// device keeps parameters and gradients: mixed 4 psi (ZeRO-2: 2 psi + 2 psi/N), fp32 8 psi (the float32
+// parameters are their own master and stay).
+MemoryBreakdown model_state_bytes(double psi, int dp, int zero_stage, Precision p, bool offload = false);
 
 struct ActivationConfig {
   int micro_batch = 1;

@@ -128,6 +128,7 @@ std::string Layout::str() const {
                               to_string(recompute));
   if (pp > 1) s += fmt::format(" {}", to_string(schedule));
   if (schedule == Schedule::kInterleaved) s += fmt::format(" v{}", interleave);
+  if (offload) s += " offload";
   return s;
 }
 
@@ -186,7 +187,7 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
   const double act_layer = activation_bytes_per_layer(m, ac);
   const double logits = 4.0 * tok * m.vocab / l.tp;
   auto stage_memory = [&](int stage) {
-    MemoryBreakdown b = model_state_bytes(stage_params(m, l.pp, stage) / l.tp, l.dp, l.zero, t.precision);
+    MemoryBreakdown b = model_state_bytes(stage_params(m, l.pp, stage) / l.tp, l.dp, l.zero, t.precision, l.offload);
     const double inflight = stage == 0 ? inflight_microbatches(l.schedule, l.pp, mbs, v) : 1.0;
     b.activations = act_layer * lps * inflight + (stage == l.pp - 1 ? logits : 0.0);
     if (l.zero == 3) b.buffers = 2 * m.params_per_layer() / l.tp * wb;
@@ -280,8 +281,17 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
     }
   }
   // ---- optimizer: memory bound, read + write of the rank's states ----
-  MemoryBreakdown st = model_state_bytes(psi_rank, l.dp, l.zero, t.precision);
-  const double t_opt = 2 * (st.params + st.grads + st.optimizer + st.master) / c.hbm_Bps;
+  MemoryBreakdown st = model_state_bytes(psi_rank, l.dp, l.zero, t.precision, l.offload);
+  double t_opt = 2 * (st.params + st.grads + st.optimizer + st.master) / c.hbm_Bps;
+  if (l.offload) {
+    // The rank's shard of gradients goes to the host (and float32 parameters, their own master), the
+    // updated parameters come back over the host link; the CPU reads and writes the shard's moments,
+    // master, gradients and parameters in host memory. Not overlapped with the backward (docs/PLANNER.md).
+    const double shard = l.zero >= 1 ? psi_rank / l.dp : psi_rank;
+    const double link = shard * (mixed ? 2 + 2 : 4 + 4 + 4);
+    const double host = 2 * (st.host_total() + shard * (mixed ? 2 + 2 : 4 + 4));
+    t_opt = link / c.host_link_Bps + host / c.host_memory_Bps;
+  }
 
   e.step_time_s = pipeline + dp_exposed + t_opt;
   const double tokens = double(t.global_batch) * m.seq;
@@ -293,6 +303,9 @@ Evaluation evaluate(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
   if (!e.fits)
     e.warnings.push_back(fmt::format("needs {:.1f} GB per GPU, {:.1f} GB usable", e.memory.total() / kGB,
                                      c.usable_memory() / kGB));
+  if (l.offload)
+    e.warnings.push_back(fmt::format("optimizer offload: {:.1f} GB per GPU in host memory, {:.1f} ms of copies and "
+                                     "CPU AdamW per step", e.memory.host_total() / kGB, 1e3 * t_opt));
   if (l.pp > 1 && lps < 4) e.warnings.push_back(fmt::format("only {} layers per stage (< 4)", lps));
   if (e.bubble_fraction >= 0.10)
     e.warnings.push_back(fmt::format("bubble {:.1f}% >= 10%: raise --microbatches or use the interleaved schedule",
@@ -311,10 +324,13 @@ nlohmann::json Evaluation::to_json() const {
                  {"recompute", to_string(layout.recompute)},
                  {"schedule", to_string(layout.schedule)},
                  {"interleave", layout.interleave}};
+  j["layout"]["offload"] = layout.offload;
   j["memory_per_gpu_bytes"] = memory.total();
+  j["host_memory_per_gpu_bytes"] = memory.host_total();
   j["memory"] = {{"params", memory.params},           {"grads", memory.grads},
                  {"optimizer", memory.optimizer},     {"master", memory.master},
                  {"activations", memory.activations}, {"buffers", memory.buffers}};
+  j["host_memory"] = {{"optimizer", memory.host_optimizer}, {"master", memory.host_master}};
   j["fits"] = fits;
   j["model_flops_per_iter"] = model_flops_per_iter;
   j["hardware_flops_per_iter"] = hardware_flops_per_iter;
@@ -335,6 +351,61 @@ nlohmann::json Evaluation::to_json() const {
                          {"exposed_s", c.exposed_s}});
   j["warnings"] = warnings;
   return j;
+}
+
+std::string MemoryCheck::str() const {
+  std::string s = fmt::format(
+      "device memory per GPU: {:.1f} GB ({:.0f} bytes) needed, {:.1f} GB ({:.0f} bytes) usable of {:.1f} GB: parameters "
+      "{:.1f} GB, gradients {:.1f} GB, optimizer state {:.1f} GB, master weights {:.1f} GB, activations {:.1f} GB, "
+      "buffers {:.1f} GB",
+      needed_bytes / kGB, needed_bytes, usable_bytes / kGB, usable_bytes, device_bytes / kGB, memory.params / kGB,
+      memory.grads / kGB, memory.optimizer / kGB, memory.master / kGB, memory.activations / kGB, memory.buffers / kGB);
+  if (host_bytes > 0) s += fmt::format("; host memory per GPU (offloaded optimizer): {:.1f} GB", host_bytes / kGB);
+  if (!fits && !advice.empty()) s += "; " + advice;
+  return s;
+}
+
+MemoryCheck check_memory(const TrainSpec& t, const ClusterSpec& c, const Layout& l) {
+  const Evaluation e = evaluate(t, c, l);
+  MemoryCheck r;
+  r.memory = e.memory;
+  r.needed_bytes = e.memory.total();
+  r.host_bytes = e.memory.host_total();
+  r.usable_bytes = c.usable_memory();
+  r.device_bytes = c.device_memory_bytes;
+  r.fits = e.fits;
+  if (r.fits) return r;
+  // Each change alone, with what it would need; evaluate() is the one arithmetic.
+  std::vector<std::string> options;
+  auto option = [&](const std::string& flags, Layout changed) {
+    const double need = evaluate(t, c, changed).memory.total();
+    options.push_back(fmt::format("{} ({:.1f} GB{})", flags, need / kGB, need <= r.usable_bytes ? ", fits" : ""));
+  };
+  if (!l.offload) {
+    Layout x = l;
+    x.offload = true;
+    option("--offload optimizer (the optimizer state to host memory)", x);
+  }
+  if (l.dp > 1 && l.zero < 3) {
+    Layout x = l;
+    x.zero = 3;
+    option("--parallel zero3", x);
+  }
+  if (l.micro_batch > 1) {
+    Layout x = l;
+    x.micro_batch = l.micro_batch / 2;
+    x.microbatches = l.microbatches * 2;
+    if (x.micro_batch * 2 == l.micro_batch)
+      option(fmt::format("--batch_size {} --gradient_accumulation_steps {}", x.micro_batch, x.microbatches), x);
+  }
+  if (l.recompute != Recompute::kFull) {
+    Layout x = l;
+    x.recompute = Recompute::kFull;
+    option("--activation_checkpointing", x);
+  }
+  if (l.dp == 1 && l.zero < 3) options.push_back("more ranks with --parallel zero3 (each holds 1/N of the state)");
+  r.advice = fmt::format("use {}", fmt::join(options, ", or "));
+  return r;
 }
 
 std::vector<Evaluation> enumerate_layouts(const TrainSpec& t, const ClusterSpec& c, int micro_batch) {

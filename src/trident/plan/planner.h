@@ -32,6 +32,11 @@ struct ClusterSpec {
   LinkSpec intra{"nvswitch-h100", 450e9, 3e-6};  // within a node (NVLink/NVSwitch domain, shm)
   LinkSpec nic{"ib-ndr", 50e9, 5e-6};            // one NIC, per direction
   double memory_headroom = 0.10;  // fraction of device memory kept free (allocator, workspaces, comm buffers)
+  // Optimizer offload's two rates (defaults, not measured here): the device <-> host link one GPU's copies
+  // run at (PCIe Gen4 x16 in practice; Gen5 about twice), and the host memory bandwidth the CPU's AdamW
+  // streams its state at, per GPU.
+  double host_link_Bps = 25e9;
+  double host_memory_Bps = 100e9;
 
   int nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
   double usable_memory() const { return device_memory_bytes * (1 - memory_headroom); }
@@ -67,6 +72,9 @@ struct Layout {
   Recompute recompute = Recompute::kNone;
   Schedule schedule = Schedule::k1F1B;
   int interleave = 1;     // virtual stages per rank (interleaved schedule)
+  // Optimizer offload (--offload optimizer): each rank's Adam moments and master weights (its ZeRO shard)
+  // in host memory and its update on the CPU, after the backward (model_state_bytes).
+  bool offload = false;
   std::string str() const;
 };
 
@@ -91,8 +99,8 @@ struct CommItem {
 
 struct Evaluation {
   Layout layout;
-  MemoryBreakdown memory;  // the most loaded rank (first or last pipeline stage)
-  bool fits = false;
+  MemoryBreakdown memory;  // the most loaded rank (first or last pipeline stage): device and host bytes
+  bool fits = false;       // memory.total() (the device's) <= the cluster's usable device memory
   double model_flops_per_iter = 0;
   double hardware_flops_per_iter = 0;
   double compute_s = 0;        // per step on the busiest stage, without bubble
@@ -123,6 +131,22 @@ struct Recommendation {
   std::vector<std::string> reasons;
 };
 Recommendation recommend(const TrainSpec& t, const ClusterSpec& c, const std::vector<Evaluation>& all);
+
+// Device memory of one layout against the cluster's devices: the figures `trident train --device cuda`
+// checks before it allocates anything and `trident plan` prints (evaluate()'s memory, one arithmetic).
+struct MemoryCheck {
+  bool fits = false;
+  double needed_bytes = 0;  // the most loaded rank's device memory (Evaluation::memory.total())
+  double usable_bytes = 0;  // the device's memory less the headroom (ClusterSpec::usable_memory())
+  double device_bytes = 0;  // the device's memory
+  double host_bytes = 0;    // what optimizer offload keeps in host memory per rank
+  MemoryBreakdown memory;
+  // When it does not fit: what to change, in the train command's flags, each with the device bytes it
+  // would need (offload, ZeRO-3 over the same ranks, half the micro-batch, activation checkpointing).
+  std::string advice;
+  std::string str() const;  // one line: needed vs usable, the parts, and the advice when it does not fit
+};
+MemoryCheck check_memory(const TrainSpec& t, const ClusterSpec& c, const Layout& l);
 
 // Tensor-parallel traffic, counted as payloads: Megatron's f/g operators do 2 all-reduces in forward
 // and 2 in backward per layer, each on the [b, s, h] activation (b s h x bytes); the step's TP traffic is

@@ -81,6 +81,8 @@ const std::vector<Key>& keys() {
       {"eval_only", &TrainConfig::eval_only, "", "evaluate once and exit"},
       {"always_save_checkpoint", &TrainConfig::always_save_checkpoint, "", "save at every evaluation"},
       {"checkpoint_interval", &TrainConfig::checkpoint_interval, ">=0", "also save every N steps (0: off)"},
+      {"save_final", &TrainConfig::save_final, "",
+       "save a checkpoint when training ends (false: the end writes none, its evaluation included; earlier evaluations and checkpoint_interval still save: benchmarks of models whose checkpoint the disk cannot hold)"},
       {"keep_checkpoints", &TrainConfig::keep_checkpoints, ">=1", "checkpoints kept in out_dir"},
       {"async_checkpoint", &TrainConfig::async_checkpoint, "",
        "write checkpoints on a thread from an in-memory copy while training goes on (false: in the step)"},
@@ -134,8 +136,9 @@ const std::vector<Key>& keys() {
       {"param_dtype", &TrainConfig::param_dtype, "float32|bfloat16",
        "storage of parameters and gradients (bfloat16: float32 master weights and AdamW state, data parallel only)"},
       {"offload", &TrainConfig::offload, "none|optimizer",
-       "optimizer: AdamW's moments in host memory and its update on the CPU's kernels, so the device holds "
-       "parameters and gradients only (one process; on the CPU the state is host memory anyway)"},
+       "optimizer: AdamW's moments (and bfloat16 storage's float32 master weights) in host memory and its update "
+       "on the CPU's kernels, so the device holds parameters and gradients only; under ZeRO each rank offloads "
+       "its own shard (on the CPU the state is host memory anyway)"},
       {"tp", &TrainConfig::tp, ">=1", "tensor-parallel ranks (divides n_head and n_embd)"},
       {"pp", &TrainConfig::pp, ">=1", "pipeline-parallel stages (at most n_layer / virtual_stages)"},
       {"dp", &TrainConfig::dp, ">=0", "data-parallel replicas (0: world size / (tp * pp))"},
@@ -443,13 +446,6 @@ void TrainConfig::validate() const {
                   "--tp/--pp, or --tp 1 --pp 1 with --param_dtype bfloat16",
                   param_dtype, tp, pp);
   }
-  if (offload == "optimizer" && tp * pp > 1) {
-    TRIDENT_THROW(Unsupported,
-                  "offload=optimizer runs in one process for now (tp={} x pp={} was asked for): each rank's shard "
-                  "of the optimizer state stays on its device; use --offload none with --tp/--pp, or shard the "
-                  "state over data-parallel ranks with --parallel zero1|zero2|zero3",
-                  tp, pp);
-  }
   validate_model_parallel(*this);
 }
 
@@ -687,6 +683,46 @@ plan::ModelSpec plan_model_spec(const TrainConfig& cfg, int vocab_size) {
   m.rope_theta = mc.rope_theta;
   m.norm_eps = mc.norm_eps;
   return m;
+}
+
+RunPlan plan_run(const TrainConfig& cfg, int vocab_size, int dp, int zero_stage) {
+  RunPlan r;
+  r.spec.model = plan_model_spec(cfg, vocab_size);
+  r.spec.precision = cfg.param_dtype == "bfloat16" ? plan::Precision::kMixed : plan::Precision::kFp32;
+  plan::Layout& l = r.layout;
+  l.tp = cfg.tp;
+  l.pp = cfg.pp;
+  l.dp = std::max(1, dp);
+  l.zero = zero_stage;
+  l.micro_batch = cfg.batch_size;
+  l.microbatches = cfg.pp > 1 ? cfg.resolved_microbatches() : cfg.gradient_accumulation_steps;
+  if (cfg.pp > 1) l.micro_batch = std::max(1, cfg.batch_size / l.microbatches);
+  l.recompute = cfg.model.activation_checkpointing ? plan::Recompute::kFull : plan::Recompute::kNone;
+  plan::Schedule sched = plan::Schedule::k1F1B;
+  if (cfg.pp > 1 && plan::parse_schedule(cfg.schedule, &sched)) l.schedule = sched;
+  l.interleave = l.schedule == plan::Schedule::kInterleaved ? cfg.virtual_stages : 1;
+  l.offload = cfg.offload == "optimizer";
+  r.spec.global_batch = l.dp * l.micro_batch * l.microbatches;
+  return r;
+}
+
+plan::MemoryCheck check_device_memory(const TrainConfig& cfg, int vocab_size, int dp, int zero_stage,
+                                      const std::string& device) {
+  const RunPlan run = plan_run(cfg, vocab_size, dp, zero_stage);
+  const int gpus = run.layout.tp * run.layout.pp * run.layout.dp;
+  const plan::ClusterSpec cluster =
+      plan::make_cluster(plan::HardwareCatalog::builtin(), device, gpus, gpus, "", "", "", run.spec.precision);
+  plan::MemoryCheck mc = plan::check_memory(run.spec, cluster, run.layout);
+  if (!mc.fits)
+    throw OutOfMemory(
+        ::trident::detail::with_location(
+            fmt::format("{} ({} x {}, {} parameters, {} sequences of {} tokens per rank and micro-step) does not fit: "
+                        "{}",
+                        run.spec.model.name, gpus, device, run.spec.model.total_params(), cfg.batch_size,
+                        cfg.model.block_size, mc.str()),
+            __FILE__, __LINE__),
+        static_cast<size_t>(mc.needed_bytes));
+  return mc;
 }
 
 }  // namespace trident::train

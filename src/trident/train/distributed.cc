@@ -77,6 +77,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
   dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
   dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
+  dpo.adamw.offload = cfg.offload == "optimizer";  // each rank offloads the shard it owns
 
   std::unique_ptr<parallel::DataParallel> dp;
   Trainer* trainer = nullptr;
@@ -89,6 +90,10 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   if (pg->size() > 1) hooks.gather_ranks = gather_ranks_over(pg);
   // ZeRO-3 initializes each rank's own pieces of a fresh model (DataParallel), never the whole model.
   hooks.defer_initialization = dpo.strategy == parallel::Strategy::kZero3;
+  hooks.zero_stage = dpo.strategy == parallel::Strategy::kZero1   ? 1
+                     : dpo.strategy == parallel::Strategy::kZero2 ? 2
+                     : dpo.strategy == parallel::Strategy::kZero3 ? 3
+                                                                  : 0;
   hooks.on_ready = [&](nn::Model& model) {
     loop.before(cfg, *trainer, model, pg.get(), opts, out);  // before DataParallel installs its hooks
     trainer->emit_record(mesh_record({1, 1, pg->size(), "tp-dp-pp"}, rank_hosts(pg.get())));
@@ -142,7 +147,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
     pg->all_reduce(&peak, 1, DType::kFloat64, ReduceOp::kMax);
     rec["peak_rss_bytes_max_rank"] = peak;
     if (trainer->optimizer().has_state()) trainer->optimizer().release_state();  // refilled by before_save
-    step_memory = dp->memory().bytes;
+    step_memory = dp->memory().merged();  // offloaded state included: the process holds it
     double total = 0;
     for (auto& [k, b] : dp->last_step_comm().bytes) {
       rec["comm_bytes"][k] = b;
@@ -157,7 +162,7 @@ TrainResult train_distributed(const TrainConfig& cfg, const DistributedOptions& 
   };
   hooks.on_finished = [&](const TrainResult& r) {
     if (dp)
-      loop.after(cfg, *trainer, r, pg->rank(), pg->size(), step_memory.empty() ? dp->memory().bytes : step_memory,
+      loop.after(cfg, *trainer, r, pg->rank(), pg->size(), step_memory.empty() ? dp->memory().merged() : step_memory,
                  dp->last_step_comm().bytes, out);
   };
   Trainer t(cfg, hooks);

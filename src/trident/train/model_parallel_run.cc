@@ -159,6 +159,13 @@ void ModelParallelRun::install_model_hooks(TrainerHooks& hooks) {
   hooks.rank = mesh->dp_rank();
   hooks.world = dp_size;
   hooks.writer = is_root ? 1 : 0;
+  if (dp_size > 1) {  // DataParallel over the dp group shards each rank's slices by this stage
+    const parallel::Strategy s = parallel::parse_strategy(opts.parallel);
+    hooks.zero_stage = s == parallel::Strategy::kZero1   ? 1
+                       : s == parallel::Strategy::kZero2 ? 2
+                       : s == parallel::Strategy::kZero3 ? 3
+                                                         : 0;
+  }
   hooks.make_model = [this](const nlohmann::json& config) -> std::unique_ptr<nn::Model> {
     parallel::ParallelModel::validate_layout(config, layout);
     auto m = parallel::make_parallel_model(config, layout, cfg.tp > 1 ? mesh->tp_group() : nullptr,
@@ -255,6 +262,7 @@ void ModelParallelRun::build_around_model(nn::Model& model) {
     dpo.adamw.beta1 = static_cast<float>(cfg.beta1);
     dpo.adamw.beta2 = static_cast<float>(cfg.beta2);
     dpo.adamw.weight_decay = static_cast<float>(cfg.weight_decay);
+  dpo.adamw.offload = cfg.offload == "optimizer";  // each rank offloads the shard it owns
     dpo.adamw.eps = trainer->optimizer().config().eps;
     dp = std::make_unique<parallel::DataParallel>(model, mesh->dp_group(), dpo);
     dp->broadcast_parameters();

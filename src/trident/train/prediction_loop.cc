@@ -354,7 +354,7 @@ struct PredictionLoop::State {
     double optimizer = dp != nullptr ? 0.0 : 2 * n * 4;
     double comm_buffers = 0;
     if (dp != nullptr) {
-      const auto mem = dp->memory().bytes;
+      const auto mem = dp->memory().merged();  // wherever it lives (offload: the host)
       if (mem.count("optimizer_state")) optimizer += mem.at("optimizer_state");
       if (mem.count("comm_buffers")) comm_buffers = mem.at("comm_buffers");
     }

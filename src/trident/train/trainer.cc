@@ -136,6 +136,28 @@ void check_resume_compatible(const TrainConfig& cfg, const nlohmann::json& saved
 }
 }  // namespace
 
+void Trainer::check_gpu_memory(const nlohmann::json& model_config) {
+  const std::string described = kernels::device_ops(kernels::Device::kCuda).describe();
+  const std::string gpu = plan::gpu_for_device_name(described);
+  if (gpu.empty()) {
+    if (writer())
+      log_info("device memory not checked before allocating: '{}' is not a GPU of the hardware catalog", described);
+    return;
+  }
+  const int vocab = model_config.value("valid_vocab_size", 0) > 0 ? model_config["valid_vocab_size"].get<int>()
+                                                                   : model_config.value("vocab_size", 0);
+  if (!plan_model_spec(cfg_, vocab).transformer) {
+    if (writer()) log_info("device memory not checked before allocating: the planner models transformers only");
+    return;
+  }
+  try {
+    const plan::MemoryCheck mc = check_device_memory(cfg_, vocab, hooks_.world, hooks_.zero_stage, gpu);
+    if (writer()) log_info("{} ({})", mc.str(), gpu);
+  } catch (const InvalidArgument& e) {  // a layout the planner cannot evaluate still trains (OutOfMemory passes)
+    if (writer()) log_info("device memory not checked before allocating: the planner refused the layout: {}", e.what());
+  }
+}
+
 std::unique_ptr<nn::Model> model_from_checkpoint(
     const LoadedCheckpoint& ckpt, const std::function<std::unique_ptr<nn::Model>(const nlohmann::json&)>& make) {
   auto model = make ? make(ckpt.meta.model_config) : nn::make_model(ckpt.meta.model_config);
@@ -205,6 +227,9 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
                 predicted);
   // The initializing model's context (learned positions are that long); training windows may be shorter.
   if (init && init->meta.model_config.contains("block_size")) mcfg["block_size"] = init->meta.model_config["block_size"];
+  // On a GPU, the planner's device memory for this rank against the device's, before anything is allocated
+  // there: a run that cannot fit stops here, naming the bytes and the flags that would fit.
+  if (kernels::parse_device(cfg_.model.device) == kernels::Device::kCuda) check_gpu_memory(mcfg);
   const bool defer = hooks_.defer_initialization && default_model && !ckpt && !init;
   model_ = defer ? nn::make_model(mcfg, false) : hooks_.make_model(mcfg);
   optim::AdamWConfig ac;
@@ -212,12 +237,9 @@ Trainer::Trainer(TrainConfig cfg, TrainerHooks hooks) : cfg_(std::move(cfg)), ho
   ac.beta1 = static_cast<float>(cfg_.beta1);
   ac.beta2 = static_cast<float>(cfg_.beta2);
   ac.weight_decay = static_cast<float>(cfg_.weight_decay);
+  // With data parallelism DataParallel keeps (and offloads) each rank's shard; this AdamW steps the model
+  // itself in one process and with tensor/pipeline parallelism (each rank's own slices).
   ac.offload = cfg_.offload == "optimizer";
-  TRIDENT_CHECK(!ac.offload || hooks_.world == 1, Unsupported,
-                "offload=optimizer runs in one process for now, and this run has {} ranks: each rank's shard of the "
-                "optimizer state stays on its device; use --offload none and shard the state with --parallel "
-                "zero1|zero2|zero3, or train in one process",
-                hooks_.world);
   opt_ = std::make_unique<optim::AdamW>(*model_, ac);
 
   const int global_batch = cfg_.batch_size * hooks_.world;
@@ -464,7 +486,8 @@ TrainResult Trainer::run() {
       }
       bool improved = vl < best_val_;
       if (improved) best_val_ = vl;
-      if ((improved || cfg_.always_save_checkpoint) && it > 0 && !cfg_.eval_only) {
+      const bool end_unsaved = it >= cfg_.max_iters && !cfg_.save_final;  // save_final=false: none at the end
+      if ((improved || cfg_.always_save_checkpoint) && it > 0 && !cfg_.eval_only && !end_unsaved) {
         res.last_checkpoint = save(it);
         last_saved = it;
       }
@@ -548,7 +571,7 @@ TrainResult Trainer::run() {
   }
   close_line();
   res.steps = it;
-  if (!cfg_.eval_only && last_saved != it && cfg_.max_iters > 0) res.last_checkpoint = save(it);
+  if (!cfg_.eval_only && cfg_.save_final && last_saved != it && cfg_.max_iters > 0) res.last_checkpoint = save(it);
   writer_.wait();  // the last checkpoint is complete (or its error thrown) before the run reports it
   // Tokens/s of this call's training steps (evaluation and checkpoints not counted).
   res.tokens_per_s = run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0;

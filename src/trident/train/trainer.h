@@ -83,6 +83,9 @@ struct TrainerHooks {
   // values (nn::Model: deferred initialization): on_ready's ZeRO-3 wrapper initializes only the pieces each
   // rank owns, so no rank ever holds the whole model.
   bool defer_initialization = false;
+  // The ZeRO stage of the data-parallel wrapper around the model (0: ddp or none): on a CUDA device the
+  // planner's memory check before the model is allocated counts each rank's shard with it.
+  int zero_stage = 0;
   // After the model is built (and a checkpoint loaded), before training: data parallelism broadcasts
   // rank 0's parameters and installs its gradient hooks here.
   std::function<void(nn::Model&)> on_ready;
@@ -178,6 +181,9 @@ class Trainer {
   void emit_record(const nlohmann::json& rec) { emit(rec); }
 
  private:
+  // The planner's device memory for this rank against the GPU's (train/config.h check_device_memory); throws
+  // OutOfMemory when it does not fit. A GPU outside the hardware catalog is not checked (logged).
+  void check_gpu_memory(const nlohmann::json& model_config);
   void emit(const nlohmann::json& rec);
   bool writer() const;
   double micro_step(const int32_t* x, const int32_t* y, int B, int T, bool backward, float loss_scale);

@@ -46,7 +46,9 @@ TEST(StampClock, ConvertsToTheMonotonicClock) {
     const int64_t ns = stamp_clock::to_ns(stamps[i]);
     // A stamp read after clocks[i]: its time is not earlier than that (less the anchors' error, a few us).
     EXPECT_GE(ns, clocks[i] - 20000) << "stamp " << i;
-    if (i + 1 < stamps.size()) EXPECT_LT(ns, clocks[i + 1]) << "stamp " << i << " after the next clock read";
+    if (i + 1 < stamps.size()) {
+      EXPECT_LT(ns, clocks[i + 1]) << "stamp " << i << " after the next clock read";
+    }
   }
   EXPECT_LT(conversion_error_ns(200), 50000);
   EXPECT_EQ(stamp_clock::to_ns(0), 0);  // "no stamp" stays so

@@ -127,6 +127,50 @@ inline Vec attention(const Vec& qkv, int B, int T, int C, int NH) {
   return y;
 }
 
+// The gradient of attention(qkv) with respect to qkv for an output gradient dout[B,T,C], written out
+// (softmax's Jacobian per row): O(T^2 hd) where finite differences of attention() cost O(T^3 hd C).
+// lse, when given, receives each score row's log-sum-exp [B,NH,T].
+inline Vec attention_grad(const Vec& qkv, const Vec& dout, int B, int T, int C, int NH, Vec* lse = nullptr) {
+  const int hd = C / NH;
+  const double sc = 1.0 / std::sqrt(static_cast<double>(hd));
+  Vec g(qkv.size(), 0.0);
+  if (lse) lse->assign(static_cast<size_t>(B) * NH * T, 0.0);
+  auto at = [&](int b, int t, int part, int h) { return static_cast<size_t>(b * T + t) * 3 * C + part * C + h * hd; };
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        Vec p(i + 1), dp(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int k = 0; k < hd; ++k) d += qkv[at(b, i, 0, h) + k] * qkv[at(b, j, 1, h) + k];
+          p[j] = d * sc;
+          mx = std::max(mx, p[j]);
+        }
+        double z = 0;
+        for (int j = 0; j <= i; ++j) z += std::exp(p[j] - mx);
+        if (lse) (*lse)[(static_cast<size_t>(b) * NH + h) * T + i] = mx + std::log(z);
+        double D = 0;
+        const double* go = dout.data() + static_cast<size_t>(b * T + i) * C + h * hd;
+        for (int j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - mx) / z;
+          double d = 0;
+          for (int k = 0; k < hd; ++k) d += go[k] * qkv[at(b, j, 2, h) + k];
+          dp[j] = d;
+          D += p[j] * d;
+        }
+        for (int j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - D) * sc;
+          for (int k = 0; k < hd; ++k) {
+            g[at(b, i, 0, h) + k] += ds * qkv[at(b, j, 1, h) + k];
+            g[at(b, j, 1, h) + k] += ds * qkv[at(b, i, 0, h) + k];
+            g[at(b, j, 2, h) + k] += p[j] * go[k];
+          }
+        }
+      }
+  return g;
+}
+
 // Mean cross-entropy of logits[N,V] against targets.
 inline double cross_entropy(const Vec& logits, const std::vector<int32_t>& targets, int N, int V) {
   double total = 0;

@@ -1,8 +1,8 @@
 // The kernels' own thread pool (kernels/cpu/thread_pool.h) and the kernels split over it: every task runs
 // once, errors reach the caller, nested and concurrent callers and fork()ed children work; and at every
-// ISA level the machine supports, every kernel gives bitwise the same result on 1, 2, 3 and 5 threads
-// (odd sizes; task sizes shrunk so small shapes split into many tiles and chunks), which also lies within
-// float64 references.
+// ISA level the machine supports, every kernel (bfloat16 attention's flash kernel included) gives bitwise
+// the same result on 1, 2, 3 and 5 threads (odd sizes; task sizes shrunk so small shapes split into many
+// tiles and chunks), which also lies within float64 references.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -181,6 +181,22 @@ std::vector<Output> run_all_kernels() {
     out.push_back({"attention out", o});
     out.push_back({"attention lse", lse});
     out.push_back({"attention dqkv", dqkv});
+  }
+  // Causal attention in bfloat16: where the level has vdpbf16ps, the flash kernel (forced on, whatever this
+  // CPU's rates), over several query tiles per head (T 131: tiles of 64, 64 and 3) and an odd head dim.
+  {
+    const int B = 2, T = 131, C = 18, NH = 2;
+    const bool flash = kc::active_isa() >= kc::Isa::kAvx512Bf16;
+    const kc::Bf16Dot was = kc::set_bf16_dot(flash ? kc::Bf16Dot::kOn : kc::bf16_dot_mode());
+    const auto qkv = rnd(static_cast<size_t>(B) * T * 3 * C, 26, 0.7), dy = rnd(static_cast<size_t>(B) * T * C, 27);
+    std::vector<float> o(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
+    const auto bf = kc::Precision::kBFloat16;
+    kc::attention_forward(o.data(), lse.data(), qkv.data(), B, T, C, NH, bf);
+    kc::attention_backward(dqkv.data(), dy.data(), qkv.data(), o.data(), lse.data(), B, T, C, NH, bf);
+    kc::set_bf16_dot(was);
+    out.push_back({"attention bf16 out", o});
+    out.push_back({"attention bf16 lse", lse});
+    out.push_back({"attention bf16 dqkv", dqkv});
   }
   return out;
 }

@@ -57,6 +57,34 @@ TEST(Model, ZeroMemoryTable) {
   EXPECT_NEAR(model_state_bytes(psi, 4, 1, Precision::kFp32).total(), 8 * psi + 8 * psi / 4, 1);
 }
 
+// Optimizer offload (ZeRO-Offload): the Adam moments and the master weights leave the device for the host,
+// sharded as ZeRO shards them; parameters and gradients stay. Counted by hand per stage.
+TEST(Model, OffloadMovesEachRanksOptimizerShardToTheHost) {
+  const double psi = 7.5e9;
+  for (int n : {1, 3, 64}) {
+    for (int z = 0; z <= 3; ++z) {
+      SCOPED_TRACE("N " + std::to_string(n) + " ZeRO-" + std::to_string(z));
+      const double shard = z >= 1 ? 1.0 / n : 1.0;  // of the optimizer state and master weights
+      const MemoryBreakdown on = model_state_bytes(psi, n, z, Precision::kMixed, true);
+      const MemoryBreakdown off = model_state_bytes(psi, n, z, Precision::kMixed);
+      EXPECT_DOUBLE_EQ(on.host_optimizer, 8 * psi * shard);
+      EXPECT_DOUBLE_EQ(on.host_master, 4 * psi * shard);
+      EXPECT_DOUBLE_EQ(on.host_total(), 12 * psi * shard);
+      EXPECT_EQ(on.optimizer, 0);
+      EXPECT_EQ(on.master, 0);
+      EXPECT_DOUBLE_EQ(on.params, 2 * psi / (z >= 3 ? n : 1));
+      EXPECT_DOUBLE_EQ(on.grads, 2 * psi / (z >= 2 ? n : 1));
+      EXPECT_DOUBLE_EQ(on.total() + on.host_total(), off.total());
+      EXPECT_EQ(off.host_total(), 0);
+      // float32: the parameters are their own master and stay; only m and v move.
+      const MemoryBreakdown f = model_state_bytes(psi, n, z, Precision::kFp32, true);
+      EXPECT_DOUBLE_EQ(f.host_optimizer, 8 * psi * shard);
+      EXPECT_EQ(f.host_master, 0);
+      EXPECT_DOUBLE_EQ(f.params, 4 * psi / (z >= 3 ? n : 1));
+    }
+  }
+}
+
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B shapes (s = 2048, b = 1, h = 12288, a = 96).
 TEST(Model, ActivationMemoryKorthikanti) {
   ModelSpec m = model_preset("gpt3-175b");

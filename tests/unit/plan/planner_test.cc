@@ -142,6 +142,45 @@ TEST(Planner, PredictsTheMeasuredH200Steps) {
   }
 }
 
+// llama3-8b in mixed precision on one H200 (141 GB, 10% headroom: 126.9 GB usable), micro-batch 1 of 8192
+// tokens with full recomputation, counted by hand: without offload it does not fit, with it it does, and the
+// host then holds the 12 bytes per parameter of master weights and moments.
+TEST(Planner, Llama3_8bOnOneH200FitsOnlyWithOffload) {
+  const double L = 32, h = 4096, kv_width = 8 * 128, ffn = 14336, V = 128256, s = 8192;
+  const double psi = L * (2 * h * h + 2 * h * kv_width + 3 * h * ffn + 2 * h) + 2 * V * h + h;  // untied, final norm
+  ASSERT_EQ(psi, 8030261248.0);
+  const double activations = L * 2 * s * h + 4 * s * V;  // each layer's input (bf16) + float32 logits
+  const double usable = 0.9 * 141e9;
+  TrainSpec t;
+  t.model = model_preset("llama3-8b");
+  t.global_batch = 1;
+  const ClusterSpec c = make_cluster(HardwareCatalog::builtin(), "h200", 1, 1);
+  Layout l;
+  l.recompute = Recompute::kFull;
+  const MemoryCheck without = check_memory(t, c, l);
+  EXPECT_DOUBLE_EQ(without.needed_bytes, 16 * psi + activations);
+  EXPECT_DOUBLE_EQ(without.usable_bytes, usable);
+  EXPECT_GT(without.needed_bytes, usable);
+  EXPECT_FALSE(without.fits);
+  EXPECT_EQ(without.host_bytes, 0);
+  EXPECT_NE(without.advice.find("--offload optimizer"), std::string::npos) << without.advice;
+  l.offload = true;
+  const MemoryCheck with = check_memory(t, c, l);
+  EXPECT_DOUBLE_EQ(with.needed_bytes, 4 * psi + activations);
+  EXPECT_DOUBLE_EQ(with.host_bytes, 12 * psi);
+  EXPECT_TRUE(with.fits);
+  std::printf("llama3-8b bf16 on one H200 (mb 1 x 8192, full recompute): device %.2f GB without offload, %.2f GB with "
+              "(host %.2f GB); %.2f GB usable\n",
+              without.needed_bytes / 1e9, with.needed_bytes / 1e9, with.host_bytes / 1e9, usable / 1e9);
+  // The same in evaluate() (one arithmetic) and in its JSON: the device and the host separately.
+  const Evaluation e = evaluate(t, c, l);
+  EXPECT_DOUBLE_EQ(e.memory.total(), with.needed_bytes);
+  const auto j = e.to_json();
+  EXPECT_DOUBLE_EQ(j["memory_per_gpu_bytes"].get<double>(), 4 * psi + activations);
+  EXPECT_DOUBLE_EQ(j["host_memory_per_gpu_bytes"].get<double>(), 12 * psi);
+  EXPECT_EQ(j["layout"]["offload"], true);
+}
+
 TEST(Planner, TensorParallelTrafficExample) {
   ModelSpec m;
   m.layers = 96, m.hidden = 8192, m.heads = 64, m.seq = 2048;
@@ -327,6 +366,19 @@ TEST(PlanCli, JsonRecommendationAndErrors) {
   EXPECT_EQ(j["layout"]["dp"], 2);
   EXPECT_EQ(j["layout"]["microbatches"], 32);
   EXPECT_EQ(j["fits"], true);
+
+  // --offload: the device's and the host's memory, both printed; the exit code says whether the device fits.
+  out = run_cli("plan --model llama3-8b --gpu h200 --gpus 1 --global-batch 1 --zero 0 --recompute full", &st);
+  EXPECT_EQ(st, 3) << out;
+  EXPECT_NE(out.find("host memory per GPU: 0.00 GB"), std::string::npos) << out;
+  out = run_cli("plan --model llama3-8b --gpu h200 --gpus 1 --global-batch 1 --zero 0 --recompute full --offload optimizer",
+                &st);
+  EXPECT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("memory per GPU: 38.47 GB"), std::string::npos) << out;
+  EXPECT_NE(out.find("host memory per GPU: 96.36 GB = optimizer 64.24 + master 32.12"), std::string::npos) << out;
+  out = run_cli("plan --model llama3-8b --offload gpu", &st);
+  EXPECT_EQ(st, 2) << out;
+  EXPECT_NE(out.find("--offload 'gpu': allowed none, optimizer"), std::string::npos) << out;
 
   out = run_cli("plan --model llama-65b --gpus 128 --tp 3", &st);
   EXPECT_EQ(st, 2);

@@ -29,6 +29,19 @@ struct Result {
   std::string out, err;
 };
 
+// The loss of every "step" record in a run's --json output, by step.
+std::map<int64_t, double> step_losses(const std::string& out) {
+  std::map<int64_t, double> m;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.value("type", "") == "step") m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return m;
+}
+
 class Cli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -251,17 +264,7 @@ TEST_F(Cli, ResumeOnAnotherNumberOfRanksKeepsTheRun) {
   Result second =
       run("train " + base + " --nproc 3 --parallel zero1 --batch-size 4 --max-iters 12 --resume --out_dir " + b);
   ASSERT_EQ(second.rc, 0) << second.err;
-  auto losses = [](const std::string& out) {
-    std::map<int64_t, double> m;
-    std::istringstream in(out);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] != '{') continue;
-      auto j = nlohmann::json::parse(line);
-      if (j.value("type", "") == "step") m[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
-    return m;
-  };
+  auto losses = [](const std::string& out) { return step_losses(out); };
   auto ref = losses(full.out), resumed = losses(second.out);
   ASSERT_EQ(ref.size(), 12u);
   ASSERT_EQ(resumed.size(), 6u);
@@ -318,6 +321,40 @@ TEST_F(Cli, DeviceCudaWithoutAGpuFailsAtOnce) {
   r = run("eval --windows 2 --device cpu --checkpoint " + (dir_ / "out").string());
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_CONTAINS(r.out, "val loss");
+}
+
+
+// --offload optimizer on several ranks: DDP, ZeRO-1/2/3 at 2 and 3 ranks and tensor parallelism at 2 train
+// bit for bit as without it (each rank offloads what it owns), and a ZeRO-2 run that offloaded resumes
+// without offload, continuing the uninterrupted run exactly.
+TEST_F(Cli, OffloadOnSeveralRanksTrainsAsWithout) {
+  const std::string base = "--data " + (dir_ / "corpus.txt").string() +
+                           " --n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 4 --warmup-iters 2"
+                           " --lr-decay-iters 12 --eval-interval 6 --eval-iters 2 --sample-tokens 0 --threads 1 --json";
+  auto losses = [](const Result& r) { return step_losses(r.out); };
+  for (const std::string layout : {"--nproc 2 --parallel ddp", "--nproc 3 --parallel zero1", "--nproc 2 --parallel zero2",
+                                   "--nproc 3 --parallel zero3", "--nproc 2 --tp 2"}) {
+    SCOPED_TRACE(layout);
+    const std::string out = (dir_ / "offload").string();
+    fs::remove_all(out);
+    Result plain = run("train " + base + " " + layout + " --max-iters 8 --out_dir " + out + "-plain");
+    ASSERT_EQ(plain.rc, 0) << plain.err;
+    Result off = run("train " + base + " " + layout + " --max-iters 8 --offload optimizer --out_dir " + out + "-off");
+    ASSERT_EQ(off.rc, 0) << off.err;
+    const auto a = losses(plain), b = losses(off);
+    ASSERT_EQ(a.size(), 8u);
+    EXPECT_EQ(a, b);
+  }
+  const std::string z = (dir_ / "offload-resume").string();
+  Result full = run("train " + base + " --nproc 2 --parallel zero2 --max-iters 8 --out_dir " + z + "-full");
+  ASSERT_EQ(full.rc, 0) << full.err;
+  Result first = run("train " + base + " --nproc 2 --parallel zero2 --max-iters 4 --offload optimizer --out_dir " + z);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  Result rest = run("train " + base + " --nproc 2 --parallel zero2 --max-iters 8 --resume --out_dir " + z);
+  ASSERT_EQ(rest.rc, 0) << rest.err;
+  const auto ref = losses(full), resumed = losses(rest);
+  ASSERT_EQ(resumed.size(), 4u);
+  for (auto [step, loss] : resumed) EXPECT_EQ(loss, ref.at(step)) << "step " << step;
 }
 
 }  // namespace

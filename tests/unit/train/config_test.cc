@@ -289,3 +289,36 @@ TEST(Config, Gpt2PresetsSetShapesThatOtherKeysOverride) {
   EXPECT_EQ(xl.model.n_head, 25);
   EXPECT_EQ(xl.model.n_embd, 1600);
 }
+
+// `trident train --device cuda` checks the planner's device memory before it allocates: llama3-8b in float32
+// (the storage trident's GPU runs keep: 4 + 4 + 8 bytes per parameter) with one 8192-token sequence and
+// activation checkpointing on one H200. Counted by hand: without offload it needs 16 bytes per parameter
+// plus activations, more than the 126.9 GB usable, and is refused naming the bytes and the fix; with
+// --offload optimizer it needs 8 and fits. The same through ZeRO-3 over 8 GPUs without offload.
+TEST(Config, DeviceMemoryCheckRefusesWhatTheGpuCannotHold) {
+  const double psi = 8030261248.0;  // llama3-8b (tests/unit/plan/planner_test.cc counts it by hand)
+  const double s = 8192, h = 4096, L = 32, V = 128256;
+  const double activations = 2 * (L * 2 * s * h) + 4 * s * V;  // float32 layer inputs, float32 logits
+  TrainConfig c = parse_train_args({"--model", "llama3-8b", "--batch_size", "1", "--activation_checkpointing", "true"});
+  ASSERT_EQ(c.model.block_size, 8192);
+  try {
+    check_device_memory(c, static_cast<int>(V), 1, 0, "h200");
+    ADD_FAILURE() << "llama3-8b without offload was accepted on one H200";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(static_cast<double>(e.bytes), 16 * psi + activations);
+    const std::string w = e.what();
+    EXPECT_CONTAINS(w, std::to_string(static_cast<long long>(16 * psi + activations)) + " bytes) needed");
+    EXPECT_CONTAINS(w, "126900000000 bytes) usable");
+    EXPECT_CONTAINS(w, "--offload optimizer");
+    EXPECT_EQ(w.find("--activation_checkpointing"), std::string::npos) << "already on, yet offered: " << w;
+  }
+  c.offload = "optimizer";
+  const plan::MemoryCheck ok = check_device_memory(c, static_cast<int>(V), 1, 0, "h200");
+  EXPECT_TRUE(ok.fits);
+  EXPECT_DOUBLE_EQ(ok.needed_bytes, 8 * psi + activations);
+  EXPECT_DOUBLE_EQ(ok.host_bytes, 8 * psi);  // m and v; the float32 parameters are their own master
+  c.offload = "none";
+  const plan::MemoryCheck z3 = check_device_memory(c, static_cast<int>(V), 8, 3, "h200");
+  EXPECT_TRUE(z3.fits);
+  EXPECT_DOUBLE_EQ(z3.memory.optimizer, 8 * psi / 8);
+}

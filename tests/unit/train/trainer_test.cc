@@ -1,6 +1,8 @@
 // The training loop on a tiny GPT: determinism, bit-exact kill-and-resume, metrics, evaluation, sampling.
 #include <gtest/gtest.h>
 
+#include "harness/counting_device.h"
+#include "harness/multiproc.h"
 #include "harness/temp_dir.h"
 #include "harness/quiet_trainer.h"
 #include "harness/synthetic_data.h"
@@ -101,8 +103,9 @@ TEST(Trainer, SameSeedIsBitIdenticalAndTheLossFalls) {
 }
 
 // --offload optimizer: the same training bit for bit (on the CPU the offloaded update is the same kernel
-// through plain copies), a checkpoint that resumes exactly, and a refusal, naming the flag, where it does not
-// apply yet (several ranks).
+// through plain copies), and checkpoints that do not depend on it: the offloaded run's step-6 checkpoint
+// holds the same tensors as the plain run's, and resumes exactly with offload and without it.
+// (Several ranks, ZeRO and tensor parallelism: tests/multiprocess/parallel/offload_test.cc and cli_test.cc.)
 TEST(Trainer, OffloadedOptimizerTrainsAndResumesBitForBit) {
   TempDir d;
   std::string data = make_corpus(d.path);
@@ -131,15 +134,68 @@ TEST(Trainer, OffloadedOptimizerTrainsAndResumesBitForBit) {
   TrainResult rest = resumed.run();
   ASSERT_EQ(rest.losses.size(), 6u);
   for (size_t i = 0; i < rest.losses.size(); ++i) EXPECT_EQ(rest.losses[i], plain.losses[6 + i]) << "step " << 6 + i;
-
-  TrainConfig bad = off;
-  bad.tp = 2;
-  try {
-    bad.validate();
-    ADD_FAILURE() << "offload with tp 2 was accepted";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("offload"), std::string::npos) << e.what();
+  // The same checkpoint resumed without offload, and the plain run's resumed with it.
+  for (const auto& [from, offload] : {std::pair{off.out_dir, std::string("none")}, std::pair{base.out_dir, std::string("optimizer")}}) {
+    TrainConfig other = base;
+    other.offload = offload;
+    other.out_dir = (d.path / ("cross-" + offload)).string();
+    fs::create_directories(other.out_dir);
+    fs::copy(fs::path(from) / "ckpt-00000006", fs::path(other.out_dir) / "ckpt-00000006", fs::copy_options::recursive);
+    other.resume = train::Resume::kYes;
+    TrainResult r = Trainer(other, quiet()).run();
+    ASSERT_EQ(r.losses.size(), 6u);
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      EXPECT_EQ(r.losses[i], plain.losses[6 + i]) << "offload " << offload << ", step " << 6 + i;
   }
+  // The checkpoints' weights and optimizer state are the same tensors whether the run offloaded or not.
+  const LoadedCheckpoint a = load_checkpoint((fs::path(base.out_dir) / "ckpt-00000006").string(), true);
+  const LoadedCheckpoint b = load_checkpoint((fs::path(off.out_dir) / "ckpt-00000006").string(), true);
+  ASSERT_FALSE(a.optimizer.empty());
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  ASSERT_EQ(a.optimizer.size(), b.optimizer.size());
+  for (const auto* pair : {&a.weights, &a.optimizer}) {
+    const auto& other = pair == &a.weights ? b.weights : b.optimizer;
+    for (const auto& [name, t] : *pair) {
+      ASSERT_TRUE(other.count(name)) << name;
+      EXPECT_EQ(t.data, other.at(name).data) << name;
+    }
+  }
+}
+
+// On a GPU the trainer asks the planner for the run's device memory before it allocates anything there. A
+// stand-in device that calls itself an H200 (tests/harness/counting_device.h, in a forked child) counts the
+// allocations: a GPT of 48 layers 8192 wide (about 39B parameters, 16 bytes each in float32 training) is
+// refused with OutOfMemory naming the bytes and the flags, and not one byte was allocated on the device; the
+// tiny model passes the check and trains there.
+TEST(Trainer, GpuRunThatCannotFitIsRefusedBeforeAnythingIsAllocated) {
+  TempDir d;
+  const std::string data = make_corpus(d.path);
+  auto res = trident::testing::run_processes(1, [&](int, int, std::shared_ptr<Store>) {
+    namespace cd = trident::testing::counting_device;
+    cd::install("NVIDIA H200");
+    TrainConfig big = tiny(data, (d.path / "big").string());
+    big.model.device = "cuda";
+    big.model.n_layer = 48;
+    big.model.n_embd = 8192;
+    big.model.n_head = 64;
+    try {
+      Trainer t(big, quiet());
+      TRIDENT_RANK_CHECK(false, "a 39B-parameter model was accepted on one H200");
+    } catch (const OutOfMemory& e) {
+      const std::string w = e.what();
+      TRIDENT_RANK_CHECK(static_cast<double>(e.bytes) > 16 * 38e9, "needed {} bytes", e.bytes);
+      TRIDENT_RANK_CHECK(w.find("126900000000 bytes) usable") != std::string::npos && w.find("--offload optimizer") != std::string::npos,
+                         "message: {}", w);
+    }
+    TRIDENT_RANK_CHECK(cd::counters().allocations == 0, "{} device allocations before the refusal",
+                       cd::counters().allocations.load());
+    TrainConfig small = tiny(data, (d.path / "small").string());
+    small.model.device = "cuda";
+    small.max_iters = 2;
+    TrainResult r = Trainer(small, quiet()).run();
+    TRIDENT_RANK_CHECK(r.losses.size() == 2 && cd::counters().allocations > 0, "the tiny model did not train");
+  }, {.deadline_s = 120, .env = {}});
+  EXPECT_EQ(trident::testing::failures(res), "");
 }
 
 TEST(Trainer, KillAndResumeReproducesTheLossSequenceBitForBit) {
@@ -418,6 +474,28 @@ TEST(Trainer, ResumeAutoStartsFreshWithoutACheckpointAndContinuesFromOne) {
   TrainResult sync = Trainer(s, quiet()).run();
   EXPECT_EQ(io::read_file((fs::path(sync.last_checkpoint) / "model.safetensors").string()),
             io::read_file((fs::path(full.last_checkpoint) / "model.safetensors").string()));
+}
+
+// save_final=false: a run ends without writing a checkpoint (a benchmark of a model whose weights and
+// moments the disk cannot hold), where the default writes one; the losses are the same.
+TEST(Trainer, SaveFinalFalseWritesNoCheckpointAtTheEnd) {
+  TempDir d;
+  std::string data = make_corpus(d.path);
+  TrainConfig c = tiny(data, (d.path / "saved").string());
+  c.eval_interval = 100000;  // no evaluation saves within the run
+  TrainResult saved = Trainer(c, quiet()).run();
+  EXPECT_FALSE(saved.last_checkpoint.empty());
+  EXPECT_TRUE(fs::exists(fs::path(saved.last_checkpoint) / "model.safetensors"));
+  c.out_dir = (d.path / "unsaved").string();
+  c.save_final = false;
+  TrainResult unsaved = Trainer(c, quiet()).run();
+  EXPECT_TRUE(unsaved.last_checkpoint.empty()) << unsaved.last_checkpoint;
+  size_t entries = 0;
+  if (fs::exists(c.out_dir))
+    for (const auto& e : fs::recursive_directory_iterator(c.out_dir))
+      entries += e.path().filename().string().find("safetensors") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(entries, 0u) << "a checkpoint file in " << c.out_dir;
+  EXPECT_EQ(unsaved.losses, saved.losses);
 }
 
 TEST(Trainer, EvaluateWindowsMatchesAnIndependentCrossEntropy) {

@@ -1079,12 +1079,13 @@ std::string Engine::on_hosts(const std::vector<int>& ranks) const {
 // then follows the published edges from its own: the ranks reached that never publish (unreachable, dead,
 // stopped, or not in this collective) are the cause, as c10d's monitoredBarrier reasons. Ranks reached
 // time out within moments of each other (they entered the collective together), so it waits for their
-// edges at most kWaitsGrace; a record another rank stored meanwhile ends the wait (every rank then raises
-// the same record). Groups on one host keep the direct answer: process liveness names the dead there. The
-// walk reads at most kWaitsMaxReads ranks' edges (a ring's chain at thousands of ranks would load the store
-// with ranks squared reads); past that, or without a store, the direct answer stands.
+// edges at most kWaitsGrace (2 s, or half the call's timeout when shorter); a record another rank stored
+// meanwhile ends the wait (every rank then raises the same record). Groups on one host keep the direct
+// answer: process liveness names the dead there. The walk reads at most kWaitsMaxReads ranks' edges (a
+// ring's chain at thousands of ranks would load the store with ranks squared reads); past that, or without
+// a store, the direct answer stands.
 namespace {
-constexpr auto kWaitsGrace = std::chrono::seconds(2);
+constexpr auto kWaitsGrace = std::chrono::seconds(2);  // at most half the call's own timeout
 constexpr auto kWaitsPoll = std::chrono::milliseconds(100);
 constexpr size_t kWaitsMaxReads = 64;
 
@@ -1126,7 +1127,11 @@ std::vector<int> Engine::pooled_cause(const std::vector<int>& missing, std::stri
     edges[static_cast<size_t>(rank_)] = missing;
     std::vector<int> parent(static_cast<size_t>(size_), -1);
     size_t reads = 0;
-    const auto until = Clock::now() + kWaitsGrace;
+    // The call's timeout, from its start (coarse CLOCK_MONOTONIC, steady_clock's clock) to its deadline.
+    const auto timeout = deadline_.time_since_epoch() - std::chrono::nanoseconds(coll_t0_ns_);
+    const auto until = Clock::now() + std::min<Clock::duration>(
+                                          std::chrono::duration_cast<Clock::duration>(kWaitsGrace),
+                                          std::max<Clock::duration>(Clock::duration::zero(), timeout / 2));
     for (;;) {
       // Walk from this rank over the edges known so far; read the edges of ranks reached but not yet known.
       std::vector<int> unknown, order{rank_};

@@ -4,15 +4,22 @@
 // O(B*NH*T*T); a T x T scratch per call is reused across heads.
 // Every product is written as "row += scalar * contiguous row" (vectorized over the row, no horizontal
 // reductions), with K and V transposed into scratch where a dot product over the head dim would be needed.
+// With bfloat16 operands at levels with AVX512-BF16 the flash-style kernel of attention_bf16.cc runs
+// instead (the table below picks).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "trident/core/error.h"
 #include "trident/kernels/aligned.h"
+#include "trident/kernels/cpu/attention_bf16.h"
 #include "trident/kernels/cpu/gemm_avx512.h"
+#include "trident/kernels/cpu/isa.h"
 #include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
 #include "trident/kernels/cpu/thread_pool.h"
@@ -28,6 +35,35 @@ namespace {
 void check_shape(int C, int NH) {
   TRIDENT_CHECK(NH > 0 && C % NH == 0, InvalidArgument, "attention: n_embd {} must be divisible by n_head {}", C,
                 NH);
+}
+
+// How each ISA level runs attention, by precision: one table, read by attention_forward/backward and the
+// kernel summary (isa.cc). Float32 runs on the level's own GEMM (avx2 and up) or row by row (portable);
+// bfloat16 runs the flash-style vdpbf16ps kernel at avx512bf16 and amx where vdpbf16ps measures faster
+// than the float32 FMAs (isa.h, bf16_dot_in_use: the GEMMs' choice) and the sequence spans more than one of
+// its 64-key tiles (attention_bf16.h, flash_bf16_min_t), elsewhere the float32 kernel.
+enum class AttnPath : int { kRows, kGemm, kFlashBf16 };
+struct AttnEntry {
+  AttnPath f32, bf16;
+};
+const AttnEntry kAttnTable[] = {
+    {AttnPath::kRows, AttnPath::kRows},       // portable
+    {AttnPath::kGemm, AttnPath::kGemm},       // avx2
+    {AttnPath::kGemm, AttnPath::kGemm},       // avx512
+    {AttnPath::kGemm, AttnPath::kFlashBf16},  // avx512bf16
+    {AttnPath::kGemm, AttnPath::kFlashBf16},  // amx
+};
+static_assert(sizeof(kAttnTable) / sizeof(kAttnTable[0]) == static_cast<size_t>(Isa::kAmx) + 1);
+constexpr int kFlashMinT = 65;  // attention_bf16.h: flash_bf16_min_t
+std::atomic<int> g_flash_min_t{kFlashMinT};
+// T: the sequence length of the call.
+AttnPath attn_path(int level, Precision p, int T) {
+  const AttnEntry& e = kAttnTable[level];
+  if (p != Precision::kBFloat16) return e.f32;
+  if (e.bf16 == AttnPath::kFlashBf16 &&
+      (!bf16_dot_in_use() || T < g_flash_min_t.load(std::memory_order_relaxed)))
+    return e.f32;
+  return e.bf16;
 }
 
 struct Scratch {
@@ -484,9 +520,31 @@ static void attn_bwd_head_native(float* dqkv, const float* dout, const float* qk
   product(true, false, T, hd, T, P, tp, dout, C, false, dqkv + 2 * C, ld, Tri::kUpperA);
 }
 
+namespace detail {
+int flash_bf16_min_t() { return g_flash_min_t.load(std::memory_order_relaxed); }
+void set_flash_bf16_min_t(int t) { g_flash_min_t.store(std::max(1, t), std::memory_order_relaxed); }
+
+std::string attention_kernel(Isa isa, Precision p) {
+  switch (attn_path(static_cast<int>(isa), p, std::numeric_limits<int>::max())) {
+    case AttnPath::kFlashBf16:
+      return "avx512bf16-flash (vdpbf16ps tiles, online softmax; float32 kernel below T " +
+             std::to_string(flash_bf16_min_t()) + ")";
+    case AttnPath::kGemm:
+      return isa >= Isa::kAvx512 ? "avx512 (gemm-blocked)" : "avx2 (gemm-blocked)";
+    case AttnPath::kRows:
+      break;
+  }
+  return "row-blocked x86-64";
+}
+}  // namespace detail
+
 // Heads are independent: one task per (batch, head), each on its thread's scratch.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, Precision p) {
   check_shape(C, NH);
+  if (attn_path(detail::isa_level(), p, T) == AttnPath::kFlashBf16) {
+    detail::flash_bf16_forward(out, lse, qkv, B, T, C, NH);
+    return;
+  }
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool native = detail::native_kernels_enabled();
@@ -553,11 +611,12 @@ static void attn_bwd_head(float* dqkv, const float* dout, const float* qkv, cons
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH) {
+                        int T, int C, int NH, Precision p) {
   check_shape(C, NH);
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool native = detail::native_kernels_enabled();
+  const bool flash = attn_path(detail::isa_level(), p, T) == AttnPath::kFlashBf16;
+  const bool native = flash || detail::native_kernels_enabled();
   // D_i = dO_i . O_i for every row and head, laid out as lse (the tasks below run on other threads: the
   // caller's thread-local buffer is passed by pointer).
   thread_local AlignedFloats dots;
@@ -569,6 +628,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     parallel_chunks(rows, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t n) {
       TRIDENT_ISA_CALL(attn_row_dots, (D, dout, out, r0, n, T, C, NH, hd));
     });
+  }
+  if (flash) {
+    detail::flash_bf16_backward(dqkv, dout, qkv, lse, D, B, T, C, NH);
+    return;
   }
   parallel_for(static_cast<int64_t>(B) * NH, [&](int64_t t) {
     const int b = static_cast<int>(t / NH), h = static_cast<int>(t % NH);

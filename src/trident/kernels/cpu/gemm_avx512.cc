@@ -29,6 +29,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define TRIDENT_HAVE_AVX512_GEMM 1
+#include "trident/kernels/cpu/avx512_transpose.h"
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own "undefined vector" idiom (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -155,33 +156,6 @@ MicroFn pick_copy(int nv) {
          : nv == 2 ? &micro<kMr, 2, kTransA, true, true>
          : nv == 3 ? &micro<kMr, 3, kTransA, true, true>
                    : &micro<kMr, 4, kTransA, true, true>;
-}
-
-// In-register 16 x 16 transpose: rows r[0..15] in, r[c] = column c out.
-TRIDENT_AVX512_FN inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  __m512 u[16];  // u[4g + m], 128-bit lane L: column 4L + m of rows 4g..4g+3
-  for (int g = 0; g < 4; ++g) {
-    const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d a2 = _mm512_castps_pd(t[4 * g + 2]), a3 = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-  }
-  for (int m = 0; m < 4; ++m) {
-    const __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), y0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-    const __m512 x1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88),
-                 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-    r[0 + m] = _mm512_shuffle_f32x4(x0, x1, 0x88);   // lane 0 columns
-    r[8 + m] = _mm512_shuffle_f32x4(x0, x1, 0xdd);   // lane 2
-    r[4 + m] = _mm512_shuffle_f32x4(y0, y1, 0x88);   // lane 1
-    r[12 + m] = _mm512_shuffle_f32x4(y0, y1, 0xdd);  // lane 3
-  }
 }
 
 // dst[k][jj] (rows of 64 floats, 64-byte aligned) = B(k0 + k, j0 + jj) for a transposed B (B(k,j) =

@@ -10,6 +10,7 @@
 #include "trident/core/env.h"
 #include "trident/core/error.h"
 #include "trident/kernels/cpu/gemm_avx512.h"
+#include "trident/kernels/cpu/ops.h"
 #include "trident/kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -26,6 +27,8 @@ std::atomic<int> g_isa{-1};
 // Names of the GEMMs each level runs (gemm.cc, next to the table that selects them).
 const char* gemm_f32_kernel(Isa isa);
 const char* gemm_bf16_kernel(Isa isa);
+// The attention kernel each level runs by precision (attention.cc, next to its table).
+std::string attention_kernel(Isa isa, Precision p);
 }  // namespace detail
 
 namespace {
@@ -238,11 +241,9 @@ std::string kernel_summary() {
   const int clone = isa >= Isa::kAvx512 ? 2 : static_cast<int>(isa);
   const char* clone_name = clone == 2 ? "x86-64-v4" : clone == 1 ? "x86-64-v3" : "x86-64";
   std::string s = std::string("isa ") + isa_name(isa) + " (machine " + isa_name(machine_isa()) + "): gemm float32 " +
-                  detail::gemm_f32_kernel(isa) + ", gemm bfloat16 " + detail::gemm_bf16_kernel(isa) + ", attention " +
-                  (isa >= Isa::kAvx512 ? "avx512 (gemm-blocked)"
-                   : isa == Isa::kAvx2 ? "avx2 (gemm-blocked)"
-                                       : std::string("row-blocked ") + clone_name) +
-                  ", layernorm/gelu/softmax-xent/adamw " + clone_name;
+                  detail::gemm_f32_kernel(isa) + ", gemm bfloat16 " + detail::gemm_bf16_kernel(isa) + ", attention float32 " +
+                  detail::attention_kernel(isa, Precision::kFloat32) + ", attention bfloat16 " +
+                  detail::attention_kernel(isa, Precision::kBFloat16) + ", layernorm/gelu/softmax-xent/adamw " + clone_name;
   if (isa == Isa::kAvx512Bf16) {
     const Bf16DotRates r = bf16_dot_rates();
     s += fmt::format("; bfloat16 dot: TRIDENT_BF16_DOT={}, vdpbf16ps {:.0f} against FMA {:.0f} GFLOP/s on one core{}",

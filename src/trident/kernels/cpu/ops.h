@@ -108,10 +108,16 @@ void kv_reduce(float* dsrc, const float* ddst, int N, int nh, int nkv, int hd, i
 // Causal multi-head self-attention. qkv[B,T,3C] holds q | k | v, head h in columns h*hd..(h+1)*hd of each
 // (hd = C/NH), scale 1/sqrt(hd). out[B,T,C] (heads concatenated), lse[B,NH,T] the log-sum-exp of each
 // score row, saved for backward. Memory-light: no T x T matrix is kept; backward recomputes scores.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-// dqkv[B,T,3C] = gradient of out with respect to qkv (overwritten), from dout, qkv, out, lse.
+// Grouped-query attention passes its key/value heads widened to NH first (kv_expand; kv_reduce after the
+// backward). With kBFloat16, at levels avx512bf16 and amx where vdpbf16ps pays (bf16_dot_in_use, isa.h)
+// and T > 64, a flash-style kernel runs: q, k, v, dout and the probabilities rounded to bfloat16, float32
+// accumulation, tiles of 64 x 64 (attention_bf16.cc); elsewhere bfloat16 runs the float32 kernel.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       Precision p = Precision::kFloat32);
+// dqkv[B,T,3C] = gradient of out with respect to qkv (overwritten), from dout, qkv, out, lse (of the
+// forward at the same precision).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int B, int T, int C, int NH);
+                        int B, int T, int C, int NH, Precision p = Precision::kFloat32);
 
 // out[B*T,C] = wte[tokens[b,t]] + wpe[t] (wpe nullable). Tokens must lie in [0, V): checked, throws.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
