@@ -23,6 +23,7 @@
 #include "trident/optim/schedule.h"
 #include "trident/train/generate.h"
 #include "trident/train/prediction.h"
+#include "trident/train/run_plan.h"
 
 namespace trident::train {
 namespace fs = std::filesystem;

@@ -10,6 +10,7 @@
 
 #include "trident/core/error.h"
 #include "trident/train/config.h"
+#include "trident/train/run_plan.h"
 
 using namespace trident;
 using namespace trident::train;
