@@ -173,12 +173,14 @@ INSTANTIATE_TEST_SUITE_P(Nodes, MultiNodeRestart, ::testing::Values(2, 3));
 TEST(MultiNodeRestartDeadline, NodeThatNeverRejoinsIsNamedByTheOthers) {
   // Node 2's launcher dies with its ranks in round 0 (its first rank SIGKILLs it: a host lost), and the
   // other ranks then fail as peers of a lost host do. Nodes 0 and 1 must restart, wait --join-timeout for
-  // node 2 in round 1, and exit 1 naming it and its host.
+  // node 2 in round 1, and exit 1 naming it and its host. Rank 5 never exits by itself: were it to exit
+  // on the mark before the kill lands, node 2's launcher would restart instead of being lost.
   trident::testing::TempDir dir("never-rejoins");
   const std::string mark = (dir.path / "node2-lost").string();
   const std::string script = fmt::format(
       "echo pid $$; if [ $TRIDENT_RESTART_COUNT != 0 ]; then exec sleep 60; fi; "
       "if [ $RANK = 4 ]; then sleep 0.3; touch {m}; kill -KILL $PPID; sleep 60; fi; "
+      "if [ $RANK = 5 ]; then exec sleep 60; fi; "
       "while [ ! -e {m} ]; do sleep 0.05; done; exit 9",
       fmt::arg("m", mark));
   const auto r = run_job(3, script, {"--max-restarts", "2", "--join-timeout", "3"});
