@@ -130,10 +130,11 @@ run_pair() {  # NAME1 CMD1 NAME2 CMD2 ... (each CMD a string run by bash), all a
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over the layers where memory bugs hide: store, transports,
 # engine, algorithms. Left to the release build: 5- and 8-rank sweeps (the same code paths as 2-4 ranks, 3
-# the odd one, only more of them; named w5_*/w8_* or ending /w5, /w8 by their suites) and the tuning benchmark.
+# the odd one, only more of them; named w5_*/w8_* or ending /w5, /w8 by their suites), the tuning benchmark
+# and the reduction-order runs (the sweep runs the same code under ASan; these only time the arrivals).
 # TRIDENT_TIMEOUT: ctest gives its tests 20 s; instrumented code is slower, so a deadlock fails in a minute.
 asan_env="TRIDENT_TIMEOUT=60 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
-asan_filter="--gtest_filter=-*w8_*:*w5_*:*/w8:*/w5:Tuning.BenchTune* --gtest_brief=1"
+asan_filter="--gtest_filter=-*w8_*:*w5_*:*/w8:*/w5:Tuning.BenchTune*:*ReductionOrder* --gtest_brief=1"
 # All four at once: test_multiprocess_comm takes the longest (about 145 s), the rest fit beside it.
 run_pair \
   asan_test_multiprocess_comm "env $asan_env build-asan/tests/test_multiprocess_comm $asan_filter" \

@@ -104,15 +104,14 @@ TEST(NetnsCutLink, CutHostIsNamedAndTheJobResumesOnceTheLinkIsBack) {
   testing::TempDir dir("cut_resume");
   const std::string corpus = testing::write_word_corpus(dir.path);
   // One launcher per host in the background; each writes NAME.hostH.log and, when it ends, its exit status
-  // to NAME.hostH.end. TRIDENT_ALGO=ring: the automatic choice of algorithm between these rate-limited hosts
-  // was seen to differ between two uninterrupted runs (their gradient norms differed in the last bits from
-  // step 1 on), and a bitwise comparison needs the same reduction order in both.
+  // to NAME.hostH.end. The algorithms are the automatic choice, as a user runs them: their reductions combine
+  // peers in a fixed order (tests/unit/algorithms/reduction_order_test.cc), so the two runs' bits agree.
   auto job = [&](const std::string& name, int port) {
     std::string cmd = "pids=;";
     for (int host = 0; host < kHosts; ++host) {
       cmd += fmt::format(
           " (ip netns exec {p}-h{h} env TRIDENT_HOST_ID=emu{h} TRIDENT_STORE_TOKEN=cut-resume TRIDENT_TIMEOUT=5 "
-          "TRIDENT_ALGO=ring timeout -k 5 120 {bin} launch --nnodes {H} --node-rank {h} -n 1 --master-addr "
+          "timeout -k 5 120 {bin} launch --nnodes {H} --node-rank {h} -n 1 --master-addr "
           "10.77.0.10 --master-port {port} --grace-period 1 --max-restarts 1 --join-timeout 60 -- {bin} train "
           "--data {data} --out_dir {d}/{n} "
           "--n-layer 2 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --max-iters {steps} --lr-decay-iters "

@@ -3,9 +3,9 @@
 
 namespace trident {
 
-// Phase 1: send block p to rank p, reduce every peer's copy of block r into place (the context completes
-// receives one at a time, so concurrent irecv_reduce into one block is safe). Phase 2: send the reduced
-// block r to every peer, receive every other block.
+// Phase 1: send block p to rank p, combine every peer's copy of block r into place in a fixed order
+// (algo::reduce_in_order: the same bits whatever order they arrive in). Phase 2: send the reduced block r
+// to every peer, receive every other block.
 void AllReduceDirect::run(AlgoContext& ctx, const CollArgs& a) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1 || a.count == 0) return;
@@ -13,11 +13,13 @@ void AllReduceDirect::run(AlgoContext& ctx, const CollArgs& a) {
   auto blk = [&](int b) { return algo::at(a.recv, block_offset(a.count, n, b), es); };
   auto len = [&](int b) { return block_count(a.count, n, b); };
   algo::Pending phase;
+  std::vector<int> peers;
   for (int k = 1; k < n; ++k) {
     const int p = (r + k) % n;
     if (len(p) != 0) phase.add(ctx.isend(p, 0, blk(p), len(p) * es));
-    if (len(r) != 0) phase.add(ctx.irecv_reduce(p, 0, blk(r), len(r), a.dtype, a.redop));
+    peers.push_back(p);
   }
+  if (len(r) != 0) algo::reduce_in_order(ctx, peers, 0, blk(r), len(r), a.dtype, a.redop);
   phase.wait(ctx);
   for (int k = 1; k < n; ++k) {
     const int p = (r + k) % n;

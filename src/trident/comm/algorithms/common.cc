@@ -78,21 +78,58 @@ namespace {
 constexpr size_t kWindow = 4;  // chunks in flight per link
 }
 
+void reduce_in_order(AlgoContext& ctx, std::span<const int> peers, uint32_t step, void* dst, size_t count,
+                     DType dtype, ReduceOp op) {
+  if (peers.empty()) return;
+  const Request first = ctx.irecv_reduce(peers[0], step, dst, count, dtype, op);
+  if (peers.size() == 1) {
+    ctx.wait({first});
+    return;
+  }
+  const size_t later = peers.size() - 1, bytes = count * dtype_size(dtype);
+  const size_t window = std::clamp<size_t>(kOrderedScratchBytes / std::max<size_t>(bytes, 1), 1, later);
+  char* buf = static_cast<char*>(ctx.scratch(window * bytes, kOrderedReduceSlot));
+  std::vector<Request> in(window);
+  for (size_t i = 0; i < window; ++i) in[i] = ctx.irecv(peers[1 + i], step, buf + i * bytes, bytes);
+  ctx.wait({first});
+  for (size_t i = 0; i < later; ++i) {
+    const size_t s = i % window;
+    ctx.wait({in[s]});
+    reduce_into(dst, buf + s * bytes, count, dtype, op);
+    if (i + window < later) in[s] = ctx.irecv(peers[1 + i + window], step, buf + s * bytes, bytes);
+  }
+}
+
 void tree_reduce(AlgoContext& ctx, const TreeLinks& t, void* acc, size_t count, DType dtype, ReduceOp op,
                  size_t chunk, uint32_t tag_base) {
   if (count == 0) return;
   const size_t es = dtype_size(dtype);
   const size_t chunks = ceil_div(count, chunk);
   std::vector<Pending> recvs(chunks), sends(chunks);
+  // The first child combines into acc on arrival; the others land in scratch, one piece per later child
+  // for each chunk in flight (fewer chunks in flight when that would pass kOrderedScratchBytes), and are
+  // combined in the order of t.children once the chunk's receives are all done.
+  const size_t later = t.children.empty() ? 0 : t.children.size() - 1;
+  size_t window = kWindow;
+  char* pieces = nullptr;
+  if (later > 0) {
+    window = std::clamp<size_t>(kOrderedScratchBytes / (later * chunk * es), 1, kWindow);
+    pieces = static_cast<char*>(ctx.scratch(window * later * chunk * es, kOrderedReduceSlot));
+  }
+  auto piece = [&](size_t c, size_t j) { return pieces + ((c % window) * later + (j - 1)) * chunk * es; };
   auto post = [&](size_t c) {
     const size_t len = chunk_len(count, c, chunk);
-    for (int child : t.children)
-      recvs[c].add(ctx.irecv_reduce(child, tag_base + static_cast<uint32_t>(c), at(acc, c * chunk, es), len, dtype, op));
+    const auto tag = tag_base + static_cast<uint32_t>(c);
+    for (size_t j = 0; j < t.children.size(); ++j)
+      recvs[c].add(j == 0 ? ctx.irecv_reduce(t.children[0], tag, at(acc, c * chunk, es), len, dtype, op)
+                          : ctx.irecv(t.children[j], tag, piece(c, j), len * es));
   };
-  for (size_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
+  for (size_t c = 0; c < std::min(window, chunks); ++c) post(c);
   for (size_t c = 0; c < chunks; ++c) {
     recvs[c].wait(ctx);
-    if (c + kWindow < chunks) post(c + kWindow);
+    for (size_t j = 1; j < t.children.size(); ++j)
+      reduce_into(at(acc, c * chunk, es), piece(c, j), chunk_len(count, c, chunk), dtype, op);
+    if (c + window < chunks) post(c + window);
     if (t.parent >= 0) {
       sends[c].add(ctx.isend(t.parent, tag_base + static_cast<uint32_t>(c), at(acc, c * chunk, es),
                              chunk_len(count, c, chunk) * es));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "trident/comm/algorithms/algorithm.h"
@@ -65,6 +66,22 @@ Fold fold_in(AlgoContext& ctx, void* buf, size_t count, DType dtype, ReduceOp op
 // Hands the result back to the ranks that sat out.
 void fold_out(AlgoContext& ctx, const Fold& f, void* buf, size_t bytes);
 
+// Receiving from several peers into one buffer. A float reduction's bits depend on the order of its
+// operands ((a + b) + c is not (a + c) + b), so combining each peer's data as it arrives would make the
+// result depend on timing: two runs of the same program would differ in the last bits (and a training run
+// resumed from a checkpoint would not equal the uninterrupted one). Every receive that combines more than
+// one peer into the same elements does so in a fixed order instead, whatever order the data arrives in.
+//
+// Scratch slot of the later peers' data (algorithms calling these keep slots 0..2 for their own buffers),
+// and the most scratch it takes beyond one peer's piece: more peers are received in a rolling window.
+inline constexpr int kOrderedReduceSlot = 3;
+inline constexpr size_t kOrderedScratchBytes = size_t{64} << 20;
+// Receives count (> 0) elements from each of `peers` (step `step`) and combines them into dst in the listed
+// order: dst = ((dst op peers[0]) op peers[1]) ... The first combines on arrival; each later one lands in
+// scratch and is combined once every one before it has been. Returns when all are combined.
+void reduce_in_order(AlgoContext& ctx, std::span<const int> peers, uint32_t step, void* dst, size_t count,
+                     DType dtype, ReduceOp op);
+
 // Links of one rank in a tree rooted at `root`; children in the order they should be served (largest
 // subtree first).
 struct TreeLinks {
@@ -75,8 +92,9 @@ TreeLinks binomial_links(int rank, int root, int n);
 TreeLinks chain_links(int rank, int root, int n);  // root -> root+1 -> ... (a pipeline)
 TreeLinks star_links(int rank, int root, int n);   // root <-> everyone
 
-// Pipelined reduce toward the root of `t`: receives every child's chunk into `acc` (irecv_reduce), then
-// sends the chunk to the parent. `acc` holds this rank's contribution on entry and is written only when
+// Pipelined reduce toward the root of `t`: combines every child's chunk into `acc` in the order of
+// t.children (the first on arrival, the others from scratch: see reduce_in_order), then sends the chunk to
+// the parent. `acc` holds this rank's contribution on entry and is written only when
 // this rank has children (a leaf may pass a read-only buffer). Tags tag_base + chunk index.
 void tree_reduce(AlgoContext& ctx, const TreeLinks& t, void* acc, size_t count, DType dtype, ReduceOp op,
                  size_t chunk, uint32_t tag_base);
