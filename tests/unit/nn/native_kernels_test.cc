@@ -54,10 +54,11 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
 // trident's own GEMMs, the AVX2 one (level avx2) and the AVX-512 one (avx512 and up), on 1 and 2 threads.
 TEST(NativeKernels, GemmIsOneFmaChainPerElement) {
   if (kc::machine_isa() < kc::Isa::kAvx2) TRIDENT_SKIP_MACHINE("no AVX2 on this CPU");
-  // Tails in every dimension; K past the 128- and 256-deep blocks; M past the 6-row tiles; N past the 16-
-  // and 64-wide panels; M past the 512-row groups of a transposed-A product.
+  // Tails in every dimension; K past the 128- and 256-deep blocks, and past the 3072-deep blocks of a
+  // product over packed panels (6149: three uneven blocks, C carried through memory between them); M past
+  // the 6-row tiles; N past the 16- and 64-wide panels; M past the 512-row groups of a transposed-A product.
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 64, 128}, {13, 70, 129}, {67, 33, 300}, {130, 17, 65},
-                           {12, 129, 257}, {523, 65, 19}, {7, 9, 513}};
+                           {12, 129, 257}, {523, 65, 19}, {7, 9, 513}, {7, 70, 6149}};
   for (kc::Isa level : {kc::Isa::kAvx2, kc::Isa::kAvx512}) {
     if (kc::machine_isa() < level) continue;
     for (int threads : {1, 2}) {

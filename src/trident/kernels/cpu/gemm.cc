@@ -302,15 +302,12 @@ void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float
   if (packed.size() < need) packed.resize(need);
   float* pk = packed.data();
   const int panels = (N + kPanel - 1) / kPanel;
-  const int np = panels * kPanel;
   parallel_for(panels, [&](int64_t p) {
     detail::gemm_avx512_pack_b(trans_b, N, K, B, ldb, pk, static_cast<int>(p), static_cast<int>(p) + 1);
-    if (round)  // the panel in place, while in cache: its slice of each 128-deep block (gemm_avx512.h)
-      for (int k0 = 0; k0 < K; k0 += 128) {
-        const int kc = std::min(128, K - k0);
-        float* slice = pk + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(p) * kPanel * kc;
-        round_bf16_rows(slice, kPanel, slice, kc, kPanel, kPanel);
-      }
+    if (round) {  // the panel in place, while in cache (K x 64 floats, gemm_avx512.h)
+      float* panel = pk + static_cast<ptrdiff_t>(p) * K * kPanel;
+      round_bf16_rows(panel, kPanel, panel, K, kPanel, kPanel);
+    }
   });
   for_each_tile(M, N, K, kFlopsPerTask, [&](int i0, int mi, int j0, int nj) {
     const float* a = A + static_cast<ptrdiff_t>(i0) * lda;
@@ -319,7 +316,7 @@ void run_packed_f32(bool trans_a, bool trans_b, int M, int N, int K, const float
       thread_local RoundedRows ra;
       a = ra.get(call, a, mi, K, lda, &la);
     }
-    detail::gemm_avx512_packed(false, mi, nj, K, a, la, pk, np, j0, accumulate,
+    detail::gemm_avx512_packed(false, mi, nj, K, a, la, pk, j0, accumulate,
                                C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc);
     epi(C, ldc, i0, mi, j0, nj);
   });

@@ -48,6 +48,10 @@ constexpr int kNv = 4;    // zmm vectors per tile row: 64 columns
 constexpr int kNr = 16 * kNv;
 constexpr int kKc = 128;  // k per block: a packed 128 x 64 panel is 32 KiB, resident in L1
 constexpr int kPrefetchRowsA = 8;  // a transposed A is fetched this many k (about 100 cycles) ahead
+// k per block of a product over packed panels: a block of one panel is at most 768 KiB (L2 holds it while
+// the row tiles pass: 1 MiB on Zen 5, 2 MiB on Sapphire Rapids). K up to 3072 runs in one block; at
+// llama3.2-1b's K 8192 (three blocks) the whole K in one block ran 8% slower than 2048-deep ones.
+constexpr int kPackedDepth = 3072;
 
 alignas(64) thread_local float g_pack[kKc * kNr];
 
@@ -193,27 +197,49 @@ TRIDENT_AVX512_FN void pack_rows(float* dst, const float* b, ptrdiff_t ldb, int 
 
 // Packs the 64-column panels [p0, p1) of op(B) (K x N) in the layout of gemm_avx512_pack_b (header).
 TRIDENT_AVX512_FN void pack_b_panels(bool trans_b, int N, int K, const float* B, int ldb, float* out, int p0, int p1) {
-  const int np = (N + kNr - 1) / kNr * kNr;
-  for (int k0 = 0; k0 < K; k0 += kKc) {
-    const int kc = K - k0 < kKc ? K - k0 : kKc;
-    for (int p = p0; p < p1; ++p) {
-      const int j0 = p * kNr;
-      const int w = N - j0 < kNr ? N - j0 : kNr;
-      float* dst = out + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(p) * kc * kNr;
+  for (int p = p0; p < p1; ++p) {
+    const int j0 = p * kNr;
+    const int w = N - j0 < kNr ? N - j0 : kNr;
+    for (int k0 = 0; k0 < K; k0 += kKc) {
+      const int kc = K - k0 < kKc ? K - k0 : kKc;
+      float* dst = out + (static_cast<ptrdiff_t>(p) * K + k0) * kNr;
       if (trans_b) pack_transposed(dst, B, ldb, k0, kc, j0, w);
       else pack_rows(dst, B, ldb, k0, kc, j0, w);
     }
   }
 }
 
-// packed: op(B) already in the layout of gemm_avx512_pack_b (np padded columns), this call's column 0 at
-// its column pj0 (a multiple of 64); null: each 128 x 64 block of op(B) packed here into the L1 panel (a
-// transposed B up front; an untransposed one by the first row tile as it reads it, or read in place by
-// every tile when one or two row tiles use the block or the product is triangular).
+// packed: op(B) already in the layout of gemm_avx512_pack_b, this call's column 0 at its column pj0 (a
+// multiple of 64): panels outer, then k in at most kPackedDepth-deep blocks, row tiles inner, each tile's
+// block in registers. C is read and written once per tile and block, where 128-deep blocks carried it
+// through memory K / 128 times (at GPT-2 widths C is megabytes: each pass reloaded it from L3 and each
+// tile's start stalled on it); the panel's block streams from L2, A's rows from their rows.
+// null: each 128 x 64 block of op(B) packed here into the L1 panel (a transposed B up front; an
+// untransposed one by the first row tile as it reads it, or read in place by every tile when one or two
+// row tiles use the block or the product is triangular).
 template <bool kTransA>
 TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                            bool accumulate, float* C, int ldc, Tri tri, const float* packed = nullptr,
-                           int np = 0, int pj0 = 0) {
+                           int pj0 = 0) {
+  if (packed != nullptr) {
+    const int nb = (K + kPackedDepth - 1) / kPackedDepth, kcp = (K + nb - 1) / nb;
+    for (int j0 = 0; j0 < N; j0 += kNr) {
+      const int w = N - j0 < kNr ? N - j0 : kNr;
+      const int nv = (w + 15) / 16;
+      const __mmask16 last = static_cast<__mmask16>(w % 16 == 0 ? 0xffffu : (1u << (w % 16)) - 1u);
+      const float* panel = packed + static_cast<ptrdiff_t>((pj0 + j0) / kNr) * K * kNr;
+      for (int k0 = 0; k0 < K; k0 += kcp) {
+        const int kc = K - k0 < kcp ? K - k0 : kcp;
+        for (int i0 = 0; i0 < M; i0 += kMr) {
+          const int mr = M - i0 < kMr ? M - i0 : kMr;
+          const float* ai = kTransA ? A + static_cast<ptrdiff_t>(k0) * lda + i0 : A + static_cast<ptrdiff_t>(i0) * lda + k0;
+          pick<kTransA>(mr, nv, false)(kc, ai, lda, panel + static_cast<ptrdiff_t>(k0) * kNr, kNr, last,
+                                       C + static_cast<ptrdiff_t>(i0) * ldc + j0, ldc, accumulate || k0 > 0, nullptr);
+        }
+      }
+    }
+    return;
+  }
   for (int k0 = 0; k0 < K; k0 += kKc) {
     const int kc = K - k0 < kKc ? K - k0 : kKc;
     for (int j0 = 0; j0 < N; j0 += kNr) {
@@ -223,7 +249,7 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
       bool mask_b = false;  // B read in place: its last vector loads under the mask
       bool copy_b = false;  // the first row tile packs B into g_pack as it reads it
       if (packed != nullptr) {
-        bp = packed + static_cast<ptrdiff_t>(k0) * np + static_cast<ptrdiff_t>(pj0 + j0) * kc;
+        bp = packed + (static_cast<ptrdiff_t>((pj0 + j0) / kNr) * K + k0) * kNr;
         bs = kNr;
       } else if (trans_b) {
         pack_transposed(g_pack, B, ldb, k0, kc, j0, w);
@@ -700,15 +726,15 @@ void gemm_avx512_pack_b(bool trans_b, int N, int K, const float* B, int ldb, flo
   pack_b_panels(trans_b, N, K, B, ldb, packed, p0, p1);
 }
 
-void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int np,
-                        int j0, bool accumulate, float* C, int ldc) {
+void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int j0,
+                        bool accumulate, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     gemm_avx512(trans_a, false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc);
     return;
   }
-  if (trans_a) run<true>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, np, j0);
-  else run<false>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, np, j0);
+  if (trans_a) run<true>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, j0);
+  else run<false>(false, M, N, K, A, lda, nullptr, 0, accumulate, C, ldc, Tri::kNone, packed, j0);
 }
 
 #else
@@ -725,7 +751,7 @@ void dpbf16_packed(bool, int, int, int, const uint16_t*, int, const uint32_t*, i
 double probe_dpbf16_gflops() { return 0; }
 double probe_fma_gflops() { return 0; }
 void gemm_avx512_pack_b(bool, int, int, const float*, int, float*, int, int) {}
-void gemm_avx512_packed(bool, int, int, int, const float*, int, const float*, int, int, bool, float*, int) {}
+void gemm_avx512_packed(bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {}
 
 #endif
 

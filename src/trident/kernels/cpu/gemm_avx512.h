@@ -55,16 +55,15 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, const float* A
                  bool accumulate, float* C, int ldc, Tri tri = Tri::kNone);
 
 // The same product with op(B) packed once per call and shared by the tasks of a split GEMM (each 6-row
-// tile then reads one contiguous 64-column panel, resident in L1, instead of re-packing a transposed B or
-// striding through B's rows). Layout: k in blocks of 128; the block starting at k0 (kc rows) holds, for
-// each 64-column panel p, op(B)(k0..k0+kc, 64p..64p+64) as [kc][64] floats from float k0 * np + 64p * kc,
-// np = N rounded up to 64, columns past N zero. gemm_avx512_pack_b writes panels [p0, p1) of a buffer of
+// tile then reads one contiguous 64-column panel instead of re-packing a transposed B or striding through
+// B's rows). Layout: panel by panel; 64-column panel p holds op(B)(0..K, 64p..64p+64) as [K][64] floats
+// from float 64 p K, columns past N zero. gemm_avx512_pack_b writes panels [p0, p1) of a buffer of
 // gemm_avx512_packed_b_floats(N, K) floats (64-byte aligned); gemm_avx512_packed computes
 // C[M, 0..N) (+)= op(A) op(B)(:, j0..j0+N), j0 a multiple of 64. Same numerics as gemm_avx512.
 size_t gemm_avx512_packed_b_floats(int N, int K);
 void gemm_avx512_pack_b(bool trans_b, int N, int K, const float* B, int ldb, float* packed, int p0, int p1);
-void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int np,
-                        int j0, bool accumulate, float* C, int ldc);
+void gemm_avx512_packed(bool trans_a, int M, int N, int K, const float* A, int lda, const float* packed, int j0,
+                        bool accumulate, float* C, int ldc);
 
 // bfloat16 products: C = (accumulate ? C : 0) + bf16(op(A)) bf16(op(B)), operands rounded to bfloat16
 // (round-to-nearest-even), products summed in float32. gemm_amx_bf16 runs on the AMX tile unit (level amx;
