@@ -304,11 +304,13 @@ if [[ $soak -gt 0 ]]; then
   t0=$(now)
   sinterval=10
   soak_job=(train "${model[@]}" --parallel zero2 --batch-size 1 --eval-interval 1000000 --checkpoint-interval $sinterval)
-  # Calibrate: the step time of this layout on this machine, so the run lasts about MINUTES uninterrupted.
-  run_job soak_cal "${soak_job[@]}" --max-iters 20 --lr-decay-iters 20 --out_dir "$work/soak_cal" ||
+  # Calibrate: the wall time per step of this layout on this machine (the step records' `elapsed`, which
+  # counts what a step's own time_ms.step leaves out: at 8 x 4 on 2 cores about half of the wall time,
+  # checkpoints included), so the run lasts about MINUTES uninterrupted.
+  run_job soak_cal "${soak_job[@]}" --max-iters 30 --lr-decay-iters 30 --out_dir "$work/soak_cal" ||
     die "the soak's calibration run failed: $work/soak_cal.host0.log"
-  step_s=$(jq -r 'select(.type == "step") | .time_ms.step' "$work/soak_cal/metrics.jsonl" | tail -10 |
-           awk '{s += $1} END {print s / NR / 1000}')
+  step_s=$(jq -r 'select(.type == "step") | "\(.step) \(.elapsed)"' "$work/soak_cal/metrics.jsonl" |
+           awk '$1 == 9 {t0 = $2} $1 == 29 {t1 = $2} END {print (t1 - t0) / 20}')
   ssteps=$(awk -v m="$soak" -v s="$step_s" 'BEGIN {n = int(m * 60 / s); n -= n % 10; print (n < 20 ? 20 : n)}')
   echo "  soak: $ssteps steps (${step_s} s each), a rank killed every ${soak_every} s for $soak min, at most 30 restarts"
   JOB_LIMIT=$((soak * 60 * 3 + 600)) run_job soak_ref "${soak_job[@]}" --max-iters "$ssteps" --lr-decay-iters "$ssteps" \
