@@ -248,10 +248,7 @@ TRIDENT_AVX512_FN void run(bool trans_b, int M, int N, int K, const float* A, in
       ptrdiff_t bs;
       bool mask_b = false;  // B read in place: its last vector loads under the mask
       bool copy_b = false;  // the first row tile packs B into g_pack as it reads it
-      if (packed != nullptr) {
-        bp = packed + (static_cast<ptrdiff_t>((pj0 + j0) / kNr) * K + k0) * kNr;
-        bs = kNr;
-      } else if (trans_b) {
+      if (trans_b) {
         pack_transposed(g_pack, B, ldb, k0, kc, j0, w);
         bp = g_pack;
         bs = kNr;
